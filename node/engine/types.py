@@ -1,0 +1,76 @@
+"""The engine's contract with the rest of the node: what a request is and what comes back.
+
+Everything the API, the CLI, the prefix cache and the Conclave need from the engine goes
+through these types, so each of them can be read without reading the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Everything that shapes the choice of the next token (llama.cpp semantics)."""
+
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One sequence to generate: already tokenized (template applied by the caller)."""
+
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int = 512
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: off; k >= 0: chosen token's logprob plus top k
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: int
+    text: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New text ready for the client: whole UTF-8 characters, stop strings held back."""
+
+    text: str
+    tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of every handle."""
+
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    generated: tuple[int, ...]  # every generated token id (stop-string tokens included)
+    error: str | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)  # ttft_s, prefill_s, decode_s
+
+
+Event = TextDelta | Finished
