@@ -1,0 +1,46 @@
+"""The engine's typed errors: every failure the engine reports has one of these types.
+
+The API turns them into HTTP answers in one place by type (never by message text):
+`EngineOverloaded` is a 503, `PromptTooLong` and `InvalidRequest` are 400s, the rest 500s.
+Errors that happen inside the engine thread to one request end that request with
+`Finished(reason="error", error=str(exc))` instead of being raised.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises or reports."""
+
+
+class ModelLoadError(EngineError):
+    """The GGUF could not be loaded or a context could not be created for it."""
+
+
+class EngineClosed(EngineError):
+    """The engine was closed: no more requests are accepted."""
+
+
+class EngineOverloaded(EngineError):
+    """The bounded wait queue is full; the caller should retry later (HTTP 503)."""
+
+
+class InvalidRequest(EngineError):
+    """A request the engine can never run as given (bad token id, bad sampling value)."""
+
+
+class PromptTooLong(InvalidRequest):
+    """prompt + max_tokens can never fit the context, however empty the engine is."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds "
+            f"the context of {n_ctx} tokens"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.n_ctx = n_ctx
+
+
+class DecodeError(EngineError):
+    """llama_decode failed for a batch holding only this request's tokens."""

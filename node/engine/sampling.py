@@ -1,0 +1,165 @@
+"""Choosing the next token from one row of logits, in numpy, with llama.cpp's semantics.
+
+One `TokenSampler` per request (its own seeded RNG). The row is a float32 view straight
+into llama.cpp's logits buffer; it is never written (forked sequences sample from the
+same row), so adjustments work on a copy, made only when there is an adjustment.
+
+Order, as in llama.cpp's default chain: logit_bias -> penalties -> top_k -> top_p ->
+min_p -> temperature -> draw. top_p and min_p judge the untempered distribution
+(temperature only reshapes what survives), exactly like llama.cpp.
+
+Penalties (llama.cpp semantics) look at the last `repeat_last_n` tokens of the whole
+sequence, prompt included (-1: the whole sequence, 0: off): for every distinct token
+there, a positive logit is divided by `repeat_penalty` and a negative one multiplied,
+then `count * frequency_penalty + presence_penalty` is subtracted.
+
+Cost at Gemma's 262,144-token vocabulary (see bench/sampling.py): greedy is one argmax.
+Otherwise one vectorised threshold keeps every token whose probability relative to the
+best is above e^-27.6 (about 1e-12) at the request's temperature; tokens below it could
+never be drawn with any measurable probability, so the sort, the softmax and the top_k /
+top_p / min_p cuts run over a few hundred candidates instead of the whole vocabulary.
+
+Reported logprobs are those of the adjusted distribution (after bias and penalties,
+before temperature and truncation), over the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from node.engine.errors import InvalidRequest
+from node.engine.types import SamplingParams
+
+# Relative probability below which a token is dropped before sorting: e^-27.6 ~ 1e-12.
+NEGLIGIBLE_LOGIT_GAP = 27.6
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The chosen token and, when asked for, its logprob and the top alternatives."""
+
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def validate_params(params: SamplingParams, n_vocab: int) -> None:
+    """Raise InvalidRequest for values llama.cpp would reject or misbehave on."""
+    if not np.isfinite(params.temperature) or params.temperature < 0:
+        raise InvalidRequest(f"temperature must be >= 0, got {params.temperature}")
+    if params.top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0, got {params.top_k}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {params.top_p}")
+    if not 0.0 <= params.min_p <= 1.0:
+        raise InvalidRequest(f"min_p must be in [0, 1], got {params.min_p}")
+    if not params.repeat_penalty > 0:
+        raise InvalidRequest(f"repeat_penalty must be > 0, got {params.repeat_penalty}")
+    if params.repeat_last_n < -1:
+        raise InvalidRequest(f"repeat_last_n must be >= -1, got {params.repeat_last_n}")
+    for token, bias in params.logit_bias.items():
+        if not isinstance(token, (int, np.integer)) or not 0 <= token < n_vocab:
+            raise InvalidRequest(f"logit_bias token {token!r} is not in the vocabulary (0..{n_vocab - 1})")
+        if np.isnan(bias) or bias == np.inf:
+            raise InvalidRequest(f"logit_bias for token {token} must be a number or -inf")
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+class TokenSampler:
+    """Per-request sampler: adjustments, truncation, temperature and its own RNG."""
+
+    __slots__ = ("params", "seed", "n_logprobs", "_rng", "_bias_ids", "_bias_values", "_penalised")
+
+    def __init__(self, params: SamplingParams, n_vocab: int, *, logprobs: int | None = None,
+                 seed: int | None = None) -> None:
+        validate_params(params, n_vocab)
+        self.params = params
+        self.seed = seed if seed is not None else (params.seed if params.seed is not None else fresh_seed())
+        self.n_logprobs = logprobs
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
+        self._bias_values = np.fromiter(params.logit_bias.values(), dtype=np.float32,
+                                        count=len(params.logit_bias))
+        self._penalised = params.repeat_last_n != 0 and (
+            params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+        )
+
+    def choose(self, row: np.ndarray, history: Sequence[int]) -> Choice:
+        """Pick the next token from one logits row; `history` is the sequence so far."""
+        logits = self._adjusted(row, history)
+        if self.params.greedy:
+            token = int(np.argmax(logits))
+        else:
+            token = self._draw(logits)
+        if self.n_logprobs is None:
+            return Choice(token)
+        return _with_logprobs(logits, token, self.n_logprobs)
+
+    def _adjusted(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        if not self._bias_ids.size and not self._penalised:
+            return row
+        logits = row.copy()
+        if self._bias_ids.size:
+            np.add.at(logits, self._bias_ids, self._bias_values)
+        if self._penalised and history:
+            last_n = self.params.repeat_last_n
+            window = history if last_n < 0 else history[-last_n:]
+            apply_penalties(logits, window, self.params)
+        return logits
+
+    def _draw(self, logits: np.ndarray) -> int:
+        p = self.params
+        ids, values = candidates(logits, p.top_k, p.temperature)
+        probs = np.exp(values - values[0])
+        probs /= probs.sum()
+        keep = len(ids)
+        if p.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
+        tempered = np.exp((values[:keep] - values[0]) / p.temperature)
+        cumulative = np.cumsum(tempered)
+        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+        return int(ids[min(pick, keep - 1)])
+
+
+def apply_penalties(logits: np.ndarray, window: Sequence[int], params: SamplingParams) -> None:
+    """llama.cpp's repeat/frequency/presence penalties, in place, over the tokens in window."""
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    values = logits[ids]
+    if params.repeat_penalty != 1.0:
+        values = np.where(values <= 0, values * params.repeat_penalty, values / params.repeat_penalty)
+    values = values - (counts * params.frequency_penalty + params.presence_penalty)
+    logits[ids] = values
+
+
+def candidates(logits: np.ndarray, top_k: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and logits that can be drawn, best first, after top_k (0 = no limit)."""
+    best = float(logits.max())
+    floor = best - NEGLIGIBLE_LOGIT_GAP * max(1.0, temperature)
+    ids = np.flatnonzero(logits >= floor)
+    values = logits[ids]
+    if 0 < top_k < len(ids):
+        part = np.argpartition(values, len(ids) - top_k)[len(ids) - top_k:]
+        ids, values = ids[part], values[part]
+    order = np.argsort(-values, kind="stable")
+    return ids[order], values[order]
+
+
+def _with_logprobs(logits: np.ndarray, token: int, n_top: int) -> Choice:
+    best = float(logits.max())
+    log_total = best + float(np.log(np.sum(np.exp(logits - best, dtype=np.float32), dtype=np.float64)))
+    chosen = float(logits[token]) - log_total
+    if n_top <= 0:
+        return Choice(token, chosen)
+    top_ids = np.argpartition(logits, len(logits) - n_top)[len(logits) - n_top:]
+    top_ids = top_ids[np.argsort(-logits[top_ids], kind="stable")]
+    top = tuple((int(t), float(logits[t]) - log_total) for t in top_ids)
+    return Choice(token, chosen, top)

@@ -1,0 +1,138 @@
+"""Table tests for the numpy sampler: llama.cpp semantics on small hand-made logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from node.engine.errors import InvalidRequest
+from node.engine.sampling import TokenSampler, apply_penalties, candidates
+from node.engine.types import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def row(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("logits", "bias", "expected"),
+    [
+        ((0.1, 3.0, 2.0), {}, 1),
+        ((0.1, 3.0, 2.0), {1: -5.0}, 2),
+        ((0.1, 3.0, 2.0), {1: float("-inf"), 2: float("-inf")}, 0),
+        ((0.1, 3.0, 2.0), {0: 10.0}, 0),
+    ],
+)
+def test_greedy_argmax_after_logit_bias(logits, bias, expected):
+    sampler = TokenSampler(SamplingParams(temperature=0.0, logit_bias=bias), len(logits))
+    source = row(*logits)
+    before = source.copy()
+    assert sampler.choose(source, []).token == expected
+    np.testing.assert_array_equal(source, before)  # the logits buffer is never written
+
+
+@pytest.mark.parametrize(
+    ("params", "window", "expected"),
+    [
+        # positive logits are divided, negative multiplied (llama.cpp repeat penalty)
+        (SamplingParams(repeat_penalty=2.0), [0, 1], (2.0, -4.0, 1.0)),
+        # a token counted twice pays frequency twice and presence once
+        (SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), [0, 0, 2], (2.75, -2.0, 0.25)),
+        (SamplingParams(repeat_penalty=1.5, presence_penalty=1.0), [2], (4.0, -2.0, -1.0 / 3)),
+    ],
+)
+def test_penalties_follow_llama_cpp(params, window, expected):
+    logits = row(4.0, -2.0, 1.0)
+    apply_penalties(logits, window, params)
+    np.testing.assert_allclose(logits, expected, rtol=1e-6)
+
+
+def test_penalty_window_is_last_n_of_history():
+    params = SamplingParams(temperature=0.0, repeat_penalty=100.0, repeat_last_n=2)
+    sampler = TokenSampler(params, 3)
+    # token 0 is best but only outside the window: it stays the choice
+    assert sampler.choose(row(5.0, 4.9, 1.0), [0, 1, 1]).token == 0
+    # inside the window it is penalised below token 2
+    assert sampler.choose(row(5.0, 4.9, 1.0), [1, 0]).token == 2
+
+
+@pytest.mark.parametrize(
+    ("params", "allowed"),
+    [
+        (SamplingParams(temperature=1.0, top_k=1, top_p=1.0, min_p=0.0), {3}),
+        (SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0), {3, 2}),
+        # probabilities ~ (0.64, 0.24, 0.09, 0.03) for ids (3, 2, 1, 0): top_p 0.7 keeps two
+        (SamplingParams(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0), {3, 2}),
+        # min_p 0.3 of the best keeps ids with p >= 0.19
+        (SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3), {3, 2}),
+        (SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), {0, 1, 2, 3}),
+    ],
+)
+def test_truncation_bounds_what_can_be_drawn(params, allowed):
+    sampler = TokenSampler(params, 4, seed=7)
+    logits = row(0.0, 1.0, 2.0, 3.0)
+    drawn = {sampler.choose(logits, []).token for _ in range(400)}
+    assert drawn == allowed
+
+
+def test_temperature_sharpens_and_flattens():
+    logits = row(0.0, 1.0)
+    def share_of_best(t: float) -> float:
+        sampler = TokenSampler(SamplingParams(temperature=t, top_k=0, top_p=1.0, min_p=0.0), 2, seed=3)
+        return sum(sampler.choose(logits, []).token for _ in range(4000)) / 4000
+    cold, warm, hot = share_of_best(0.25), share_of_best(1.0), share_of_best(4.0)
+    assert cold > warm > hot > 0.5
+    assert abs(warm - 1 / (1 + np.exp(-1.0))) < 0.03
+
+
+def test_same_seed_same_draws_and_different_seeds_differ():
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
+    logits = np.zeros(1000, dtype=np.float32)
+    first = [TokenSampler(params, 1000).choose(logits, []).token for _ in range(1)]
+    a = TokenSampler(params, 1000)
+    b = TokenSampler(params, 1000)
+    c = TokenSampler(params, 1000, seed=43)
+    run_a = [a.choose(logits, []).token for _ in range(20)]
+    assert run_a == [b.choose(logits, []).token for _ in range(20)]
+    assert run_a != [c.choose(logits, []).token for _ in range(20)]
+    assert first[0] == run_a[0]
+
+
+def test_candidates_drop_only_negligible_tokens():
+    logits = np.full(262_144, -100.0, dtype=np.float32)
+    logits[[5, 9, 77]] = (10.0, 9.0, -10.0)  # -10 is 20 nats below the best: still drawable
+    ids, values = candidates(logits, 0, 1.0)
+    assert ids.tolist() == [5, 9, 77]
+    assert values.tolist() == [10.0, 9.0, -10.0]
+    ids, _ = candidates(logits, 2, 1.0)
+    assert ids.tolist() == [5, 9]
+
+
+def test_logprobs_of_chosen_and_top():
+    params = SamplingParams(temperature=0.0)
+    sampler = TokenSampler(params, 3, logprobs=2)
+    choice = sampler.choose(row(np.log(0.5), np.log(0.3), np.log(0.2)), [])
+    assert choice.token == 0
+    assert choice.logprob == pytest.approx(np.log(0.5), abs=1e-5)
+    assert [t for t, _ in choice.top] == [0, 1]
+    assert choice.top[1][1] == pytest.approx(np.log(0.3), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(logit_bias={10: 1.0}),
+        SamplingParams(logit_bias={-1: 1.0}),
+        SamplingParams(logit_bias={1: float("nan")}),
+        SamplingParams(temperature=-1.0),
+        SamplingParams(top_p=0.0),
+        SamplingParams(min_p=1.5),
+        SamplingParams(repeat_penalty=0.0),
+        SamplingParams(top_k=-3),
+    ],
+)
+def test_bad_parameters_are_refused(params):
+    with pytest.raises(InvalidRequest):
+        TokenSampler(params, 10)
