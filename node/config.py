@@ -1,0 +1,274 @@
+"""The node's settings: one option table, resolved once at start-up into frozen dataclasses.
+
+Keys follow the INI sections of conf/reame.conf (the original C++ reame's keys plus ours).
+Precedence is command-line flag > environment (REAME_<SECTION>_<KEY>) > file > default; an
+error names the file, section and key (or the flag / environment variable) it came from.
+`python -m node.config` prints the commented default file (conf/reame.conf is that output).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from shared.config import ConfigError, Option, render_ini, resolve
+
+KV_TYPES = ("auto", "f16", "q8_0", "q4_0")
+SPECULATION_MODES = ("lookup", "model")
+
+
+def _opt(section: str, key: str, type_: type, default: Any, doc: str,
+         choices: tuple[str, ...] | None = None) -> Option:
+    return Option(section, key, type_, default, doc,
+                  env=f"REAME_{section}_{key}".upper(), choices=choices)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _opt("model", "path", str, "gemma3-270m",
+         "Model: a catalog alias (`reame list`) or a path to a GGUF file."),
+    _opt("model", "context_length", int, 0,
+         "Context size in tokens shared by all slots; 0 = model default x parallel, capped by RAM."),
+    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4)."),
+    _opt("model", "batch", int, 512, "Logical batch size: most tokens one decode step takes."),
+    _opt("model", "ubatch", int, 512, "Physical micro-batch size inside one decode step."),
+    _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
+    _opt("memory", "use_mlock", bool, False, "Lock the model in RAM (never swapped out)."),
+    _opt("memory", "kv_cache_type", str, "auto",
+         "KV cache element type: f16, q8_0 or q4_0; auto = f16 when it fits in RAM, else smaller.",
+         KV_TYPES),
+    _opt("speculative", "enabled", bool, True, "Speculative decoding (output is unchanged)."),
+    _opt("speculative", "mode", str, "lookup",
+         "lookup = drafts from the prompt, the archive and list forms; model = a draft model.",
+         SPECULATION_MODES),
+    _opt("speculative", "draft_model_path", str, "", "Draft model (alias or GGUF) for mode = model."),
+    _opt("speculative", "draft_tokens", int, 8, "Initial draft length (adapts between 2 and 32)."),
+    _opt("cache", "enabled", bool, True, "Prefix KV cache: reuse the KV of prompts seen before."),
+    _opt("cache", "directory", str, "", "Prefix cache directory; empty = <home>/cache."),
+    _opt("cache", "ram_mb", int, 256, "RAM tier of the prefix cache, in MB."),
+    _opt("cache", "max_size_mb", int, 512, "Disk budget of the prefix cache, in MB (LRU eviction)."),
+    _opt("cache", "compress", bool, True, "Compress cached KV blocks with zstd."),
+    _opt("cache", "block_tokens", int, 256, "Tokens per cached block (snapshot boundary)."),
+    _opt("server", "host", str, "127.0.0.1", "Address to listen on (0.0.0.0 exposes the node)."),
+    _opt("server", "port", int, 8080, "TCP port of the OpenAI-compatible API."),
+    _opt("server", "max_concurrent_requests", int, 64,
+         "HTTP requests in flight at once; more are answered 503."),
+    _opt("server", "max_queue", int, 64, "Requests waiting for a slot; beyond it: overloaded (503)."),
+    _opt("server", "max_request_size_mb", int, 8, "Largest request body accepted, in MB (413 above)."),
+    _opt("server", "enable_cors", bool, False, "Send CORS headers (browsers on other origins)."),
+    _opt("server", "enable_metrics", bool, True, "Serve Prometheus metrics on /metrics."),
+    _opt("server", "api_key", str, "", "Bearer key required on every route but /health; empty = none."),
+    _opt("server", "model_id", str, "", "Model name reported by /v1/models; empty = the alias."),
+    _opt("server", "parallel", int, 0, "Sequences decoded together in one batch; 0 = auto (4)."),
+    _opt("arca", "remote", str, "",
+         "Shared ARCA as host:port; empty = the archive embedded in this node."),
+    _opt("arca", "password", str, "", "AUTH password of the remote ARCA; empty = none."),
+    _opt("arca", "timeout_ms", int, 200, "Remote ARCA timeout; a slower answer counts as a miss."),
+    _opt("arca", "directory", str, "", "Embedded archive directory; empty = <home>/arca."),
+    _opt("arca", "max_mb", int, 1024, "Embedded archive byte budget, in MB."),
+    _opt("arca", "observe", bool, True, "Feed finished generations to the corpus (L4) for drafts."),
+    _opt("arca", "observe_prompt_tokens", int, 64,
+         "Prompt tokens before each generation included in its observation."),
+)
+
+HEADER = """\
+reame node configuration: every key is present with its default value; edit what you need.
+Precedence: command-line flag > environment (REAME_<SECTION>_<KEY>) > this file > default.
+Use it with:  reame --config reame.conf --serve   or   reame run MODEL --config reame.conf"""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    path: str
+    context_length: int
+    threads: int
+    batch: int
+    ubatch: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySettings:
+    kv_cache_type: str
+    use_mmap: bool
+    use_mlock: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str
+    port: int
+    api_key: str | None
+    parallel: int
+    max_queue: int
+    max_concurrent_requests: int
+    max_request_size_mb: int
+    enable_cors: bool
+    enable_metrics: bool
+    model_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ArcaSettings:
+    remote: str | None
+    password: str | None
+    timeout_ms: int
+    directory: Path
+    max_mb: int
+    observe: bool
+    observe_prompt_tokens: int
+
+    @property
+    def remote_address(self) -> tuple[str, int] | None:
+        return split_host_port(self.remote) if self.remote else None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    enabled: bool
+    directory: Path
+    ram_mb: int
+    max_size_mb: int
+    compress: bool
+    block_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeSettings:
+    enabled: bool
+    mode: str
+    draft_model_path: str | None
+    draft_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    model: ModelSettings
+    memory: MemorySettings
+    server: ServerSettings
+    arca: ArcaSettings
+    cache: CacheSettings
+    speculative: SpeculativeSettings
+    home: Path
+    config_file: Path | None = None
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _at_least(low: int) -> Callable[[Any], str | None]:
+    return lambda value: None if value >= low else f"must be >= {low}, got {value}"
+
+
+def _port(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else f"must be a TCP port 0-65535, got {value}"
+
+
+def _host_port(value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        split_host_port(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+CHECKS: Mapping[str, Callable[[Any], str | None]] = {
+    "model.path": lambda v: None if v else "must name a model",
+    "model.context_length": _at_least(0),
+    "model.threads": _at_least(0),
+    "model.batch": _at_least(1),
+    "model.ubatch": _at_least(1),
+    "speculative.draft_tokens": _at_least(1),
+    "cache.ram_mb": _at_least(0),
+    "cache.max_size_mb": _at_least(0),
+    "cache.block_tokens": _at_least(16),
+    "server.port": _port,
+    "server.max_concurrent_requests": _at_least(1),
+    "server.max_queue": _at_least(1),
+    "server.max_request_size_mb": _at_least(1),
+    "server.parallel": _at_least(0),
+    "arca.remote": _host_port,
+    "arca.timeout_ms": _at_least(1),
+    "arca.max_mb": _at_least(1),
+    "arca.observe_prompt_tokens": _at_least(0),
+}
+
+
+def _origin(option: Option, file: Path | None, env: Mapping[str, str],
+            flags: Mapping[str, Any]) -> str:
+    if flags.get(option.name) is not None:
+        return f"command line ({option.name})"
+    if option.env and option.env in env:
+        return f"environment {option.env} ({option.name})"
+    return f"{file}: [{option.section}] {option.key}" if file else f"default {option.name}"
+
+
+def _check(values: Mapping[str, Any], file: Path | None, env: Mapping[str, str],
+           flags: Mapping[str, Any]) -> None:
+    for option in OPTIONS:
+        check = CHECKS.get(option.name)
+        problem = check(values[option.name]) if check else None
+        if problem:
+            raise ConfigError(f"{_origin(option, file, env, flags)}: {problem}")
+
+
+def home_dir(env: Mapping[str, str]) -> Path:
+    home = env.get("REAME_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".reame"
+
+
+def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = None, *,
+                  env: Mapping[str, str] | None = None) -> NodeSettings:
+    """Resolve every option (flag > env > file > default) into NodeSettings.
+
+    `flags` maps 'section.key' to typed values; None means the flag was not given.
+    """
+    env = os.environ if env is None else env
+    flags = dict(flags or {})
+    file = Path(config_file).expanduser() if config_file else None
+    values = resolve(OPTIONS, file=file, env=env, flags=flags)
+    _check(values, file, env, flags)
+    home = home_dir(env)
+
+    def section(name: str) -> dict[str, Any]:
+        return {key.split(".", 1)[1]: value for key, value in values.items()
+                if key.startswith(name + ".")}
+
+    def directory(text: str, default: str) -> Path:
+        return Path(text).expanduser() if text else home / default
+
+    def optional(text: str) -> str | None:
+        return text or None
+
+    server = section("server")
+    arca = section("arca")
+    cache = section("cache")
+    speculative = section("speculative")
+    return NodeSettings(
+        model=ModelSettings(**section("model")),
+        memory=MemorySettings(**section("memory")),
+        server=ServerSettings(**{**server, "api_key": optional(server["api_key"]),
+                                 "model_id": optional(server["model_id"])}),
+        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]),
+                             "password": optional(arca["password"]),
+                             "directory": directory(arca["directory"], "arca")}),
+        cache=CacheSettings(**{**cache, "directory": directory(cache["directory"], "cache")}),
+        speculative=SpeculativeSettings(**{
+            **speculative, "draft_model_path": optional(speculative["draft_model_path"])}),
+        home=home,
+        config_file=file,
+    )
+
+
+def default_config_text() -> str:
+    return render_ini(OPTIONS, HEADER)
+
+
+if __name__ == "__main__":
+    print(default_config_text(), end="")

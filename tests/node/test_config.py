@@ -1,0 +1,132 @@
+"""Node settings: precedence flag > env > file > default, typed values, errors naming their source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.config import OPTIONS, default_config_text, load_settings
+from shared.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "reame.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_file(tmp_path):
+    settings = load_settings(None, {}, env={"REAME_HOME": str(tmp_path)})
+    assert settings.model.path == "gemma3-270m"
+    assert settings.server.host == "127.0.0.1" and settings.server.port == 8080
+    assert settings.server.api_key is None and settings.arca.remote is None
+    assert settings.memory.kv_cache_type == "auto"
+    assert settings.home == tmp_path
+    assert settings.cache.directory == tmp_path / "cache"
+    assert settings.arca.directory == tmp_path / "arca"
+
+
+@pytest.mark.parametrize(
+    "file_value, env_value, flag_value, expected",
+    [
+        (None, None, None, 8080),
+        ("9001", None, None, 9001),
+        ("9001", "9002", None, 9002),
+        ("9001", "9002", 9003, 9003),
+        (None, None, 9003, 9003),
+    ],
+)
+def test_precedence_flag_env_file_default(tmp_path, file_value, env_value, flag_value, expected):
+    conf = write(tmp_path, f"[server]\nport = {file_value}\n" if file_value else "[server]\n")
+    env = {"REAME_SERVER_PORT": env_value} if env_value else {}
+    settings = load_settings(conf, {"server.port": flag_value}, env=env)
+    assert settings.server.port == expected
+
+
+def test_file_values_are_typed(tmp_path):
+    conf = write(tmp_path, """
+[model]
+path = /models/x.gguf   # inline comment
+threads = 3
+[memory]
+use_mmap = no
+kv_cache_type = q8_0
+[arca]
+remote = 10.0.0.5:6420
+[cache]
+directory = ~/kv
+""")
+    settings = load_settings(conf, {}, env={})
+    assert settings.model.path == "/models/x.gguf"
+    assert settings.model.threads == 3
+    assert settings.memory.use_mmap is False
+    assert settings.memory.kv_cache_type == "q8_0"
+    assert settings.arca.remote_address == ("10.0.0.5", 6420)
+    assert settings.cache.directory == Path("~/kv").expanduser()
+    assert settings.config_file == conf
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("[server]\nport = eighty\n", ["reame.conf", "[server] port", "invalid literal"]),
+        ("[memory]\nkv_cache_type = q2\n", ["[memory] kv_cache_type", "f16, q8_0, q4_0"]),
+        ("[server]\nprot = 1\n", ["[server] prot", "unknown key"]),
+        ("[server]\nport = 70000\n", ["[server] port", "0-65535"]),
+        ("[arca]\nremote = nohost\n", ["[arca] remote", "host:port"]),
+        ("[model]\nthreads = -1\n", ["[model] threads", ">= 0"]),
+        ("[model\npath = x\n", ["reame.conf"]),
+    ],
+)
+def test_errors_name_file_section_and_key(tmp_path, text, fragments):
+    conf = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(conf, {}, env={})
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+def test_env_errors_name_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="REAME_MEMORY_USE_MLOCK"):
+        load_settings(None, {}, env={"REAME_MEMORY_USE_MLOCK": "maybe"})
+    with pytest.raises(ConfigError, match="REAME_SERVER_PORT"):
+        load_settings(None, {}, env={"REAME_SERVER_PORT": "-5"})
+
+
+def test_flag_errors_name_the_option():
+    with pytest.raises(ConfigError, match=r"command line \(server.parallel\)"):
+        load_settings(None, {"server.parallel": -2}, env={})
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "absent.conf", {}, env={})
+
+
+def test_shipped_conf_matches_the_table():
+    shipped = (REPO / "conf" / "reame.conf").read_text(encoding="utf-8")
+    assert shipped == default_config_text(), "regenerate: python -m node.config > conf/reame.conf"
+
+
+def test_shipped_conf_loads_to_the_defaults(tmp_path):
+    from_file = load_settings(REPO / "conf" / "reame.conf", {}, env={"REAME_HOME": str(tmp_path)})
+    defaults = load_settings(None, {}, env={"REAME_HOME": str(tmp_path)})
+    assert from_file.model == defaults.model and from_file.server == defaults.server
+    assert from_file.arca == defaults.arca and from_file.cache == defaults.cache
+
+
+def test_every_original_key_is_present():
+    keys = {opt.name for opt in OPTIONS}
+    original = {
+        "model.path", "model.context_length", "model.threads", "model.ubatch",
+        "memory.use_mmap", "memory.use_mlock", "memory.kv_cache_type",
+        "speculative.enabled", "speculative.mode", "speculative.draft_model_path",
+        "speculative.draft_tokens", "cache.directory", "cache.max_size_mb", "cache.compress",
+        "cache.block_tokens", "server.host", "server.port", "server.max_concurrent_requests",
+        "server.max_request_size_mb", "server.enable_cors", "server.enable_metrics",
+        "server.api_key", "server.model_id", "server.parallel", "arca.remote",
+    }
+    assert original <= keys
