@@ -1,0 +1,28 @@
+"""The prefix KV cache: saved sequence states keyed by chained block hashes, in RAM, on the
+node's disk and in ARCA (L3), so no node prefills the same prefix twice.
+
+    identity = CacheIdentity(model_fingerprint=..., kv_type_k="q8_0", kv_type_v="q8_0",
+                             runtime=runtime_id())
+    cache = PrefixCache(identity, PrefixCacheConfig(directory=path))
+    engine = Engine(EngineConfig(..., prefix_cache=cache))
+    fleet = FleetTier(cache, archive_client)      # on the event loop; optional
+    await fleet.prefetch(prompt_tokens)           # before engine.submit(...)
+"""
+
+from node.cache.blob import BlobError, StateBlob
+from node.cache.fleet import FleetConfig, FleetTier
+from node.cache.keys import BlockChain, Boundary, CacheIdentity, runtime_id
+from node.cache.prefix_cache import PrefixCache, PrefixCacheConfig
+
+__all__ = [
+    "BlobError",
+    "BlockChain",
+    "Boundary",
+    "CacheIdentity",
+    "FleetConfig",
+    "FleetTier",
+    "PrefixCache",
+    "PrefixCacheConfig",
+    "StateBlob",
+    "runtime_id",
+]

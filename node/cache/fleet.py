@@ -1,0 +1,138 @@
+"""The fleet tier (ARCA L3): saved states shared by every node that talks to one archive.
+
+Before a request reaches the engine, `await prefetch(prompt_tokens)` asks the archive which
+of the prompt's boundaries it holds (one ARCA.KVEXISTS for the whole chain), fetches the
+longest one that beats what this node already holds (ARCA.KVGET), verifies it and adopts it
+into the local RAM and disk tiers; the engine's lookup then finds it without touching the
+network. After a prefill, states this node newly stored are pushed (ARCA.KVPUT) off the
+request path, with a bounded number in flight. The archive client never raises on a down
+ARCA (contract 5), and every failure here is caught and counted: a down ARCA only costs the
+speed-up.
+
+Blobs travel in the disk format (node/cache/blob.py), so a node verifies what it fetches;
+the archive key is the hex of the chained block hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from node.cache import blob
+from node.cache.blob import BlobError
+from node.cache.prefix_cache import MB, PrefixCache
+
+log = logging.getLogger(__name__)
+
+
+class KvArchive(Protocol):
+    """The part of node/archive_client.py's ArchiveClient this tier uses."""
+
+    async def kv_get(self, key: bytes) -> bytes | None: ...
+    async def kv_put(self, key: bytes, blob: bytes) -> None: ...
+    async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    push: bool = True  # offer newly stored states to the archive
+    fetch: bool = True  # fetch missing prefixes from the archive before prefill
+    min_push_tokens: int = 0  # states shorter than this are not worth a network round trip
+    max_blob_bytes: int = 256 * MB  # larger states stay local
+    max_pushes_in_flight: int = 4  # beyond it, new pushes are dropped (counted)
+
+
+def archive_key(key: bytes) -> bytes:
+    return key.hex().encode("ascii")
+
+
+class FleetTier:
+    """Connects a PrefixCache to an archive client; create it on the event loop it serves."""
+
+    def __init__(self, cache: PrefixCache, archive: KvArchive, config: FleetConfig = FleetConfig()):
+        self.cache = cache
+        self.archive = archive
+        self.config = config
+        self._loop = asyncio.get_running_loop()
+        self._pushes: set[asyncio.Task[None]] = set()
+        self._closed = False
+        if config.push:
+            cache.add_stored_sink(self._offer)
+
+    async def prefetch(self, prompt_tokens: Sequence[int]) -> int:
+        """Bring the longest archived prefix of the prompt into the local tiers.
+
+        Returns the tokens fetched (0: nothing better than the local tiers, or ARCA down).
+        """
+        if not self.config.fetch:
+            return 0
+        boundaries = self.cache.chain.restorable(prompt_tokens)
+        local = self.cache.longest_local(boundaries)
+        candidates = [b for b in boundaries if b.n_tokens > local]
+        if not candidates:
+            return 0
+        metrics = self.cache.metrics
+        try:
+            present = await self.archive.kv_exists([archive_key(b.key) for b in candidates])
+            best = next((b for b, ok in zip(reversed(candidates), reversed(present)) if ok), None)
+            if best is None:
+                metrics.add(fleet_misses=1)
+                return 0
+            data = await self.archive.kv_get(archive_key(best.key))
+            if data is None:
+                metrics.add(fleet_misses=1)
+                return 0
+            entry = await asyncio.to_thread(blob.decode, data, best.key)
+        except BlobError as exc:
+            log.warning("prefix cache: archive returned a damaged state: %s", exc)
+            metrics.add(fleet_errors=1)
+            return 0
+        except Exception:
+            log.warning("prefix cache: archive fetch failed", exc_info=True)
+            metrics.add(fleet_errors=1)
+            return 0
+        if entry.n_tokens != best.n_tokens:
+            metrics.add(fleet_errors=1)
+            return 0
+        self.cache.adopt(best.key, entry, publish=False)
+        metrics.add(fleet_hits=1, fleet_bytes_fetched=len(data))
+        return entry.n_tokens
+
+    async def drain(self) -> None:
+        """Wait for the pushes in flight (tests, shutdown)."""
+        while self._pushes:
+            await asyncio.gather(*list(self._pushes), return_exceptions=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self.drain()
+
+    # Called on the cache's writer thread.
+    def _offer(self, key: bytes, n_tokens: int, header: bytes, payload: bytes) -> None:
+        size = len(header) + len(payload)
+        if self._closed or n_tokens < self.config.min_push_tokens or size > self.config.max_blob_bytes:
+            return
+        data = header + payload
+        try:
+            self._loop.call_soon_threadsafe(self._start_push, key, data)
+        except RuntimeError:  # loop closed
+            pass
+
+    def _start_push(self, key: bytes, data: bytes) -> None:
+        if len(self._pushes) >= self.config.max_pushes_in_flight:
+            self.cache.metrics.add(fleet_pushes_dropped=1)
+            return
+        task = self._loop.create_task(self._push(key, data))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def _push(self, key: bytes, data: bytes) -> None:
+        try:
+            await self.archive.kv_put(archive_key(key), data)
+        except Exception:
+            log.warning("prefix cache: archive push failed", exc_info=True)
+            self.cache.metrics.add(fleet_errors=1)
+            return
+        self.cache.metrics.add(fleet_pushes=1, fleet_bytes_pushed=len(data))

@@ -1,0 +1,253 @@
+"""The prefix KV cache the engine consults: RAM and disk tiers behind the engine's hook.
+
+The engine calls `lookup`, `boundaries_to_store` and `store` on its own thread
+(contract: node/engine/engine.py `PrefixCacheHook`). Lookups walk the prompt's block
+boundaries longest first, RAM then disk; the ARCA tier (node/cache/fleet.py) is fetched into
+RAM before the request reaches the engine, so the engine thread never waits on the network.
+`store` only puts the state in RAM and enqueues it; a writer thread the cache owns encodes
+it, publishes it on disk and offers it to the fleet pusher.
+
+What is stored (each boundary at most once, never rewritten), for a prompt P:
+  - the last boundary of P, so a conversation that extends P (the next turn) restores all
+    of it;
+  - the fork point: the longest boundary of P that an earlier prompt also had, i.e. where
+    P departs from something already seen (the end of a shared document before the
+    question), so every later prompt sharing that document restores up to there;
+  - a checkpoint every `checkpoint_tokens` tokens, so long shared prefixes that have not
+    forked yet are still partly reusable.
+Every other boundary only has its key computed. A state saved at n tokens holds the whole
+prefix (per-sequence state), so snapshots are not stacked per block.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from node.cache import blob
+from node.cache.blob import StateBlob
+from node.cache.disk import DiskTier
+from node.cache.keys import DEFAULT_BLOCK_TOKENS, BlockChain, Boundary, CacheIdentity
+from node.cache.metrics import CacheMetrics
+from node.cache.ram import RamTier
+
+log = logging.getLogger(__name__)
+
+MB = 1 << 20
+# Receives (key, n_tokens, encoded blob parts) of each state newly written by this node.
+StoredSink = Callable[[bytes, int, bytes, bytes], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheConfig:
+    directory: Path | None = None  # None: RAM tier only
+    ram_bytes: int = 256 * MB
+    disk_bytes: int = 512 * MB
+    compress: bool = False
+    zstd_level: int = 1
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    checkpoint_tokens: int = 1024  # 0: no periodic checkpoints
+    store_prompt_tail: bool = True
+    write_queue: int = 16  # states waiting for the disk writer; beyond it, RAM only
+    seen_keys: int = 16384  # boundary keys remembered to find fork points
+
+    @classmethod
+    def from_settings(cls, cache: Any, **overrides: Any) -> "PrefixCacheConfig":
+        """From the node's `[cache]` settings section (enabled, directory, ram_mb,
+        max_size_mb, compress, block_tokens)."""
+        values = dict(
+            directory=Path(cache.directory).expanduser() if cache.directory else None,
+            ram_bytes=int(cache.ram_mb) * MB,
+            disk_bytes=int(cache.max_size_mb) * MB,
+            compress=bool(cache.compress),
+            block_tokens=int(cache.block_tokens),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+class PrefixCache:
+    """Implements the engine's PrefixCacheHook over a RAM tier and an optional disk tier."""
+
+    def __init__(self, identity: CacheIdentity, config: PrefixCacheConfig = PrefixCacheConfig()):
+        self.identity = identity
+        self.config = config
+        self.chain = BlockChain(identity, config.block_tokens)
+        self.metrics = CacheMetrics()
+        self.ram = RamTier(config.ram_bytes)
+        self.disk = DiskTier(config.directory, config.disk_bytes) if config.directory else None
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._pending: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._sinks: list[StoredSink] = []
+        self._queue: queue.Queue[tuple[bytes, StateBlob, bool] | None] = queue.Queue(config.write_queue)
+        self._writer = threading.Thread(target=self._write_loop, name="prefix-cache-writer", daemon=True)
+        self._closed = False
+        self._writer.start()
+
+    # ----------------------------------------------------------------- engine hook
+
+    def lookup(self, prompt_tokens: Sequence[int]) -> tuple[int, bytes] | None:
+        started = time.perf_counter()
+        found = self._find(self.chain.restorable(prompt_tokens))
+        restored = found[0].n_tokens if found else 0
+        deltas: dict[str, float] = dict(
+            lookups=1, tokens_restored=restored, tokens_prefilled=len(prompt_tokens) - restored
+        )
+        if found is None:
+            deltas.update(ram_misses=1, disk_misses=1 if self.disk else 0)
+        elif found[1] == "ram":
+            deltas.update(ram_hits=1)
+        else:
+            deltas.update(ram_misses=1, disk_hits=1)
+        if found is not None:
+            deltas["restore_seconds"] = time.perf_counter() - started
+        self.metrics.add(**deltas)
+        if found is None:
+            return None
+        boundary, _, entry = found
+        return boundary.n_tokens, entry.state
+
+    def boundaries_to_store(self, prompt_tokens: Sequence[int]) -> list[int]:
+        boundaries = self.chain.restorable(prompt_tokens)
+        if not boundaries:
+            return []
+        chosen: dict[bytes, Boundary] = {}
+        if self.config.store_prompt_tail:
+            chosen[boundaries[-1].key] = boundaries[-1]
+        every = self.config.checkpoint_tokens
+        if every > 0:
+            for boundary in boundaries:
+                if boundary.n_tokens % every == 0:
+                    chosen[boundary.key] = boundary
+        with self._lock:
+            for boundary in reversed(boundaries):
+                if boundary.key in self._seen:
+                    chosen[boundary.key] = boundary
+                    break
+            for boundary in boundaries:
+                self._seen[boundary.key] = None
+                self._seen.move_to_end(boundary.key)
+            while len(self._seen) > self.config.seen_keys:
+                self._seen.popitem(last=False)
+        wanted = [b for b in chosen.values() if not self._is_stored(b.key)]
+        return sorted(b.n_tokens for b in wanted)
+
+    def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes) -> None:
+        """Keep the state in RAM at once; the disk write and fleet push happen later."""
+        if n_tokens <= 0 or n_tokens % self.chain.block_tokens or n_tokens > len(prompt_tokens):
+            log.warning("prefix cache: ignoring a state at %d tokens (not a block boundary)", n_tokens)
+            return
+        key = self.chain.boundaries(prompt_tokens, limit=n_tokens)[-1].key
+        self.adopt(key, StateBlob(n_tokens, bytes(state)), publish=True)
+
+    # ----------------------------------------------------------------- other tiers
+
+    def adopt(self, key: bytes, entry: StateBlob, *, publish: bool) -> None:
+        """Take a state into RAM and queue it for disk (and, when `publish`, for the fleet)."""
+        if self.ram.put(key, entry):
+            self.metrics.add(bytes_stored_ram=len(entry.state))
+        self.metrics.add(stores=1)
+        if self.disk is None and not (publish and self._sinks):
+            return
+        with self._lock:
+            if key in self._pending or self._closed:
+                return
+            self._pending.add(key)
+        try:
+            self._queue.put_nowait((key, entry, publish))
+        except queue.Full:
+            with self._lock:
+                self._pending.discard(key)
+            self.metrics.add(stores_dropped=1)
+
+    def add_stored_sink(self, sink: StoredSink) -> None:
+        """Call `sink` on the writer thread for each state this node newly stores."""
+        self._sinks.append(sink)
+
+    def longest_local(self, boundaries: Sequence[Boundary]) -> int:
+        """The longest of `boundaries` held in RAM or on disk (0 when none), unverified."""
+        for boundary in reversed(boundaries):
+            if self._is_stored(boundary.key):
+                return boundary.n_tokens
+        return 0
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until queued states are written; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending:
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def stats(self) -> dict[str, float]:
+        out = self.metrics.snapshot()
+        out.update(ram_bytes=self.ram.used_bytes, ram_entries=len(self.ram),
+                   ram_evicted_bytes=self.ram.evicted_bytes, ram_evictions=self.ram.evictions)
+        if self.disk is not None:
+            usage = self.disk.usage()
+            out.update(disk_bytes=usage.bytes, disk_entries=usage.files,
+                       disk_evicted_bytes=self.disk.evicted_bytes, disk_evictions=self.disk.evictions,
+                       disk_corrupt_deleted=self.disk.corrupt_deleted)
+        return out
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, then stop the writer thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._writer.join(timeout)
+
+    # ----------------------------------------------------------------- internals
+
+    def _find(self, boundaries: Sequence[Boundary]) -> tuple[Boundary, str, StateBlob] | None:
+        for boundary in reversed(boundaries):
+            entry = self.ram.get(boundary.key)
+            if entry is not None:
+                return boundary, "ram", entry
+            if self.disk is not None:
+                entry = self.disk.get(boundary.key)
+                if entry is not None:
+                    self.ram.put(boundary.key, entry)
+                    return boundary, "disk", entry
+        return None
+
+    def _is_stored(self, key: bytes) -> bool:
+        if self.ram.contains(key) or key in self._pending:
+            return True
+        return self.disk is not None and self.disk.contains(key)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            key, entry, publish = item
+            try:
+                self._write(key, entry, publish)
+            except Exception:  # a full disk must not end the writer
+                log.exception("prefix cache: storing a state failed")
+                self.metrics.add(disk_write_errors=1)
+            finally:
+                with self._lock:
+                    self._pending.discard(key)
+
+    def _write(self, key: bytes, entry: StateBlob, publish: bool) -> None:
+        level = self.config.zstd_level if self.config.compress else None
+        header, payload = blob.encode_parts(key, entry.n_tokens, entry.state, zstd_level=level)
+        if self.disk is not None:
+            written = self.disk.put(key, header, payload)
+            self.metrics.add(bytes_stored_disk=written)
+        if publish:
+            for sink in self._sinks:
+                sink(key, entry.n_tokens, header, payload)

@@ -1,0 +1,166 @@
+"""The engine hook over RAM and disk: longest-prefix lookup, the store policy, restarts and
+model swaps. States here are synthetic byte strings: what is checked is which state comes
+back for which prompt (the real model's restore lives in test_prefix_cache_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.cache.keys import CacheIdentity
+from node.cache.prefix_cache import PrefixCache, PrefixCacheConfig
+
+IDENTITY = CacheIdentity(model_fingerprint="ab" * 32, runtime="test")
+DOC = list(range(1000, 1040))  # 40 tokens = 5 blocks of 8
+
+
+def make(tmp_path=None, identity=IDENTITY, **overrides) -> PrefixCache:
+    fields = dict(directory=tmp_path, block_tokens=8, checkpoint_tokens=0, ram_bytes=10**6, disk_bytes=10**6)
+    fields.update(overrides)
+    return PrefixCache(identity, PrefixCacheConfig(**fields))
+
+
+def fake_state(tokens, n):
+    return ("|".join(map(str, tokens[:n]))).encode()
+
+
+def run_prompt(cache: PrefixCache, prompt) -> tuple[int, list[int]]:
+    """What the engine does: look up, then store every boundary it is asked for."""
+    hit = cache.lookup(prompt)
+    restored = 0
+    if hit is not None:
+        restored, state = hit
+        assert state == fake_state(prompt, restored)
+    stored = [n for n in cache.boundaries_to_store(prompt) if n > restored]
+    for n in stored:
+        cache.store(prompt, n, fake_state(prompt, n))
+    return restored, stored
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = make(tmp_path)
+    yield c
+    c.close()
+
+
+def test_first_prompt_stores_only_its_tail_and_second_stores_the_fork_point(cache):
+    q1 = DOC + [1, 2, 3]
+    assert run_prompt(cache, q1) == (0, [40])
+    q2 = DOC + [4, 5, 6, 7, 8, 9, 10, 11, 12]  # tail boundary 48 is question-specific
+    assert run_prompt(cache, q2) == (40, [48])
+    q3 = DOC[:36] + [7] * 20  # diverges inside block 5: shares 4 blocks with the others
+    restored, stored = run_prompt(cache, q3)
+    assert restored == 0 and stored == [32, 48]  # fork point 32, and its own tail
+    assert run_prompt(cache, DOC[:36] + [9] * 5) == (32, [40])  # restores the fork point
+    assert cache.stats()["lookups"] == 4
+
+
+def test_checkpoints_every_n_tokens(tmp_path):
+    cache = make(tmp_path, checkpoint_tokens=16)
+    try:
+        assert run_prompt(cache, DOC + [1]) == (0, [16, 32, 40])
+    finally:
+        cache.close()
+
+
+def test_never_asks_twice_for_a_stored_boundary(cache):
+    prompt = DOC + [1]
+    run_prompt(cache, prompt)
+    assert cache.boundaries_to_store(prompt) == []
+    cache.flush()
+    cache.ram.discard(cache.chain.boundaries(prompt)[-1].key)
+    assert cache.boundaries_to_store(prompt) == []  # still on disk
+
+
+def test_a_prompt_that_is_exactly_a_boundary_keeps_one_token_to_decode(cache):
+    prompt = DOC[:16]
+    assert run_prompt(cache, prompt) == (0, [8])
+    assert cache.lookup(prompt)[0] == 8
+
+
+def test_store_ignores_states_off_a_boundary(cache):
+    cache.store(DOC, 7, b"x")
+    assert cache.lookup(DOC) is None
+
+
+def test_hits_survive_a_restart_through_the_disk(tmp_path):
+    first = make(tmp_path)
+    run_prompt(first, DOC + [1])
+    first.close()
+    second = make(tmp_path)
+    try:
+        assert run_prompt(second, DOC + [2]) == (40, [])
+        stats = second.stats()
+        assert stats["disk_hits"] == 1 and stats["ram_misses"] == 1 and stats["tokens_restored"] == 40
+        assert run_prompt(second, DOC + [3])[0] == 40
+        assert second.stats()["ram_hits"] == 1  # promoted into RAM by the disk hit
+    finally:
+        second.close()
+
+
+def test_a_different_model_never_restores(tmp_path):
+    first = make(tmp_path)
+    run_prompt(first, DOC + [1])
+    first.close()
+    swapped = make(tmp_path, CacheIdentity(model_fingerprint="cd" * 32, runtime="test"))
+    try:
+        assert swapped.lookup(DOC + [1]) is None
+        assert swapped.stats()["disk_misses"] == 1
+    finally:
+        swapped.close()
+
+
+def test_a_damaged_file_is_a_miss_then_falls_back_to_a_shorter_prefix(tmp_path):
+    first = make(tmp_path, checkpoint_tokens=16)
+    run_prompt(first, DOC + [1])  # stores 16, 32, 40
+    first.close()
+    path = first.disk.path_for(first.chain.boundaries(DOC)[-1].key)
+    path.write_bytes(path.read_bytes()[:-3])
+    second = make(tmp_path)
+    try:
+        assert second.lookup(DOC + [1])[0] == 32
+        assert not path.exists()
+        assert second.stats()["disk_corrupt_deleted"] == 1
+    finally:
+        second.close()
+
+
+def test_ram_only_cache_and_tiny_ram_budget(tmp_path):
+    ram_only = make(None)
+    try:
+        run_prompt(ram_only, DOC + [1])
+        assert ram_only.lookup(DOC + [2])[0] == 40
+    finally:
+        ram_only.close()
+    disk_mostly = make(tmp_path, ram_bytes=0)
+    try:
+        run_prompt(disk_mostly, DOC + [1])
+        disk_mostly.flush()
+        assert disk_mostly.lookup(DOC + [2])[0] == 40
+        assert disk_mostly.stats()["disk_hits"] == 1
+    finally:
+        disk_mostly.close()
+
+
+def test_compressed_entries_round_trip(tmp_path):
+    cache = make(tmp_path, compress=True)
+    run_prompt(cache, DOC + [1])
+    cache.close()
+    again = make(tmp_path, compress=True)
+    try:
+        assert again.lookup(DOC + [1]) == (40, fake_state(DOC, 40))
+    finally:
+        again.close()
+
+
+def test_full_write_queue_drops_to_ram_only(tmp_path):
+    cache = make(tmp_path, write_queue=1)
+    try:
+        for i in range(50):
+            cache.store([i] * 8 + [0], 8, b"s" * 100)
+        cache.flush()
+        stats = cache.stats()
+        assert stats["stores"] == 50
+        assert stats["disk_entries"] + stats["stores_dropped"] == 50
+    finally:
+        cache.close()
