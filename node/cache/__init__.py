@@ -1,8 +1,7 @@
 """The prefix KV cache: saved sequence states keyed by chained block hashes, in RAM, on the
 node's disk and in ARCA (L3), so no node prefills the same prefix twice.
 
-    identity = CacheIdentity(model_fingerprint=..., kv_type_k="q8_0", kv_type_v="q8_0",
-                             runtime=runtime_id())
+    identity = engine_identity(model_fingerprint(path), "q8_0", swa_full=False)
     cache = PrefixCache(identity, PrefixCacheConfig(directory=path))
     engine = Engine(EngineConfig(..., prefix_cache=cache))
     fleet = FleetTier(cache, archive_client)      # on the event loop; optional
@@ -11,7 +10,7 @@ node's disk and in ARCA (L3), so no node prefills the same prefix twice.
 
 from node.cache.blob import BlobError, StateBlob
 from node.cache.fleet import FleetConfig, FleetTier
-from node.cache.keys import BlockChain, Boundary, CacheIdentity, runtime_id
+from node.cache.keys import BlockChain, Boundary, CacheIdentity, engine_identity, runtime_id
 from node.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 
 __all__ = [
@@ -24,5 +23,6 @@ __all__ = [
     "PrefixCache",
     "PrefixCacheConfig",
     "StateBlob",
+    "engine_identity",
     "runtime_id",
 ]

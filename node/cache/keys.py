@@ -30,7 +30,7 @@ from shared.tokens import pack_tokens
 
 # Bump when the meaning of a saved state changes in a way the other fields do not capture.
 STATE_FORMAT = 1
-DEFAULT_BLOCK_TOKENS = 256
+DEFAULT_BLOCK_TOKENS = 32  # measured: see docs/CACHE.md
 KEY_BYTES = 32
 
 
@@ -66,6 +66,19 @@ class CacheIdentity:
 
     def root(self) -> bytes:
         return hashlib.sha256(b"reame-kv-root\0" + self.canonical()).digest()
+
+
+def engine_identity(model_fingerprint: str, kv_type: str, **context: object) -> CacheIdentity:
+    """The identity of an engine's context: its model, KV type, llama.cpp build, and any
+    context parameter that shapes a saved state (e.g. swa_full, flash_attn)."""
+    return CacheIdentity(
+        model_fingerprint=model_fingerprint,
+        kv_type_k=kv_type,
+        kv_type_v=kv_type,
+        flash_attn=bool(context.pop("flash_attn", False)),
+        runtime=runtime_id(),
+        extra={name: str(value) for name, value in context.items()},
+    )
 
 
 def runtime_id() -> str:
