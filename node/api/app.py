@@ -1,0 +1,134 @@
+"""The node's aiohttp application factory: middlewares, routes and resources.
+
+`create_app(settings, *, engine=None, archive=None)` builds the app; the engine and the
+archive are opened by a cleanup context when the app starts (unless given, in which case
+the caller owns and closes them). Middlewares, outermost first: metrics (route, status,
+latency), CORS (when `[server] enable_cors`), the error envelope, Bearer auth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from functools import partial
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from node.api.errors import Handler, Unauthorized, error_middleware
+from node.api.metrics import LiveStats, Metrics
+from node.api.routes import setup_routes
+from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
+from node.archive_client import ArchiveClient, RemoteArchive, open_archive
+from node.served_model import describe_model
+from node.service import CompletionService, ServiceOptions
+
+log = logging.getLogger(__name__)
+MIB = 1024 * 1024
+PUBLIC_PATHS = ("/health",)
+PAGE_PATHS = ("/", "/favicon.ico")  # the chat page holds no data; its API calls carry the key
+CORS_HEADERS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type",
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Expose-Headers": "X-Reame-Cache",
+}
+
+
+def route_label(request: web.Request) -> str:
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except asyncio.CancelledError:
+        status = 499  # the client went away (nginx's convention)
+        raise
+    finally:
+        state = request.app.get(STATE)
+        if state is not None:
+            label = route_label(request)
+            state.metrics.requests.labels(label, str(status)).inc()
+            state.metrics.latency.labels(label).observe(time.perf_counter() - started)
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        return web.Response(status=204, headers=CORS_HEADERS)
+    response = await handler(request)
+    if not response.prepared:
+        response.headers.update(CORS_HEADERS)
+    return response
+
+
+def auth_middleware(api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/"):
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return check_key
+
+
+def create_app(settings: Any, *, engine: Any = None, archive: ArchiveClient | None = None) -> web.Application:
+    server = settings.server
+    middlewares = [metrics_middleware]
+    if server.enable_cors:
+        middlewares.append(cors_middleware)
+    middlewares.append(error_middleware)
+    if server.api_key:
+        middlewares.append(auth_middleware(server.api_key))
+    app = web.Application(client_max_size=server.max_request_size_mb * MIB, middlewares=middlewares)
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(partial(node_resources, engine=engine, archive=archive))
+    setup_routes(app)
+    return app
+
+
+async def node_resources(app: web.Application, *, engine: Any, archive: ArchiveClient | None) -> AsyncIterator[None]:
+    """Open what the node needs (engine, archive), publish its state, close it at the end."""
+    settings = app[SETTINGS]
+    loop = asyncio.get_running_loop()
+    own_engine, own_archive = engine is None, archive is None
+    if own_engine:
+        from node.engine.loader import open_engine
+
+        engine = await loop.run_in_executor(None, open_engine, settings)
+    try:
+        if own_archive:
+            archive = await loop.run_in_executor(None, open_archive, settings)
+            if isinstance(archive, RemoteArchive):
+                await archive.start()
+        model = await loop.run_in_executor(None, describe_model, engine, settings)
+        metrics = Metrics()
+        metrics.watch(LiveStats(engine.stats, lambda: archive.counters.errors, archive.state))
+        service = CompletionService(engine, archive, model, metrics, ServiceOptions(
+            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens))
+        gate = InFlightGate(settings.server.max_concurrent_requests)
+        app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time())
+        yield
+        await service.drain()
+    finally:
+        if own_archive and archive is not None:
+            await archive.close()
+        if own_engine:
+            await loop.run_in_executor(None, engine.close)

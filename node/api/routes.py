@@ -1,0 +1,151 @@
+"""The node's HTTP routes: OpenAI completions and chat, models, health, metrics, the web page.
+
+Handlers parse and validate into frozen requests (node.api.schemas), ask the service for an
+answer and shape it (node.api.shapes), as one JSON body or as SSE chunks. Every response
+to a generation request carries `X-Reame-Cache: hit | miss | bypass` (bypass: the request
+is not deterministic, so the archive was not asked).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+
+from node.api.errors import ApiError, InternalError, InvalidRequest, ModelNotFound, NotFound, Overloaded
+from node.api.metrics import CONTENT_TYPE
+from node.api.schemas import parse_chat, parse_completion
+from node.api.shapes import ChunkMaker, Collector, Identity
+from node.api.sse import EventStream
+from node.api.state import STATE, NodeState
+from node.service import Plan
+
+log = logging.getLogger(__name__)
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def json_response(payload: dict, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json",
+                        headers=headers)
+
+
+async def read_json(request: web.Request) -> object:
+    raw = await request.read()  # over client_max_size: aiohttp raises 413, mapped by the middleware
+    if not raw:
+        raise InvalidRequest("The request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def check_model(state: NodeState, name: str | None) -> None:
+    if not state.model.accepts(name):
+        raise ModelNotFound(f"The model '{name}' does not exist; this node serves '{state.model.model_id}'",
+                            param="model")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    req = parse_completion(await read_json(request))
+    check_model(state, req.model)
+    return await answer(request, state, state.service.plan_completion(req))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    req = parse_chat(await read_json(request))
+    check_model(state, req.model)
+    return await answer(request, state, state.service.plan_chat(req))
+
+
+async def answer(request: web.Request, state: NodeState, plan: Plan) -> web.StreamResponse:
+    if not state.gate.try_enter():
+        raise Overloaded(f"{state.gate.limit} requests are already in flight; retry shortly")
+    try:
+        identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
+        n_choices = sum(job.n for job in plan.jobs)
+        async with state.service.answer(plan) as result:
+            headers = {"X-Reame-Cache": result.cache}
+            if plan.options.stream:
+                return await stream_answer(request, plan, result, identity, n_choices, headers)
+            collector = Collector(identity, n_choices, plan.options.logprobs is not None)
+            async for event in result.events():
+                collector.add(event)
+            return json_response(collector.response(plan.prompt_tokens), headers=headers)
+    finally:
+        state.gate.leave()
+
+
+async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
+                        headers: dict) -> web.StreamResponse:
+    stream = EventStream(request, headers)
+    maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage)
+    await stream.open()
+    try:
+        if plan.kind == "chat":
+            await stream.send_all(maker.role(index) for index in range(n_choices))
+        async for event in result.events():
+            await stream.send(maker.event(event))
+        if plan.options.include_usage:
+            await stream.send(maker.usage_chunk(plan.prompt_tokens))
+        await stream.done()
+    except ConnectionResetError:
+        log.info("client went away during a stream; its generation is cancelled")
+    except ApiError as exc:
+        await stream.fail(exc)
+    except Exception:
+        log.exception("stream failed after it started")
+        await stream.fail(InternalError("The generation failed"))
+    return stream.response
+
+
+async def models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [model_card(request.app[STATE])]})
+
+
+async def model_detail(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    name = request.match_info["model"]
+    check_model(state, name)
+    return json_response(model_card(state))
+
+
+def model_card(state: NodeState) -> dict:
+    return {"id": state.model.model_id, "object": "model", "created": int(state.started_at),
+            "owned_by": "reame", "context_length": state.model.n_ctx, "fingerprint": state.model.fingerprint}
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    stats = state.engine.stats()
+    return json_response({
+        "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
+        "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
+        "time": time.time(),
+    })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.settings.server.enable_metrics:
+        raise NotFound("Metrics are switched off on this node ([server] enable_metrics)")
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html")
+
+
+def setup_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model}", model_detail)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR, show_index=False)

@@ -1,0 +1,332 @@
+"""Request orchestration: archive lookup -> engine -> archive fill and observe.
+
+A validated request becomes a `Plan`: one `Job` per prompt, each already rendered through
+the chat template, tokenized, and (when deterministic) keyed for L1. `service.answer(plan)`
+is an async context manager: entering it looks every keyed job up in L1 and submits the
+misses to the engine (so overload and too-long prompts fail before any byte is sent);
+iterating `answer.events()` yields `ChoiceText` and `ChoiceDone` in generation order, hits
+replayed exactly as they once streamed; leaving it cancels whatever is still generating,
+which is how a client that goes away stops its generation within one engine step.
+
+Deterministic means greedy (temperature 0). Sampled requests, seeded or not, always run
+the model: a seeded sample is only as reproducible as the sampler implementation, and
+clients setting a seed usually vary it on purpose.
+
+After a job completes (every choice finished with `stop` or `length`, never cancelled or
+failed), two writes happen off the request's critical path, as background tasks bounded
+by `ServiceOptions.max_pending_writes`: the answer goes to L1 (when keyed and non-empty),
+and each choice's token stream is OBSERVEd into the L4 corpus under the model's
+fingerprint: the last `observe_prompt_tokens` prompt tokens followed by every generated
+token, so later drafts can continue from prompt context into the answer. `[arca] observe
+= false` turns observing off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+from node.api.errors import ContextLengthExceeded, InternalError, InvalidRequest, Overloaded
+from node.api.metrics import Metrics
+from node.api.schemas import ChatRequest, CompletionRequest, GenerationOptions
+from node.archive_client import ArchiveClient
+from node.engine import errors as engine_errors
+from node.engine.types import Finished, GenerationRequest, TextDelta, TokenLogprob
+from node.l1 import Piece, StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
+from node.served_model import ServedModel
+
+log = logging.getLogger(__name__)
+COMPLETED = ("stop", "length")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOptions:
+    l1_enabled: bool = True
+    l1_ttl_s: int | None = None
+    observe: bool = True
+    observe_prompt_tokens: int = 64
+    max_pending_writes: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    first_choice: int
+    prompt_tokens: tuple[int, ...]
+    echo_text: str
+    request: GenerationRequest
+    n: int
+    key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    kind: str  # "chat" | "text"
+    jobs: tuple[Job, ...]
+    options: GenerationOptions
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(job.prompt_tokens) for job in self.jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceText:
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDone:
+    index: int
+    finish_reason: str
+    completion_tokens: int
+
+
+ChoiceEvent = ChoiceText | ChoiceDone
+
+
+class CompletionService:
+    def __init__(self, engine, archive: ArchiveClient, model: ServedModel, metrics: Metrics,
+                 options: ServiceOptions = ServiceOptions()) -> None:
+        self.engine = engine
+        self.archive = archive
+        self.model = model
+        self.metrics = metrics
+        self.options = options
+        self._writes: set[asyncio.Task] = set()
+
+    # ---- planning -------------------------------------------------------------------
+
+    def plan_completion(self, req: CompletionRequest) -> Plan:
+        jobs = []
+        for number, prompt in enumerate(req.prompts):
+            if isinstance(prompt, str):
+                tokens = tuple(self.engine.tokenize(prompt, add_bos=True, special=True))
+                text = prompt
+            else:
+                bad = [token for token in prompt if token >= self.model.n_vocab]
+                if bad:
+                    raise InvalidRequest(f"'prompt' holds token ids outside the vocabulary of "
+                                         f"{self.model.n_vocab}: {bad[:5]}", param="prompt", code="invalid_value")
+                tokens = prompt
+                text = self.engine.detokenize(prompt).decode("utf-8", "replace") if req.echo else ""
+            jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, ()))
+        return Plan("text", tuple(jobs), req.options)
+
+    def plan_chat(self, req: ChatRequest) -> Plan:
+        template = self.model.template
+        try:
+            rendered = template.render([message.as_dict() for message in req.messages], add_generation_prompt=True)
+        except ValueError as exc:  # TemplateError: roles the template cannot express, ...
+            raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
+        tokens = self.engine.tokenize(rendered, add_bos=True, special=True)
+        bos = self.model.bos_token
+        if len(tokens) > 1 and tokens[0] == tokens[1] == bos:  # a template that writes BOS itself
+            tokens = tokens[1:]
+        job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings))
+        return Plan("chat", (job,), req.options)
+
+    def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
+             options: GenerationOptions, extra_stop: Sequence[str]) -> Job:
+        key = None
+        if self.options.l1_enabled and options.deterministic:
+            key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,
+                         template=template, prompt_tokens=tokens, options=options)
+        request = GenerationRequest(
+            prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
+            stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
+        )
+        return Job(number * options.n, tokens, echo, request, options.n, key)
+
+    # ---- answering ------------------------------------------------------------------
+
+    def answer(self, plan: Plan, route: str = "") -> "Answer":
+        return Answer(self, plan)
+
+    async def lookup(self, job: Job) -> StoredAnswer | None:
+        if job.key is None:
+            return None
+        started = time.perf_counter()
+        value = await self.archive.get(job.key)
+        self.metrics.archive_latency.labels("get").observe(time.perf_counter() - started)
+        stored = decode_answer(value) if value is not None else None
+        if stored is not None and len(stored.choices) != job.n:
+            stored = None
+        (self.metrics.archive_hits if stored is not None else self.metrics.archive_misses).inc()
+        return stored
+
+    def submit(self, job: Job) -> list:
+        loop = asyncio.get_running_loop()
+        try:
+            if job.n == 1:
+                return [self.engine.submit(job.request, loop)]
+            return list(self.engine.submit_n(job.request, job.n, loop))
+        except engine_errors.EngineOverloaded:
+            raise Overloaded("Every slot and queue place is taken; retry shortly", retry_after_s=1) from None
+        except engine_errors.EngineClosed:
+            raise Overloaded("The node is shutting down", retry_after_s=5) from None
+        except engine_errors.PromptTooLong as exc:
+            raise ContextLengthExceeded(str(exc), param="max_tokens") from None
+        except engine_errors.InvalidRequest as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    # ---- after a completed job --------------------------------------------------------
+
+    def remember(self, job: Job, choices: list[StoredChoice], generated: list[tuple[int, ...]]) -> None:
+        if any(choice.finish_reason not in COMPLETED for choice in choices):
+            return
+        if job.key is not None and sum(choice.completion_tokens for choice in choices) > 0:
+            record = encode_answer(StoredAnswer(len(job.prompt_tokens), tuple(choices)))
+            self._background("set", self.archive.set(job.key, record, self.options.l1_ttl_s))
+        if self.options.observe:
+            context = job.prompt_tokens[-self.options.observe_prompt_tokens:] if self.options.observe_prompt_tokens else ()
+            namespace = self.model.fingerprint.encode()
+            for tokens in generated:
+                if tokens:
+                    self._background("observe", self.archive.observe(namespace, (*context, *tokens)))
+
+    def _background(self, operation: str, write) -> None:
+        if len(self._writes) >= self.options.max_pending_writes:
+            write.close()
+            self.metrics.background_dropped.inc()
+            return
+        task = asyncio.create_task(self._timed(operation, write))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _timed(self, operation: str, write) -> None:
+        started = time.perf_counter()
+        await write
+        self.metrics.archive_latency.labels(operation).observe(time.perf_counter() - started)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for pending archive writes; used at shutdown and by tests."""
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=timeout_s)
+
+
+class Answer:
+    """The events of one plan; see the module docstring for its lifecycle."""
+
+    def __init__(self, service: CompletionService, plan: Plan) -> None:
+        self.service = service
+        self.plan = plan
+        self.cache = "bypass"
+        self.started = time.perf_counter()
+        self._stored: list[StoredAnswer | None] = []
+        self._handles: list[list] = []
+
+    async def __aenter__(self) -> "Answer":
+        jobs = self.plan.jobs
+        self._stored = list(await asyncio.gather(*(self.service.lookup(job) for job in jobs)))
+        keyed = [job.key is not None for job in jobs]
+        if any(keyed):
+            self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
+        try:
+            for job, stored in zip(jobs, self._stored):
+                self._handles.append([] if stored is not None else self.service.submit(job))
+        except BaseException:
+            self._cancel()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self._cancel()
+
+    def _cancel(self) -> None:
+        for handles in self._handles:
+            for handle in handles:
+                handle.cancel()
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        sources = []
+        for job, stored, handles in zip(self.plan.jobs, self._stored, self._handles):
+            for choice in range(job.n):
+                if job.echo_text:
+                    sources.append(_single(ChoiceText(job.first_choice + choice, job.echo_text)))
+            sources.append(self._replay(job, stored) if stored is not None else self._generate(job, handles))
+        first = True
+        async for event in _merge(sources):
+            if first and isinstance(event, ChoiceText):
+                first = False
+                self.service.metrics.ttft.labels(self.cache).observe(time.perf_counter() - self.started)
+            yield event
+        self.service.metrics.prompt_tokens.inc(self.plan.prompt_tokens)
+
+    async def _replay(self, job: Job, stored: StoredAnswer) -> AsyncIterator[ChoiceEvent]:
+        for offset, choice in enumerate(stored.choices):
+            index = job.first_choice + offset
+            for piece in choice.pieces:
+                yield ChoiceText(index, piece.text, piece.logprobs)
+            yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens)
+
+    async def _generate(self, job: Job, handles: list) -> AsyncIterator[ChoiceEvent]:
+        pieces: list[list[Piece]] = [[] for _ in handles]
+        finished: list[Finished | None] = [None] * len(handles)
+
+        async def one(offset: int, handle) -> AsyncIterator[ChoiceEvent]:
+            index = job.first_choice + offset
+            async for event in handle:
+                if isinstance(event, TextDelta):
+                    pieces[offset].append(Piece(event.text, tuple(event.logprobs)))
+                    yield ChoiceText(index, event.text, tuple(event.logprobs))
+                elif isinstance(event, Finished):
+                    finished[offset] = event
+                    if event.reason not in COMPLETED:
+                        raise InternalError(f"Generation {event.reason}: {event.error or 'no detail'}")
+                    self.service.metrics.generated_tokens.inc(event.completion_tokens)
+                    yield ChoiceDone(index, event.reason, event.completion_tokens)
+
+        async for event in _merge([one(offset, handle) for offset, handle in enumerate(handles)]):
+            yield event
+        done = [event for event in finished if event is not None]
+        if len(done) == len(handles):
+            self.service.remember(
+                job,
+                [StoredChoice(tuple(p), f.reason, f.completion_tokens) for p, f in zip(pieces, done)],
+                [tuple(f.generated) for f in done],
+            )
+
+
+async def _single(event: ChoiceEvent) -> AsyncIterator[ChoiceEvent]:
+    yield event
+
+
+_END = object()
+
+
+async def _merge(sources: list[AsyncIterator[ChoiceEvent]]) -> AsyncIterator[ChoiceEvent]:
+    """Events of several sources in arrival order; the first failure ends them all."""
+    if len(sources) == 1:
+        async for event in sources[0]:
+            yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(source: AsyncIterator[ChoiceEvent]) -> None:
+        try:
+            async for event in source:
+                queue.put_nowait(event)
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(_END)
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,143 @@
+"""The node's archive clients: embedded archive, and a remote RESP server behind the breaker.
+
+The remote tests run against a real `redis-server` on a free loopback port: GET/SET and the
+breaker behave the same against any RESP server, and a process is easy to kill and restart.
+The ARCA-specific commands (OBSERVE/DRAFT against the real daemon) are covered end to end
+in tests/e2e/test_fleet.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from arca.archive import ArchiveConfig
+from node.archive_client import EmbeddedArchive, RemoteArchive
+from tests.conftest import free_port
+
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+
+
+async def test_embedded_round_trip(tmp_path):
+    archive = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=1 << 20))
+    try:
+        assert archive.state() == "embedded"
+        assert await archive.get(b"k") is None
+        await archive.set(b"k", b"v" * 100)
+        assert await archive.get(b"k") == b"v" * 100
+        await archive.observe(b"ns", [10, 11, 12, 13, 14])
+        assert await archive.draft(b"ns", [10, 11, 12], 4) == [13, 14]
+        assert await archive.draft(b"other", [10, 11, 12], 4) is None
+    finally:
+        await archive.close()
+    reopened = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=1 << 20))
+    try:
+        assert await reopened.get(b"k") == b"v" * 100  # committed after the write
+    finally:
+        await reopened.close()
+
+
+async def test_embedded_failure_is_a_counted_miss(tmp_path):
+    archive = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=1024))
+    try:
+        await archive.set(b"big", b"x" * 4096)  # larger than the whole budget: the archive refuses
+        assert archive.counters.errors["set"] == 1
+        assert await archive.get(b"big") is None
+    finally:
+        await archive.close()
+
+
+class RedisProcess:
+    def __init__(self, port: int, directory) -> None:
+        self.port = port
+        self.directory = directory
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() == b"PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisProcess(free_port(), tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@needs_redis
+async def test_remote_round_trip(redis_server):
+    archive = RemoteArchive("127.0.0.1", redis_server.port, timeout_ms=500)
+    await archive.start()
+    try:
+        assert archive.state() == "ok"
+        await archive.set(b"k", b"\x00\xffbinary")
+        assert await archive.get(b"k") == b"\x00\xffbinary"
+        await archive.set(b"t", b"v", ttl_s=100)
+        ttl = subprocess.run(["redis-cli", "-p", str(redis_server.port), "ttl", "t"], capture_output=True).stdout
+        assert 0 < int(ttl) <= 100
+        assert await archive.get(b"missing") is None
+        await archive.observe(b"ns", [1, 2, 3])  # a plain Redis refuses ARCA commands: counted, not raised
+        assert archive.counters.errors["observe"] == 1
+        assert archive.state() == "ok"
+    finally:
+        await archive.close()
+
+
+@needs_redis
+async def test_breaker_opens_once_and_closes_when_back(redis_server, caplog):
+    caplog.set_level(logging.INFO, logger="node.archive_breaker")
+    archive = RemoteArchive("127.0.0.1", redis_server.port, timeout_ms=300)
+    await archive.start()
+    try:
+        await archive.set(b"k", b"v")
+        redis_server.stop()
+        for _ in range(20):
+            assert await archive.get(b"k") is None
+        assert archive.state() == "degraded"
+        assert archive.counters.errors["get"] >= 1
+        went_away = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(went_away) == 1
+        redis_server.start()
+        deadline = time.monotonic() + 15
+        while archive.state() != "ok" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert archive.state() == "ok"
+        await archive.set(b"k", b"again")
+        assert await archive.get(b"k") == b"again"
+        back = [r for r in caplog.records if "is back after" in r.getMessage()]
+        assert len(back) == 1
+    finally:
+        await archive.close()
+
+
+async def test_remote_unreachable_from_the_start():
+    archive = RemoteArchive("127.0.0.1", free_port(), timeout_ms=200)
+    await archive.start()
+    try:
+        assert archive.state() == "degraded"
+        assert await archive.get(b"k") is None
+        await archive.set(b"k", b"v")
+        assert await archive.kv_exists([b"a", b"b"]) == [False, False]
+    finally:
+        await archive.close()
