@@ -1,0 +1,150 @@
+"""The Archive facade: one directory, one SQLite file, L1 entries + L4 corpus + L3 KV blocks.
+
+All methods are synchronous and fast (dict and array work; no I/O except `commit`, `close`,
+`kv_get` and opening). One thread at a time uses an Archive; it may be a different thread
+from the one that opened it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+from typing import Iterator
+
+from .config import ArchiveConfig
+from .entries import Entries, Entry
+from .errors import ArchiveError
+from .journal import GroupCommit
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+InfoSections = dict[str, dict[str, "int | float | str"]]
+
+
+class Archive:
+    def __init__(self, config: ArchiveConfig) -> None:
+        self.config = config
+        self._store = Store(config)
+        self._closed = False
+        try:
+            self._entries = Entries(config.max_bytes)
+            self._entries.load(self._store.connection, self._store.path)
+            self._journal = GroupCommit(self._store, (self._entries,))
+        except BaseException:
+            self._store.close()
+            raise
+        log.info("archive open at %s: %d keys", config.database_path, len(self._entries))
+
+    # -- L1 --------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._entries.get(key)
+
+    def get_entry(self, key: bytes) -> Entry | None:
+        return self._entries.get_entry(key)
+
+    def put(self, key: bytes, value: bytes, expire_at_ms: int | None = None) -> None:
+        self._entries.put(key, value, expire_at_ms)
+
+    def delete(self, key: bytes) -> bool:
+        return self._entries.delete(key)
+
+    def exists(self, key: bytes) -> bool:
+        return self._entries.exists(key)
+
+    def set_expire(self, key: bytes, expire_at_ms: int | None) -> bool:
+        return self._entries.set_expire(key, expire_at_ms)
+
+    def scan(self, cursor: int, count: int) -> tuple[int, list[bytes]]:
+        return self._entries.scan(cursor, count)
+
+    def keys(self) -> Iterator[bytes]:
+        return self._entries.keys()
+
+    def dbsize(self) -> int:
+        self._entries.expire_due()
+        return len(self._entries)
+
+    def flush(self) -> None:
+        self._entries.flush()
+
+    def expire_cycle(self, limit: int = 1000) -> int:
+        """Active expiry: drop up to `limit` keys past their deadline; returns how many.
+
+        `commit()` runs it too; a server with idle periods may call it a few times a second.
+        """
+        return self._entries.expire_due(limit)
+
+    # -- durability ------------------------------------------------------------------------
+
+    @property
+    def pending_writes(self) -> int:
+        return self._journal.pending_writes
+
+    def commit(self) -> None:
+        self._entries.expire_due(200)
+        self._journal.commit()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._journal.commit()
+        finally:
+            self._closed = True
+            self._store.close()
+
+    def __enter__(self) -> "Archive":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def info(self) -> InfoSections:
+        entries, journal = self._entries, self._journal
+        db_bytes, wal_bytes = self._store.file_sizes()
+        maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {
+            "memory": {
+                "used_memory_rss": _rss_bytes(),
+                "used_memory_peak": maxrss_kb * 1024 if sys.platform != "darwin" else maxrss_kb,
+                "l1_used_bytes": entries.used_bytes,
+                "maxmemory": entries.max_bytes,
+                "maxmemory_policy": "allkeys-lru",
+                "evicted_keys": entries.evicted,
+                "expired_keys": entries.expired,
+            },
+            "persistence": {
+                "durability": self.config.durability,
+                "database": str(self._store.path),
+                "database_bytes": db_bytes,
+                "wal_bytes": wal_bytes,
+                "pending_writes": journal.pending_writes,
+                "commits": journal.commits,
+                "commit_failures": journal.failures,
+                "last_commit_us": journal.last_commit_us,
+                "last_commit_time": journal.last_commit_unix,
+            },
+            "keyspace": _keyspace(len(entries), entries.expires_count),
+            "arca": {
+                "keyspace_hits": entries.hits,
+                "keyspace_misses": entries.misses,
+            },
+        }
+
+
+def _keyspace(keys: int, expires: int) -> dict[str, int | float | str]:
+    return {"db0": f"keys={keys},expires={expires},avg_ttl=0"} if keys else {}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

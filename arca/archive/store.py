@@ -1,0 +1,162 @@
+"""The SQLite file under the archive directory: opening, locking, pragmas, schema and checks.
+
+One `Store` per archive directory and per process: an exclusive lock file keeps a second
+process (whose in-memory index would diverge) from opening the same directory. The database
+runs in WAL mode; `synchronous` follows the durability mode. At open the file is checked
+(`PRAGMA quick_check` plus the schema version); a damaged file raises `ArchiveCorruptError`
+naming the file and how to recover, and nothing is served from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .config import ArchiveConfig
+from .errors import ArchiveCorruptError, ArchiveError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA_V1 = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    # rowid order is write order (INSERT OR REPLACE gives a replaced key a new rowid): the
+    # LRU order is rebuilt from it at open.
+    "CREATE TABLE entries (key BLOB NOT NULL UNIQUE, value BLOB NOT NULL, "
+    "expire_at INTEGER, crc INTEGER NOT NULL)",
+    # Commits append here (cheap, sequential); compaction folds old rows into `entries`.
+    # A NULL value is a deletion.
+    "CREATE TABLE entries_log (seq INTEGER PRIMARY KEY, key BLOB NOT NULL, value BLOB, "
+    "expire_at INTEGER, crc INTEGER)",
+    "CREATE TABLE corpus_streams (id INTEGER PRIMARY KEY, ns BLOB NOT NULL, "
+    "tokens BLOB NOT NULL, crc INTEGER NOT NULL)",
+    "CREATE TABLE kv_blocks (key BLOB NOT NULL UNIQUE, blob BLOB NOT NULL, "
+    "size INTEGER NOT NULL, crc INTEGER NOT NULL)",
+)
+
+
+
+def _create_v1(conn: sqlite3.Connection) -> None:
+    for statement in _SCHEMA_V1:
+        conn.execute(statement)
+
+
+# Step i upgrades the schema from version i to i + 1; append new steps, never edit old ones.
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1,)
+
+
+def is_corruption(error: sqlite3.Error) -> bool:
+    """SQLite says the file is not a database or is malformed (rather than busy, full, ...)."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+class Store:
+    """The open database and its lock; owners run their SQL through `connection`."""
+
+    def __init__(self, config: ArchiveConfig) -> None:
+        self.path = config.database_path
+        config.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _acquire_lock(config.directory / "archive.lock")
+        try:
+            self.connection = self._open(config)
+        except BaseException:
+            self._lock_file.close()
+            raise
+
+    def _open(self, config: ArchiveConfig) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as error:
+            raise ArchiveError(f"cannot open archive database {self.path}: {error}") from error
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ArchiveError(f"{self.path}: cannot switch to WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous=" + ("FULL" if config.durability == "fsync" else "NORMAL"))
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.execute("PRAGMA cache_size=-16384")
+            conn.execute("PRAGMA wal_autocheckpoint=8192")
+            if config.verify_on_open:
+                self._quick_check(conn)
+            self._migrate(conn)
+        except sqlite3.Error as error:
+            conn.close()
+            if is_corruption(error):
+                raise ArchiveCorruptError(self.path, str(error)) from error
+            raise ArchiveError(f"cannot open archive database {self.path}: {error}") from error
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _quick_check(self, conn: sqlite3.Connection) -> None:
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check(20)")]
+        if problems != ["ok"]:
+            raise ArchiveCorruptError(self.path, "; ".join(problems[:5]))
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ArchiveError(
+                f"{self.path} has schema version {version}, newer than this reame understands "
+                f"({SCHEMA_VERSION}); upgrade reame or point it at another directory")
+        for step in range(version, SCHEMA_VERSION):
+            with self.transaction(conn):
+                _MIGRATIONS[step](conn)
+                conn.execute(f"PRAGMA user_version={step + 1}")
+            log.info("archive %s: schema migrated to version %d", self.path, step + 1)
+
+    @contextlib.contextmanager
+    def transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        conn = conn or self.connection
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def meta(self, name: str, default: int = 0) -> int:
+        row = self.connection.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return default if row is None else int(row[0])
+
+    def file_sizes(self) -> tuple[int, int]:
+        """Bytes of the database file and of its write-ahead log."""
+        return _size(self.path), _size(Path(f"{self.path}-wal"))
+
+    def close(self) -> None:
+        try:
+            self.connection.close()
+        finally:
+            self._lock_file.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _acquire_lock(path: Path):
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise ArchiveError(f"archive directory {path.parent} is in use by another process (pid {holder})") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
