@@ -1,0 +1,87 @@
+"""A live node for tests: the real app on a real loopback socket, in a thread of its own.
+
+The node runs its own event loop in a background thread, so synchronous clients (the
+official `openai` package, headless Chromium) and async test functions can both talk to it
+over HTTP exactly as users do. `node_settings` builds real NodeSettings for the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from node.api.app import create_app
+from node.api.runner import start_site
+from node.api.state import STATE
+from node.config import load_settings
+
+
+def node_settings(model: Path, home: Path, **flags: Any) -> Any:
+    """Settings of a small test node: 2048-token context, 4 slots, no prefix cache."""
+    base = {"model.path": str(model), "model.context_length": 2048, "server.parallel": 4,
+            "cache.enabled": False, "speculative.enabled": False}
+    return load_settings(None, {**base, **flags}, env={"REAME_HOME": str(home)})
+
+
+class LiveNode:
+    def __init__(self, settings: Any, *, engine: Any = None, archive: Any = None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.archive = archive
+        self.port = 0
+        self.app = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="live-node", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def state(self):
+        return self.app[STATE]
+
+    def start(self, timeout: float = 120) -> "LiveNode":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the node did not start")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, coro, timeout: float = 60):
+        """Run a coroutine on the node's loop (e.g. draining its archive writes)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            self.app = create_app(self.settings, engine=self.engine, archive=self.archive)
+            runner, self.port = await start_site(self.app, "127.0.0.1", 0)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    def __enter__(self) -> "LiveNode":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
