@@ -57,6 +57,6 @@ def describe_model(engine: Any, settings: Any) -> ServedModel:
         kv_type=str(config.kv_type),
         template=ChatTemplate.for_model(info),
         n_vocab=info.n_vocab,
-        n_ctx=int(config.n_ctx),
+        n_ctx=int(engine.n_ctx),
         bos_token=info.bos,
     )

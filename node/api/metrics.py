@@ -30,8 +30,8 @@ class LiveStats(Collector):
     def collect(self) -> Iterator[Any]:
         stats = self.engine_stats()
         for name, key, doc in (
-            ("reame_queue_depth", "queue_depth", "Requests waiting for an engine slot"),
-            ("reame_active_sequences", "active_sequences", "Sequences being prefilled or decoded"),
+            ("reame_queue_depth", "queued", "Requests waiting for an engine slot"),
+            ("reame_active_sequences", "active", "Sequences being prefilled or decoded"),
             ("reame_kv_cells_used", "kv_cells_used", "KV cache cells in use"),
         ):
             if isinstance(stats.get(key), (int, float)):
