@@ -1,0 +1,43 @@
+"""Argument parsing shared by commands, with Redis's error strings."""
+
+from __future__ import annotations
+
+import time
+
+from arca.commands.registry import CommandError
+
+NOT_INTEGER = "ERR value is not an integer or out of range"
+SYNTAX = "ERR syntax error"
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+
+
+def parse_int(arg: bytes, error: str = NOT_INTEGER) -> int:
+    """A signed 64-bit integer written strictly (Redis's string2ll: no spaces, '+' or leading 0)."""
+    if 0 < len(arg) <= 20:
+        body = arg[1:] if arg[:1] == b"-" else arg
+        if body.isdigit() and (body[:1] != b"0" or len(arg) == 1):
+            value = int(arg)
+            if INT_MIN <= value <= INT_MAX:
+                return value
+    raise CommandError(error)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def expire_at_ms(amount: int, unit_ms: int, absolute: bool, command: str) -> int:
+    """Absolute unix-ms expiry for EX/PX/EXAT/PXAT style arguments; Redis's overflow rules."""
+    if amount > INT_MAX // unit_ms or amount < INT_MIN // unit_ms:
+        raise CommandError(f"ERR invalid expire time in '{command}' command")
+    when = amount * unit_ms
+    if not absolute:
+        when += now_ms()
+    if when > INT_MAX or when < INT_MIN:
+        raise CommandError(f"ERR invalid expire time in '{command}' command")
+    return when
+
+
+def has_spaces_or_specials(value: bytes) -> bool:
+    """True when a CLIENT name/info value holds bytes outside '!'..'~' (Redis rejects those)."""
+    return any(byte < 0x21 or byte > 0x7E for byte in value)

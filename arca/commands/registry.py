@@ -1,0 +1,204 @@
+"""The command table: `@command` registers a function with its spec; `dispatch` runs one argv.
+
+A command is a plain function `(ctx, argv) -> reply value` (see arca.protocol.encode for the
+value types) that never touches a socket. Dispatch does what every command shares, with
+Redis's exact error strings: lookup (case-insensitive), subcommands (`CLIENT|SETNAME`),
+arity, authentication, and turning errors into error replies in this one place. COMMAND
+COUNT/DOCS/INFO/LIST are generated from the specs registered here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from arca.protocol import ErrorReply, Status
+from arca.state import ClientState, ServerState
+
+try:
+    from arca.archive import ArchiveError, ArchiveOOMError
+except ImportError:  # the storage package is not installed in this tree yet
+    ArchiveError = ArchiveOOMError = type("_NoArchiveError", (Exception,), {})
+
+__all__ = [
+    "CommandContext",
+    "CommandError",
+    "CommandSpec",
+    "ErrorReply",
+    "Status",
+    "all_specs",
+    "command",
+    "dispatch",
+    "lookup",
+]
+
+log = logging.getLogger(__name__)
+
+Reply = Any
+Handler = Callable[["CommandContext", list[bytes]], Reply]
+
+NOAUTH = ErrorReply("NOAUTH Authentication required.")
+OOM = "OOM command not allowed when used memory > 'maxmemory'."
+
+
+class CommandError(Exception):
+    """A command refused its input; the message starts with the error prefix (ERR, WRONGTYPE...)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class CommandContext:
+    """What a command may use: the archive, its own connection, the server's state."""
+
+    archive: Any  # arca.archive.Archive (typed loosely: the server side must not need it)
+    client: ClientState
+    server: ServerState
+
+
+@dataclass(slots=True)
+class CommandSpec:
+    """A registered command; fields mirror what COMMAND INFO/DOCS report."""
+
+    name: str  # full name, upper case: "GET", "CLIENT|SETNAME"
+    handler: Handler | None
+    arity: int
+    flags: tuple[str, ...] = ()
+    group: str = "generic"
+    summary: str = ""
+    args: str = ""
+    since: str = "1.0.0"
+    keys: tuple[int, int, int] = (0, 0, 0)  # first key, last key, step
+    subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
+
+    @property
+    def fullname(self) -> str:
+        return self.name.lower()
+
+    @property
+    def no_auth(self) -> bool:
+        return "no_auth" in self.flags
+
+
+_TABLE: dict[bytes, CommandSpec] = {}  # static: filled at import time by @command
+
+
+def command(
+    name: str,
+    arity: int,
+    flags: tuple[str, ...] = (),
+    group: str = "generic",
+    summary: str = "",
+    args: str = "",
+    since: str = "1.0.0",
+    keys: tuple[int, int, int] = (0, 0, 0),
+) -> Callable[[Handler], Handler]:
+    """Register a command (or `PARENT|SUB` subcommand) under `name`."""
+
+    def register(handler: Handler) -> Handler:
+        spec = CommandSpec(name.upper(), handler, arity, tuple(flags), group, summary, args, since, keys)
+        parent_name, _, sub = spec.name.partition("|")
+        if sub:
+            parent = _TABLE.get(parent_name.lower().encode())
+            if parent is None:
+                parent = CommandSpec(parent_name, None, -2, (), group, f"{parent_name} subcommands")
+                _register(parent)
+            parent.subcommands[sub.lower().encode()] = spec
+        else:
+            existing = _TABLE.get(spec.name.lower().encode())
+            if existing is not None:
+                spec.subcommands = existing.subcommands
+            _register(spec)
+        return handler
+
+    return register
+
+
+def _register(spec: CommandSpec) -> None:
+    _TABLE[spec.name.lower().encode()] = spec
+    _TABLE[spec.name.upper().encode()] = spec
+
+
+def lookup(name: bytes) -> CommandSpec | None:
+    return _TABLE.get(name) or _TABLE.get(name.lower())
+
+
+def all_specs() -> list[CommandSpec]:
+    """Every top-level command once, sorted by name."""
+    return sorted({id(s): s for s in _TABLE.values()}.values(), key=lambda s: s.name)
+
+
+def _quoted_args(argv: list[bytes]) -> str:
+    text = ""
+    for arg in argv:
+        if len(text) >= 128:
+            break
+        text += "'" + arg.decode("utf-8", "replace")[: 128 - len(text)] + "' "
+    return text
+
+
+def _unknown(argv: list[bytes]) -> ErrorReply:
+    name = argv[0].decode("utf-8", "replace")[:128]
+    return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {_quoted_args(argv[1:])}")
+
+
+def _arity_ok(arity: int, argc: int) -> bool:
+    return argc == arity if arity > 0 else argc >= -arity
+
+
+def _wrong_arity(spec: CommandSpec) -> ErrorReply:
+    return ErrorReply(f"ERR wrong number of arguments for '{spec.fullname}' command")
+
+
+def _subcommand(spec: CommandSpec, argv: list[bytes]) -> CommandSpec | ErrorReply:
+    sub = spec.subcommands.get(argv[1].lower())
+    if sub is not None:
+        return sub
+    if argv[1].lower() == b"help":
+        return CommandSpec(f"{spec.name}|HELP", lambda ctx, _: _help(spec), 2)
+    name = argv[1].decode("utf-8", "replace")[:128]
+    return ErrorReply(f"ERR unknown subcommand '{name}'. Try {spec.name} HELP.")
+
+
+def _help(spec: CommandSpec) -> list[bytes]:
+    lines = [f"{spec.name} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"]
+    for sub in sorted(spec.subcommands.values(), key=lambda s: s.name):
+        lines.append(f"{sub.name.partition('|')[2]} {sub.args}".rstrip())
+        lines.append(f"    {sub.summary}")
+    lines += ["HELP", "    Print this help."]
+    return [line.encode() for line in lines]
+
+
+def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
+    """Run one command and return its reply value; every failure becomes an ErrorReply."""
+    spec = _TABLE.get(argv[0])
+    if spec is None:
+        spec = _TABLE.get(argv[0].lower())
+        if spec is None:
+            return _unknown(argv)
+    if spec.subcommands and (len(argv) > 1 or spec.handler is None):
+        if len(argv) < 2:
+            return _wrong_arity(spec)
+        found = _subcommand(spec, argv)
+        if type(found) is ErrorReply:
+            return found
+        spec = found
+    arity = spec.arity
+    if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
+        return _wrong_arity(spec)
+    if not ctx.client.authenticated and not spec.no_auth:
+        return NOAUTH
+    try:
+        return spec.handler(ctx, argv)
+    except CommandError as exc:
+        return ErrorReply(exc.message)
+    except ArchiveOOMError:
+        return ErrorReply(OOM)
+    except ArchiveError as exc:
+        return ErrorReply(f"ERR {exc}")
+    except Exception:  # a bug in one command must not take the connection or server down
+        log.exception("command %s failed", spec.name)
+        return ErrorReply(f"ERR internal error while running '{spec.fullname}'; see the server log")

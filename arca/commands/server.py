@@ -1,0 +1,194 @@
+"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME.
+
+INFO combines the server's own counters (server, clients, stats) with the archive's
+`info()` (memory, persistence, keyspace, arca). CONFIG exposes the keys stock tools ask for
+(redis-benchmark reads `save` and `appendonly`); the password can be set, never read.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+from arca import __version__
+from arca.commands.args import SYNTAX
+from arca.commands.connection import REDIS_COMPAT_VERSION
+from arca.commands.glob import compile_glob
+from arca.commands.registry import CommandContext, CommandError, ServerState, command
+from arca.protocol import OK
+
+_APPENDFSYNC = {"fsync": "always", "everysec": "everysec", "commit": "no"}
+
+
+@command("DBSIZE", arity=1, flags=("readonly", "fast"), group="server", summary="Number of keys")
+def dbsize(ctx: CommandContext, argv: list[bytes]):
+    return ctx.archive.dbsize()
+
+
+def _flush(ctx: CommandContext, argv: list[bytes]):
+    if len(argv) > 2 or (len(argv) == 2 and argv[1].upper() not in (b"ASYNC", b"SYNC")):
+        raise CommandError(SYNTAX)
+    ctx.archive.flush()
+    return OK
+
+
+@command("FLUSHDB", arity=-1, flags=("write",), group="server", summary="Remove every key", args="[ASYNC | SYNC]")
+def flushdb(ctx: CommandContext, argv: list[bytes]):
+    return _flush(ctx, argv)
+
+
+@command("FLUSHALL", arity=-1, flags=("write",), group="server", summary="Remove every key", args="[ASYNC | SYNC]")
+def flushall(ctx: CommandContext, argv: list[bytes]):
+    return _flush(ctx, argv)
+
+
+@command("TIME", arity=1, flags=("fast",), group="server", summary="The server time", since="2.6.0")
+def time_(ctx: CommandContext, argv: list[bytes]):
+    now = time.time_ns() // 1000
+    return [b"%d" % (now // 1_000_000), b"%d" % (now % 1_000_000)]
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _info_sections(ctx: CommandContext) -> dict[str, dict]:
+    server, stats = ctx.server, ctx.server.stats
+    options = server.options
+    archive = ctx.archive.info()
+    keyspace = dict(archive.get("keyspace", {}))
+    if "keys" in keyspace:
+        keys = keyspace.pop("keys")
+        expires = keyspace.pop("expires", 0)
+        if keys:
+            keyspace = {"db0": f"keys={keys},expires={expires},avg_ttl=0", **keyspace}
+    return {
+        "server": {
+            "redis_version": REDIS_COMPAT_VERSION,
+            "arca_version": __version__,
+            "redis_mode": "standalone",
+            "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+            "arch_bits": 64 if platform.architecture()[0] == "64bit" else 32,
+            "python_version": platform.python_version(),
+            "process_id": os.getpid(),
+            "tcp_port": server.tcp_port or options.port,
+            "uptime_in_seconds": server.uptime_seconds,
+            "uptime_in_days": server.uptime_seconds // 86400,
+            "config_file": options.config_file,
+        },
+        "clients": {
+            "connected_clients": len(server.clients),
+            "maxclients": server.maxclients,
+            "blocked_clients": 0,
+        },
+        "memory": {
+            "used_memory_rss": _rss_bytes(),
+            "maxmemory": options.max_bytes,
+            "maxmemory_policy": "allkeys-lru",
+            **archive.get("memory", {}),
+        },
+        "persistence": {"durability": options.durability, **archive.get("persistence", {})},
+        "stats": {
+            "total_connections_received": stats.connections_received,
+            "total_commands_processed": stats.commands_processed,
+            "rejected_connections": stats.rejected_connections,
+            "total_protocol_errors": stats.protocol_errors,
+            "keyspace_hits": stats.keyspace_hits,
+            "keyspace_misses": stats.keyspace_misses,
+            "total_commits": stats.commits,
+            "commit_seconds_total": round(stats.commit_seconds, 6),
+        },
+        "keyspace": keyspace,
+        "arca": archive.get("arca", {}),
+    }
+
+
+@command("INFO", arity=-1, flags=("loading", "stale"), group="server", summary="Information and statistics about the server", args="[section [section ...]]")
+def info(ctx: CommandContext, argv: list[bytes]):
+    sections = _info_sections(ctx)
+    wanted = {arg.decode("utf-8", "replace").lower() for arg in argv[1:]}
+    if not wanted or wanted & {"all", "everything", "default"}:
+        wanted = set(sections)
+    blocks = []
+    for name, fields in sections.items():
+        if name in wanted:
+            lines = [f"# {name.capitalize() if name != 'arca' else 'Arca'}"]
+            lines += [f"{key}:{value}" for key, value in fields.items()]
+            blocks.append("\r\n".join(lines) + "\r\n")
+    return "\r\n".join(blocks).encode()
+
+
+def _config_view(server: ServerState) -> dict[str, str]:
+    options = server.options
+    limits = options.limits
+    view = {
+        "bind": options.host,
+        "port": str(options.port),
+        "dir": options.directory,
+        "save": "",
+        "appendonly": "yes",  # every write goes to the archive on disk
+        "appendfsync": _APPENDFSYNC.get(options.durability, "no"),
+        "maxmemory": str(options.max_bytes),
+        "maxmemory-policy": "allkeys-lru",
+        "maxclients": str(server.maxclients),
+        "databases": "1",
+        "protected-mode": "yes" if options.protected_mode else "no",
+        "timeout": "0",
+        "cluster-enabled": "no",
+    }
+    view["proto-max-bulk-len"] = str(limits.max_bulk_len)
+    view["client-query-buffer-limit"] = str(limits.max_query_buffer)
+    return view
+
+
+@command("CONFIG|GET", arity=-3, flags=("loading", "stale"), group="server", summary="Read configuration parameters", args="parameter [parameter ...]", since="2.0.0")
+def config_get(ctx: CommandContext, argv: list[bytes]):
+    view = _config_view(ctx.server)
+    found: dict[bytes, bytes] = {}
+    for pattern in argv[2:]:
+        matches = compile_glob(pattern.lower())
+        for key, value in view.items():
+            if matches(key.encode()):
+                found[key.encode()] = value.encode()
+    return found
+
+
+def _set_failed(name: str, why: str) -> CommandError:
+    return CommandError(f"ERR CONFIG SET failed (possibly related to argument '{name}') - {why}")
+
+
+@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients)", args="parameter value [parameter value ...]", since="2.0.0")
+def config_set(ctx: CommandContext, argv: list[bytes]):
+    if len(argv) % 2:
+        raise CommandError("ERR wrong number of arguments for 'config|set' command")
+    view = _config_view(ctx.server)
+    changes: dict[str, bytes] = {}
+    for i in range(2, len(argv), 2):
+        name = argv[i].decode("utf-8", "replace").lower()
+        if name not in view and name != "requirepass":
+            raise CommandError(f"ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
+        if name not in ("requirepass", "maxclients"):
+            raise _set_failed(name, "can't set immutable config")
+        changes[name] = argv[i + 1]
+    if "maxclients" in changes:
+        text = changes["maxclients"]
+        if not text.isdigit() or int(text) < 1:
+            raise _set_failed("maxclients", "argument couldn't be parsed into an integer")
+        ctx.server.maxclients = int(text)
+    if "requirepass" in changes:
+        password = changes["requirepass"].decode("utf-8", "surrogateescape")
+        ctx.server.requirepass = password or None
+    return OK
+
+
+@command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")
+def config_resetstat(ctx: CommandContext, argv: list[bytes]):
+    ctx.server.stats.__init__()
+    return OK

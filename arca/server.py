@@ -1,0 +1,233 @@
+"""The RESP server: connections, pipelining, group commit, authentication, limits, shutdown.
+
+Each connection is an `asyncio.Protocol` (no streams): a read is decoded into every
+complete command it holds, the commands run in order, and their replies leave in one write.
+
+Group commit. Commands apply writes to the archive at once; a write becomes durable at the
+archive's next `commit()`. While the archive holds uncommitted writes, a connection's
+replies are held back; once per event-loop tick (after every read of that tick has been
+processed) the server commits once and only then releases the held replies. So every
+acknowledged write is committed, and N concurrent writers cost one transaction, not N. In
+`everysec` durability replies leave at once and a timer commits once a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from arca.commands import dispatch
+from arca.commands.registry import CommandContext
+from arca.protocol import OK, Decoder, encode, encode_error
+from arca.state import ClientState, ServerOptions, ServerState
+
+log = logging.getLogger(__name__)
+
+_OK_BYTES = b"+OK\r\n"
+MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+class Connection(asyncio.Protocol):
+    """One client: decode, dispatch, encode, and hold replies until their writes commit."""
+
+    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "paused")
+
+    def __init__(self, server: ArcaServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.decoder = Decoder(server.options.limits)
+        self.held: list[bytes] | None = None  # replies waiting for the tick's commit
+        self.closing = False
+        self.paused = False
+
+    # -- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.server
+        state = server.state
+        self.transport = transport  # type: ignore[assignment]
+        state.stats.connections_received += 1
+        if len(state.clients) >= state.maxclients or server.stopping:
+            state.stats.rejected_connections += 1
+            transport.write(MAX_CLIENTS_REPLY)  # type: ignore[attr-defined]
+            transport.close()
+            self.client = None
+            return
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        local = transport.get_extra_info("sockname") or ("?", 0)
+        self.client = ClientState(
+            id=state.new_client_id(),
+            addr=f"{peer[0]}:{peer[1]}",
+            laddr=f"{local[0]}:{local[1]}",
+            authenticated=state.requirepass is None,
+            query_buffer=lambda: self.decoder.buffered,
+            output_buffer=lambda: self.transport.get_write_buffer_size() if self.transport else 0,
+        )
+        self.ctx = CommandContext(server.archive, self.client, state)
+        state.clients[self.client.id] = self.client
+        server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.client is not None:
+            self.server.state.clients.pop(self.client.id, None)
+            self.server.connections.discard(self)
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        # The client is not reading its replies: stop reading its commands until it does.
+        if self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        commands = self.decoder.feed(data)
+        out: list[bytes] = []
+        append = out.append
+        ctx = self.ctx
+        client = ctx.client
+        for argv in commands:
+            reply = dispatch(ctx, argv)
+            kind = type(reply)
+            if kind is bytes:
+                append(b"$%d\r\n%b\r\n" % (len(reply), reply))
+            elif reply is OK:
+                append(_OK_BYTES)
+            else:
+                append(encode(reply, client.resp))
+            if client.close_after_reply:
+                self.closing = True
+                break
+        if commands:
+            client.last_command = commands[-1][0]
+            client.last_active = time.monotonic()
+            ctx.server.stats.commands_processed += len(commands)
+        if self.decoder.error is not None and not self.closing:
+            ctx.server.stats.protocol_errors += 1
+            log.debug("client %d: protocol error: %s", client.id, self.decoder.error)
+            append(encode_error(f"ERR Protocol error: {self.decoder.error}"))
+            self.closing = True
+        self.server.deliver(self, out)
+
+    # -- called by the server
+
+    def send(self, out: list[bytes]) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if out:
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self.closing:
+            transport.close()
+
+    def release(self) -> None:
+        """The tick's commit is done: send the replies held for it."""
+        held, self.held = self.held, None
+        if held is not None:
+            self.send(held)
+
+
+class ArcaServer:
+    """The listening socket, the connection set, the commit schedule."""
+
+    def __init__(self, archive: Any, options: ServerOptions) -> None:
+        self.archive = archive
+        self.options = options
+        self.state = ServerState.from_options(options)
+        self.connections: set[Connection] = set()
+        self.stopping = False
+        self._hold = options.durability != "everysec"
+        self._waiting: list[Connection] = []
+        self._commit_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def start(self) -> tuple[str, int]:
+        """Bind and start accepting; returns the address really bound."""
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(
+            lambda: Connection(self), self.options.host, self.options.port, reuse_address=True, backlog=511
+        )
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.state.tcp_port = port
+        if not self._hold:
+            self._timer = self._loop.call_later(1.0, self._every_second)
+        return host, port
+
+    # -- replies and group commit
+
+    def deliver(self, conn: Connection, out: list[bytes]) -> None:
+        if conn.held is not None:
+            conn.held += out
+        elif self._hold and self.archive.pending_writes:
+            conn.held = out
+            self._waiting.append(conn)
+            if not self._commit_scheduled:
+                self._commit_scheduled = True
+                self._loop.call_soon(self._commit_tick)  # type: ignore[union-attr]
+        else:
+            conn.send(out)
+
+    def _commit(self) -> bool:
+        if not self.archive.pending_writes:
+            return True
+        started = time.perf_counter()
+        try:
+            self.archive.commit()
+        except Exception:
+            log.exception("commit failed; the writes of this tick are not acknowledged")
+            return False
+        stats = self.state.stats
+        stats.commits += 1
+        stats.commit_seconds += time.perf_counter() - started
+        return True
+
+    def _commit_tick(self) -> None:
+        self._commit_scheduled = False
+        committed = self._commit()
+        waiting, self._waiting = self._waiting, []
+        for conn in waiting:
+            if committed:
+                conn.release()
+            elif conn.transport is not None:
+                conn.held = None
+                conn.transport.abort()  # never acknowledge a write that did not commit
+
+    def _every_second(self) -> None:
+        self._commit()
+        if not self.stopping:
+            self._timer = self._loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
+
+    # -- shutdown
+
+    async def close(self) -> None:
+        """Stop accepting, commit and answer what was in flight, close every connection."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._server is not None:
+            self._server.close()
+        self._commit_tick()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.closing = True
+                conn.transport.close()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self._commit()

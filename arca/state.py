@@ -1,0 +1,112 @@
+"""Connection and server state that commands read and change (CLIENT, HELLO, AUTH, CONFIG, INFO).
+
+The network layer (arca.server) owns the objects; commands see them through the
+CommandContext. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from arca.protocol import Limits
+
+
+@dataclass(slots=True)
+class ClientState:
+    """One connection as commands see it."""
+
+    id: int
+    addr: str = ""
+    laddr: str = ""
+    name: bytes = b""
+    lib_name: bytes = b""
+    lib_ver: bytes = b""
+    resp: int = 2
+    authenticated: bool = True
+    created: float = field(default_factory=time.monotonic)
+    last_command: bytes = b"NULL"
+    last_active: float = field(default_factory=time.monotonic)
+    close_after_reply: bool = False
+    # Set by the network layer: bytes buffered in and out, for CLIENT LIST.
+    query_buffer: Callable[[], int] = lambda: 0
+    output_buffer: Callable[[], int] = lambda: 0
+
+    def info_line(self) -> str:
+        """This client in CLIENT LIST / CLIENT INFO format."""
+        now = time.monotonic()
+        name = self.name.decode("utf-8", "replace")
+        return (
+            f"id={self.id} addr={self.addr} laddr={self.laddr} fd=-1 name={name} "
+            f"age={int(now - self.created)} idle={int(now - self.last_active)} flags=N db=0 "
+            f"sub=0 psub=0 ssub=0 multi=-1 qbuf={self.query_buffer()} qbuf-free=0 argv-mem=0 "
+            f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={self.output_buffer()} tot-mem=0 "
+            f"events=r cmd={self.last_command.decode('utf-8', 'replace').lower()} user=default "
+            f"redir=-1 resp={self.resp} lib-name={self.lib_name.decode('utf-8', 'replace')} "
+            f"lib-ver={self.lib_ver.decode('utf-8', 'replace')}"
+        )
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Counters reported by INFO stats."""
+
+    connections_received: int = 0
+    rejected_connections: int = 0
+    commands_processed: int = 0
+    protocol_errors: int = 0
+    commits: int = 0
+    commit_seconds: float = 0.0
+    keyspace_hits: int = 0
+    keyspace_misses: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """The server's settings as configured at start (arca.config builds them)."""
+
+    host: str = "127.0.0.1"
+    port: int = 6420
+    durability: str = "commit"  # "commit" | "fsync" | "everysec"
+    limits: Limits = Limits()
+    maxclients: int = 10000
+    requirepass: str | None = None
+    protected_mode: bool = True
+    directory: str = ""
+    max_bytes: int = 0
+    config_file: str = ""
+
+
+@dataclass(slots=True)
+class ServerState:
+    """Server-wide state: the options, what CONFIG SET may change, the client table, counters."""
+
+    options: ServerOptions
+    maxclients: int = 0
+    requirepass: str | None = None
+    started_monotonic: float = field(default_factory=time.monotonic)
+    clients: dict[int, ClientState] = field(default_factory=dict)
+    stats: ServerStats = field(default_factory=ServerStats)
+    next_client_id: int = 1
+    tcp_port: int = 0
+
+    @classmethod
+    def from_options(cls, options: ServerOptions) -> ServerState:
+        return cls(options, maxclients=options.maxclients, requirepass=options.requirepass)
+
+    def new_client_id(self) -> int:
+        client_id = self.next_client_id
+        self.next_client_id += 1
+        return client_id
+
+    def password_matches(self, candidate: bytes) -> bool:
+        """Constant-time comparison with the configured password."""
+        if self.requirepass is None:
+            return False
+        return hmac.compare_digest(candidate, self.requirepass.encode("utf-8"))
+
+    @property
+    def uptime_seconds(self) -> int:
+        return int(time.monotonic() - self.started_monotonic)
