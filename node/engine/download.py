@@ -104,7 +104,7 @@ async def download(url: str, dest: Path, *, sha256: str | None = None,
     part = part_path(dest)
     timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S)
     bar = tqdm(total=expected_size, unit="B", unit_scale=True, unit_divisor=1024,
-               desc=dest.name, disable=not progress, file=sys.stderr, leave=progress)
+               desc=dest.name, disable=not progress, file=sys.stderr, delay=1.0)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             for attempt in range(1, attempts + 1):

@@ -59,7 +59,7 @@ def _hf(repo: str, filename: str) -> str:
 
 CATALOG: tuple[CatalogEntry, ...] = (
     CatalogEntry(
-        "gemma3-270m", "Gemma 3 270M (base, Q4_K_M; offline, from PyPI)",
+        "gemma3-270m", "Gemma 3 270M base (Q4_K_M, offline from PyPI)",
         "gemma-3-270m-q4_k_m.gguf", None, 253, 4096, "gemma",
     ),
     CatalogEntry(

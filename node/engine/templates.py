@@ -13,7 +13,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -148,6 +149,12 @@ def family_for(architecture: str | None, n_vocab: int = 0) -> str:
     return "chatml"
 
 
+def _piece(token_text: Callable[[int], bytes] | None, token: int | None) -> str:
+    if token_text is None or token is None:
+        return ""
+    return token_text(token).decode("utf-8", "replace")
+
+
 def _raise_exception(message: str) -> None:
     raise TemplateError(f"chat template: {message}")
 
@@ -250,14 +257,16 @@ class ChatTemplate:
         return cls(f"gguf:{digest}", source, stops, bos_token, eos_token)
 
     @classmethod
-    def for_model(cls, model_info: Any, *, family: str | None = None) -> "ChatTemplate":
+    def for_model(cls, model_info: Any, *, family: str | None = None,
+                  token_text: Callable[[int], bytes] | None = None) -> "ChatTemplate":
         """The model's own template if it has one, else the built-in one for its family.
 
-        `model_info` is the engine's ModelInfo; `bos_text`/`eos_text` attributes, when
-        present, give the special tokens' text for GGUF templates that print them.
+        `model_info` is the engine's ModelInfo. GGUF templates that print `bos_token` or
+        `eos_token` need their text: `token_text` (e.g. `engine.token_piece`) turns the
+        model's bos/eos ids into it; `bos_text`/`eos_text` attributes are used when present.
         """
-        bos = getattr(model_info, "bos_text", None) or ""
-        eos = getattr(model_info, "eos_text", None) or ""
+        bos = getattr(model_info, "bos_text", None) or _piece(token_text, getattr(model_info, "bos", None))
+        eos = getattr(model_info, "eos_text", None) or _piece(token_text, getattr(model_info, "eos", None))
         source = getattr(model_info, "chat_template", None)
         if source:
             return cls.from_gguf(source, bos_token=bos, eos_token=eos)
@@ -265,6 +274,15 @@ class ChatTemplate:
             getattr(model_info, "architecture", None), getattr(model_info, "n_vocab", 0) or 0
         )
         return cls.builtin(chosen)
+
+    @classmethod
+    def for_engine(cls, engine: Any) -> "ChatTemplate":
+        """The template for a running engine: its GGUF's own, else its catalog family's."""
+        from node.engine.models import entry_for_file
+
+        entry = entry_for_file(Path(engine.config.model_path))
+        return cls.for_model(engine.model_info, family=entry.template if entry else None,
+                             token_text=engine.token_piece)
 
     def render(self, messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True,
                **extra: Any) -> str:
