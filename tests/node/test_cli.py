@@ -147,3 +147,38 @@ def test_chat_loop_keeps_the_conversation(gemma_home):
         if term.process.poll() is None:
             term.process.kill()
             term.process.wait()
+
+
+@pytest.mark.model
+def test_config_mode_serves_until_sigint(gemma_home, tmp_path):
+    """`reame --config FILE --serve`: model, port and slots come from the file."""
+    import signal
+    import urllib.request
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    conf = tmp_path / "node.conf"
+    conf.write_text(f"[model]\npath = gemma3-270m\ncontext_length = 1024\n"
+                    f"[server]\nport = {port}\nparallel = 2\n[arca]\ndirectory = {tmp_path / 'arca'}\n"
+                    f"[cache]\ndirectory = {tmp_path / 'cache'}\n")
+    process = subprocess.Popen([sys.executable, "-m", "node.cli", "--config", str(conf), "--serve"],
+                               cwd=REPO, env={**os.environ, **gemma_home}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    assert b'"slots_total":2' in response.read()
+                    break
+            except OSError:
+                assert process.poll() is None, process.stdout.read()
+                assert time.monotonic() < deadline, "the node never answered /health"
+                time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -130,3 +130,9 @@ def test_every_original_key_is_present():
         "server.api_key", "server.model_id", "server.parallel", "arca.remote",
     }
     assert original <= keys
+
+
+def test_every_key_is_documented():
+    doc = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+    for opt in OPTIONS:
+        assert f"| `{opt.key}` |" in doc and f"`{opt.env}`" in doc, opt.name
