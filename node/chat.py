@@ -62,9 +62,10 @@ class Conversation:
         tokens = self.engine.tokenize(self.template.render(messages), add_bos=True, special=True)
         room = self.engine.n_ctx - len(tokens)
         if room < 1:
+            what = "the conversation" if self.history else "the prompt"
+            hint = "; /reset starts over" if self.history else "; raise --ctx"
             raise ConversationTooLong(
-                f"the conversation ({len(tokens)} tokens) no longer fits the context "
-                f"({self.engine.n_ctx}); /reset starts over"
+                f"{what} ({len(tokens)} tokens) does not fit the context ({self.engine.n_ctx}){hint}"
             )
         request = GenerationRequest(tuple(tokens), max_tokens=min(self.max_tokens, room),
                                     sampling=self.sampling, stop=self.template.stop_strings)

@@ -119,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.serve:
         from node.api.runner import run_node
+        from node.engine.models import resolve_model
 
+        resolve_model(settings.model.path, settings.home)  # fail fast; a download shows its bar here
         return run_node(settings)
     prompt = args.prompt if args.prompt is not None else args.prompt_flag
     if args.max_tokens < 1:
