@@ -11,12 +11,14 @@ import logging
 import os
 import resource
 import sys
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from .config import ArchiveConfig
+from .corpus import DEFAULT_NAMESPACE, Corpus
 from .entries import Entries, Entry
 from .errors import ArchiveError
 from .journal import GroupCommit
+from .kvblocks import KVBlocks
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -32,11 +34,16 @@ class Archive:
         try:
             self._entries = Entries(config.max_bytes)
             self._entries.load(self._store.connection, self._store.path)
-            self._journal = GroupCommit(self._store, (self._entries,))
+            self._corpus = Corpus(config)
+            self._corpus.load(self._store.connection, self._store.path, self._store.meta("next_stream_id", 1))
+            self._kv = KVBlocks(config.kv_max_bytes)
+            self._kv.load(self._store.connection)
+            self._journal = GroupCommit(self._store, (self._entries, self._corpus, self._kv))
         except BaseException:
             self._store.close()
             raise
-        log.info("archive open at %s: %d keys", config.database_path, len(self._entries))
+        log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
+                 len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
 
     # -- L1 --------------------------------------------------------------------------------
 
@@ -77,6 +84,31 @@ class Archive:
         `commit()` runs it too; a server with idle periods may call it a few times a second.
         """
         return self._entries.expire_due(limit)
+
+    # -- L4 corpus ---------------------------------------------------------------------------
+
+    def observe(self, ns: bytes, packed_tokens: bytes) -> int:
+        """Store one finished generation (packed u32 LE); returns its stream id."""
+        return self._corpus.observe(ns or DEFAULT_NAMESPACE, packed_tokens)
+
+    def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None:
+        """Up to k tokens that followed the longest matching suffix of `tail`, or None."""
+        return self._corpus.draft(ns or DEFAULT_NAMESPACE, tail, k)
+
+    def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]]:
+        """Streams of `ns` with id > cursor, oldest first: (stream id, packed tokens)."""
+        return self._corpus.since(ns or DEFAULT_NAMESPACE, cursor, count)
+
+    # -- L3 KV blocks ----------------------------------------------------------------------
+
+    def kv_put(self, key: bytes, blob: bytes) -> bool:
+        return self._kv.put(key, blob)
+
+    def kv_get(self, key: bytes) -> bytes | None:
+        return self._kv.get(self._store.connection, key)
+
+    def kv_exists(self, keys: Sequence[bytes]) -> list[bool]:
+        return self._kv.exists(keys)
 
     # -- durability ------------------------------------------------------------------------
 
@@ -134,6 +166,8 @@ class Archive:
             "arca": {
                 "keyspace_hits": entries.hits,
                 "keyspace_misses": entries.misses,
+                **self._corpus.stats(),
+                **self._kv.stats(),
             },
         }
 
