@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -57,6 +58,8 @@ class FleetTier:
         self.config = config
         self._loop = asyncio.get_running_loop()
         self._pushes: set[asyncio.Task[None]] = set()
+        self._offered = 0  # handed over by the writer thread, not yet started on the loop
+        self._offered_lock = threading.Lock()
         self._closed = False
         if config.push:
             cache.add_stored_sink(self._offer)
@@ -101,9 +104,12 @@ class FleetTier:
         return entry.n_tokens
 
     async def drain(self) -> None:
-        """Wait for the pushes in flight (tests, shutdown)."""
-        while self._pushes:
-            await asyncio.gather(*list(self._pushes), return_exceptions=True)
+        """Wait for the pushes offered so far to finish (tests, shutdown)."""
+        while self._offered or self._pushes:
+            if self._pushes:
+                await asyncio.gather(*list(self._pushes), return_exceptions=True)
+            else:
+                await asyncio.sleep(0.001)
 
     async def close(self) -> None:
         self._closed = True
@@ -115,12 +121,17 @@ class FleetTier:
         if self._closed or n_tokens < self.config.min_push_tokens or size > self.config.max_blob_bytes:
             return
         data = header + payload
+        with self._offered_lock:
+            self._offered += 1
         try:
             self._loop.call_soon_threadsafe(self._start_push, key, data)
         except RuntimeError:  # loop closed
-            pass
+            with self._offered_lock:
+                self._offered -= 1
 
     def _start_push(self, key: bytes, data: bytes) -> None:
+        with self._offered_lock:
+            self._offered -= 1
         if len(self._pushes) >= self.config.max_pushes_in_flight:
             self.cache.metrics.add(fleet_pushes_dropped=1)
             return
