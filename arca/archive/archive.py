@@ -120,6 +120,13 @@ class Archive:
         self._entries.expire_due(200)
         self._journal.commit()
 
+    def compact(self) -> int:
+        """Commit, then fold the whole L1 entry log into the keyed table (for idle time or
+        before copying the file); returns the number of log rows folded."""
+        self.commit()
+        with self._store.transaction() as conn:
+            return self._entries.log.compact(conn)
+
     def close(self) -> None:
         if self._closed:
             return

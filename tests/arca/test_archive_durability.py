@@ -129,3 +129,15 @@ def test_newer_schema_is_refused(tmp_path):
         conn.execute("PRAGMA user_version=99")
     with pytest.raises(ArchiveError, match="newer"):
         Archive(config)
+
+
+def test_compact_folds_the_log(tmp_path):
+    config = ArchiveConfig(directory=tmp_path)
+    with Archive(config) as arc:
+        for i in range(10):
+            arc.put(b"k%d" % i, b"v")
+        arc.delete(b"k3")
+        assert arc.compact() == 10
+        assert arc.compact() == 0
+    with Archive(config) as arc:
+        assert arc.dbsize() == 9 and not arc.exists(b"k3")
