@@ -1,0 +1,219 @@
+"""The engine facade: load a model, run the scheduler thread, hand out request handles.
+
+    engine = Engine(EngineConfig(model_path=path, n_parallel=4))
+    handle = engine.submit(GenerationRequest(prompt_tokens=tuple(engine.tokenize("Hi"))))
+    async for event in handle: ...        # TextDelta ..., then one Finished
+    for event in handle.iter_sync(): ...  # the same, for blocking callers (submit without a loop)
+
+`submit` validates what can be judged without the model running (empty prompt, token
+ids, prompt + max_tokens against the context) and raises; everything else that goes
+wrong for one request arrives as `Finished(reason="error")` on its handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
+
+from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
+from node.engine.hooks import DraftProposer, PrefixCacheHook
+from node.engine.llama import KV_TYPES, LlamaContext, LlamaModel, ModelInfo
+from node.engine.sampling import fresh_seed
+from node.engine.scheduler import Scheduler, SchedulerLimits
+from node.engine.sequence import Channel, Sequence
+from node.engine.types import Event, Finished, GenerationRequest
+
+__all__ = ["Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "DraftProposer"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 4096                 # KV cells shared by all slots (unified cache)
+    n_threads: int = 0                # 0: every core
+    n_parallel: int = 4               # sequences decoded together (llama n_seq_max)
+    n_batch: int = 512                # most tokens in one llama_decode
+    n_ubatch: int = 512
+    kv_type: str = "f16"              # f16 | q8_0 | q4_0
+    use_mmap: bool = True
+    use_mlock: bool = False
+    max_queue: int = 64               # waiting requests beyond which submit raises EngineOverloaded
+    step_token_budget: int = 256      # tokens per step while others are decoding (prefill chunk bound)
+    prefix_cache: PrefixCacheHook | None = None
+    draft_proposer: DraftProposer | None = None
+    max_draft: int = 0                # draft tokens per sequence per step (0: no speculation)
+    swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
+    flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
+    on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
+
+    def check(self) -> None:
+        if self.kv_type not in KV_TYPES:
+            raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
+        if self.n_parallel < 1 or self.n_ctx < 16 or self.n_batch < 1 or self.max_queue < 1:
+            raise InvalidRequest("n_parallel, n_ctx, n_batch and max_queue must be positive")
+        if self.n_parallel * (1 + self.max_draft) > self.n_batch:
+            raise InvalidRequest(f"n_batch {self.n_batch} cannot hold {self.n_parallel} sequences "
+                                 f"with {self.max_draft} draft tokens each")
+        if not 0 < self.step_token_budget <= self.n_batch:
+            raise InvalidRequest("step_token_budget must be in 1..n_batch")
+
+
+class Handle:
+    """The caller's side of one generation: events out, cancel in."""
+
+    def __init__(self, request_id: str, channel: Channel, scheduler: Scheduler) -> None:
+        self.request_id = request_id
+        self._channel = channel
+        self._scheduler = scheduler
+        self._finished = False
+
+    def cancel(self) -> None:
+        """Stop generating: the slot is freed at the next step, a Finished("cancelled") follows."""
+        self._channel.cancelled = True
+        self._scheduler.wake()
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._finished:
+            raise StopAsyncIteration
+        event = await self._channel.get()
+        self._finished = isinstance(event, Finished)
+        return event
+
+    def iter_sync(self, timeout: float | None = None) -> Iterator[Event]:
+        while not self._finished:
+            event = self._channel.get_sync(timeout)
+            self._finished = isinstance(event, Finished)
+            yield event
+
+    async def collect(self) -> tuple[str, Finished]:
+        """All text, and the Finished event (convenience for non-streaming callers)."""
+        parts: list[str] = []
+        async for event in self:
+            if isinstance(event, Finished):
+                return "".join(parts), event
+            parts.append(event.text)
+        raise RuntimeError("handle ended without Finished")
+
+    def collect_sync(self, timeout: float | None = None) -> tuple[str, Finished]:
+        parts: list[str] = []
+        for event in self.iter_sync(timeout):
+            if isinstance(event, Finished):
+                return "".join(parts), event
+            parts.append(event.text)
+        raise RuntimeError("handle ended without Finished")
+
+
+class Engine:
+    """One model, one context, one scheduler thread."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        config.check()
+        self.config = config
+        self._model = LlamaModel(config.model_path, use_mmap=config.use_mmap, use_mlock=config.use_mlock,
+                                 progress=config.on_progress)
+        try:
+            self._ctx = LlamaContext(
+                self._model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
+                n_seq_max=config.n_parallel, n_threads=config.n_threads or os.cpu_count() or 1,
+                kv_type=config.kv_type, swa_full=config.swa_full, flash_attn=config.flash_attn)
+        except Exception:
+            self._model.close()
+            raise
+        self._scheduler = Scheduler(
+            self._model, self._ctx,
+            SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft),
+            prefix_cache=config.prefix_cache, proposer=config.draft_proposer)
+        self._closed = False
+        self._next_id = 0
+
+    # -- model ---------------------------------------------------------------------------
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._model.info
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self._model.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Seq[int]) -> bytes:
+        return self._model.detokenize(tokens)
+
+    def token_piece(self, token: int) -> bytes:
+        return self._model.token_piece(token)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def submit(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
+        return self.submit_n(req, 1, loop=loop)[0]
+
+    def submit_n(self, req: GenerationRequest, n: int,
+                 loop: asyncio.AbstractEventLoop | None = None) -> list[Handle]:
+        """n generations of one request sharing one prefill (forks of the first).
+
+        Choice 0 uses the request's seed; choice i uses seed + i, so sampled choices differ
+        and the whole set is reproducible when a seed is given.
+        """
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+        if n < 1:
+            raise InvalidRequest(f"n must be >= 1, got {n}")
+        self._validate(req, n)
+        loop = loop if loop is not None else _running_loop()
+        base_seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
+        handles, seqs = [], []
+        for i in range(n):
+            self._next_id += 1
+            request_id = req.request_id or f"req-{self._next_id}"
+            if n > 1:
+                request_id = f"{request_id}/{i}"
+            channel = Channel(loop)
+            seqs.append(Sequence(req, channel, seed=base_seed + i))
+            handles.append(Handle(request_id, channel, self._scheduler))
+        self._scheduler.enqueue(seqs)
+        return handles
+
+    def _validate(self, req: GenerationRequest, n: int) -> None:
+        if not req.prompt_tokens:
+            raise InvalidRequest("the prompt is empty")
+        if req.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
+        n_vocab = self._model.n_vocab
+        if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= n_vocab:
+            raise InvalidRequest(f"prompt token ids must be in 0..{n_vocab - 1}")
+        need = len(req.prompt_tokens) + n * (req.max_tokens + self.config.max_draft)
+        if need > self._ctx.n_ctx:
+            raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)
+
+    def stats(self) -> dict[str, int]:
+        return self._scheduler.stats()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._scheduler.close()
+        self._ctx.close()
+        self._model.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

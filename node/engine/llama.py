@@ -1,0 +1,323 @@
+"""Thin, typed wrapper over llama-cpp-python's low-level (ctypes) API.
+
+Owns every call into libllama the engine makes: backend initialisation (once per
+process), model load with a progress callback, the vocabulary (tokenize, detokenize,
+pieces with special tokens, end-of-generation ids), GGUF metadata, one context with a
+unified KV cache shared by `n_seq_max` sequences, the KV memory operations, per-sequence
+state save/restore, and `TokenBatch`, a llama_batch whose arrays are numpy buffers so a
+step fills it with slice assignments instead of per-token ctypes calls.
+
+Nothing here is thread-safe by itself: the context belongs to the engine thread; the
+model's vocabulary is read-only once loaded and may be used from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+import llama_cpp as ll
+
+from node.engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+KV_TYPES: Mapping[str, int] = MappingProxyType(
+    {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0, "q4_0": ll.GGML_TYPE_Q4_0}
+)
+# ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT; llama.cpp's chatty INFO goes to DEBUG.
+_LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the rest of the node needs to know about the loaded model."""
+
+    name: str
+    architecture: str
+    n_vocab: int
+    n_ctx_train: int
+    bos: int | None
+    eos: int | None
+    eog_tokens: frozenset[int]
+    add_bos: bool
+    chat_template: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class _Backend:
+    """llama_backend_init once per process, and llama.cpp's log lines into `logging`."""
+
+    def __init__(self) -> None:
+        ll.llama_backend_init()
+
+        @ll.llama_log_callback
+        def forward(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            line = text.decode("utf-8", "replace").rstrip()
+            if line:
+                log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", line)
+
+        self._callback = forward  # keep the C callback alive as long as the process
+        ll.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+@functools.cache
+def backend() -> _Backend:
+    return _Backend()
+
+
+class LlamaModel:
+    """A loaded GGUF: weights plus vocabulary."""
+
+    def __init__(self, path: Path, *, use_mmap: bool = True, use_mlock: bool = False,
+                 progress: Callable[[float], object] | None = None) -> None:
+        backend()
+        if not Path(path).is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.load_mode = (ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE) | (
+            ll.LLAMA_LOAD_MODE_MLOCK if use_mlock else 0
+        )
+
+        @ll.llama_progress_callback
+        def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+            if progress is not None:
+                try:
+                    return progress(float(fraction)) is not False
+                except Exception:  # a broken progress bar must not abort the load
+                    log.exception("model load progress callback failed")
+            return True
+
+        params.progress_callback = on_progress
+        self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF it supports?)")
+        self.path = Path(path)
+        self.vocab = ll.llama_model_get_vocab(self._ptr)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.info = self._read_info()
+
+    @property
+    def ptr(self) -> ll.llama_model_p:
+        return self._ptr
+
+    # -- vocabulary ---------------------------------------------------------------------
+
+    def tokenize(self, text: str | bytes, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        capacity = len(data) + 8
+        buf = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_bos, special)
+        if n < 0:
+            capacity = -n
+            buf = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_bos, special)
+        return list(buf[:n])
+
+    def token_piece(self, token: int, *, special: bool = True) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = True) -> bytes:
+        if not tokens:
+            return b""
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        capacity = 16 * len(tokens) + 16
+        buf = ctypes.create_string_buffer(capacity)
+        n = ll.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, False, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_detokenize(self.vocab, arr, len(tokens), buf, -n, False, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def metadata(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(ll.llama_model_meta_count(self._ptr)):
+            key = _read_string(lambda b, n: ll.llama_model_meta_key_by_index(self._ptr, i, b, n))
+            out[key] = _read_string(lambda b, n: ll.llama_model_meta_val_str_by_index(self._ptr, i, b, n))
+        return out
+
+    def _read_info(self) -> ModelInfo:
+        meta = self.metadata()
+        vocab = self.vocab
+        eog = frozenset(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(vocab, t))
+        bos, eos = ll.llama_vocab_bos(vocab), ll.llama_vocab_eos(vocab)
+        arch = meta.get("general.architecture", "unknown")
+        return ModelInfo(
+            name=meta.get("general.name") or self.path.stem,
+            architecture=arch,
+            n_vocab=self.n_vocab,
+            n_ctx_train=ll.llama_model_n_ctx_train(self._ptr),
+            bos=bos if bos >= 0 else None,
+            eos=eos if eos >= 0 else None,
+            eog_tokens=eog,
+            add_bos=bool(ll.llama_vocab_get_add_bos(vocab)),
+            chat_template=meta.get("tokenizer.chat_template"),
+            metadata=MappingProxyType(meta),
+        )
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_model_free(self._ptr)
+            self._ptr = None
+
+
+def _read_string(fill: Callable[[ctypes.Array, int], int]) -> str:
+    buf = ctypes.create_string_buffer(256)
+    n = fill(buf, len(buf))
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        n = fill(buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else ""
+
+
+class LlamaContext:
+    """One inference context with a unified KV cache for n_seq_max sequences."""
+
+    def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
+                 n_threads: int, kv_type: str = "f16", swa_full: bool = False,
+                 flash_attn: bool | None = None) -> None:
+        """flash_attn None: llama.cpp decides (on for CPU; a quantized V cache needs it).
+
+        Either way llama.cpp's CPU kernels are not batch-invariant: a sequence decoded in
+        the same ubatch as other sequences can get logits a few tenths apart from decoding
+        alone (tests/node/engine/test_engine_batching.py measures how often greedy text differs).
+        """
+        if kv_type not in KV_TYPES:
+            raise ModelLoadError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_ubatch, n_batch)
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.type_k = params.type_v = KV_TYPES[kv_type]
+        params.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
+                                  ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.kv_unified = True
+        params.swa_full = swa_full
+        params.no_perf = True
+        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}, kv_type={kv_type})")
+        self.model = model
+        self.memory = ll.llama_get_memory(self._ptr)
+        self.n_ctx = ll.llama_n_ctx(self._ptr)
+        self.n_batch = ll.llama_n_batch(self._ptr)
+        self.n_seq_max = ll.llama_n_seq_max(self._ptr)
+        self.n_vocab = model.n_vocab
+
+    def decode(self, batch: TokenBatch) -> int:
+        """llama_decode: 0 ok, 1 no KV room for the batch, 2 aborted, < 0 error."""
+        return ll.llama_decode(self._ptr, batch.struct())
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """The logits rows of the last decode, in batch order of the tokens that asked for them."""
+        ptr = ll.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+
+    # -- KV memory ------------------------------------------------------------------------
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(ll.llama_memory_seq_rm(self.memory, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        ll.llama_memory_seq_keep(self.memory, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_max(self.memory, seq)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.memory, True)
+
+    # -- per-sequence state ---------------------------------------------------------------
+
+    def state_get(self, seq: int) -> bytes:
+        size = ll.llama_state_seq_get_size(self._ptr, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = ll.llama_state_seq_get_data(self._ptr, buf, size, seq)
+        return bytes(memoryview(buf)[:written])
+
+    def state_set(self, seq: int, state: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return ll.llama_state_seq_set_data(self._ptr, buf, len(state), seq) > 0
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_free(self._ptr)
+            self._ptr = None
+
+
+class TokenBatch:
+    """A llama_batch over numpy arrays: one seq id per token, logits flag per token."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.n_tokens = 0
+        self.tokens = np.zeros(capacity, dtype=np.int32)
+        self.positions = np.zeros(capacity, dtype=np.int32)
+        self.seq_ids = np.zeros(capacity, dtype=np.int32)
+        self.wants_logits = np.zeros(capacity, dtype=np.int8)
+        self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        base = self.seq_ids.ctypes.data
+        self._seq_ptrs = (ctypes.c_void_p * capacity)(*(base + 4 * i for i in range(capacity)))
+
+    @property
+    def room(self) -> int:
+        return self.capacity - self.n_tokens
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+
+    def add(self, tokens: Sequence[int], start_pos: int, seq: int, *, logits: str = "last") -> int:
+        """Append tokens of one sequence; logits: "last", "all" or "none". Returns the first index."""
+        n, first = len(tokens), self.n_tokens
+        if n > self.room:
+            raise ValueError(f"batch overflow: {n} tokens into {self.room} free places")
+        end = first + n
+        self.tokens[first:end] = tokens
+        self.positions[first:end] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self.seq_ids[first:end] = seq
+        self.wants_logits[first:end] = 1 if logits == "all" else 0
+        if logits == "last" and n:
+            self.wants_logits[end - 1] = 1
+        self.n_tokens = end
+        return first
+
+    def output_rows(self) -> np.ndarray:
+        """For each batch index, its row in the logits of the decode (-1 when none)."""
+        flags = self.wants_logits[: self.n_tokens]
+        return np.where(flags != 0, np.cumsum(flags, dtype=np.int64) - 1, -1)
+
+    def struct(self) -> ll.llama_batch:
+        batch = ll.llama_batch()
+        batch.n_tokens = self.n_tokens
+        batch.token = self.tokens.ctypes.data_as(ctypes.POINTER(ll.llama_token))
+        batch.embd = None
+        batch.pos = self.positions.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
+        batch.n_seq_id = self._n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
+        batch.logits = self.wants_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        return batch

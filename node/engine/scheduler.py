@@ -1,0 +1,398 @@
+"""The engine thread: admission, one batch per step, one llama_decode per step.
+
+Each step (all on the one thread that owns the llama context):
+1. cancelled requests end and their slots are freed;
+2. queued requests are admitted in arrival order while a slot is free and the KV budget
+   can hold what they may grow to: prompt + max_tokens (+ draft room). A request that is
+   admitted can therefore never run out of KV; the rest wait in a bounded queue
+   (`EngineOverloaded` beyond it). Requests with a prompt identical to one being
+   prefilled become its followers: they hold a slot and reserve only their own
+   max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
+   prompt is complete (`submit_n` uses the same path);
+3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
+   each), then prefill chunks of newcomers under `step_token_budget`, so a long prompt
+   delays the others by one chunk per step at most (with nobody decoding, prefill takes
+   the whole batch). Chunks also end on the prefix cache's block boundaries, whose
+   per-sequence state is saved right after the step;
+4. one llama_decode; each sequence samples from its own logits rows.
+
+A failed decode is retried on halves of the batch until the failing request is alone;
+that request ends with an error and every other one goes on. Any exception while
+handling one sequence ends that sequence only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
+from node.engine.hooks import DraftProposer, PrefixCacheHook
+from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+from node.engine.sequence import Phase, PromptShare, Sequence
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    n_parallel: int
+    max_queue: int
+    step_token_budget: int
+    max_draft: int = 0
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One sequence's tokens in the current batch."""
+
+    seq: Sequence
+    tokens: list[int]
+    start: int
+    decoding: bool
+    first_row: int = -1
+
+
+class Scheduler:
+    def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
+                 prefix_cache: PrefixCacheHook | None = None, proposer: DraftProposer | None = None) -> None:
+        self._model = model
+        self._ctx = ctx
+        self._limits = limits
+        self._prefix_cache = prefix_cache
+        self._proposer = proposer if limits.max_draft > 0 else None
+        self._eog = model.info.eog_tokens
+        self._pieces: dict[int, bytes] = {}
+        self._batch = TokenBatch(ctx.n_batch)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque[Sequence] = collections.deque()
+        self._active: list[Sequence] = []
+        self._free_slots = list(range(limits.n_parallel))
+        self._reserved = 0
+        self._closing = False
+        self.counters = collections.Counter()
+        self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
+        self._thread.start()
+
+    # -- caller side (any thread) ---------------------------------------------------------
+
+    def enqueue(self, seqs: list[Sequence]) -> None:
+        with self._lock:
+            if self._closing:
+                raise EngineClosed("the engine is closed")
+            if len(self._queue) + len(seqs) > self._limits.max_queue:
+                raise EngineOverloaded(f"{len(self._queue)} requests already waiting (max_queue "
+                                       f"{self._limits.max_queue}); retry later")
+            self._queue.extend(seqs)
+            self._wake.notify()
+
+    def wake(self) -> None:
+        with self._lock:
+            self._wake.notify()
+
+    def stats(self) -> dict[str, int]:
+        active = list(self._active)
+        return {
+            "active": len(active),
+            "queued": len(self._queue),
+            "slots_total": self._limits.n_parallel,
+            "slots_free": len(self._free_slots),
+            "kv_cells_total": self._ctx.n_ctx,
+            "kv_cells_reserved": self._reserved,
+            "kv_cells_used": sum(s.n_past for s in active if s.phase is not Phase.FOLLOWER),
+            **self.counters,
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join()
+
+    # -- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closing and not self._queue and not self._active:
+                    self._wake.wait()
+                if self._closing:
+                    break
+            try:
+                if not self._step():
+                    with self._lock:
+                        self._wake.wait(IDLE_WAIT_S)
+            except Exception:  # a scheduler bug: end what is running, keep serving
+                log.exception("engine step failed; ending the active requests")
+                for seq in list(self._active):
+                    self._end(seq, "error", "internal engine error")
+        for seq in list(self._active):
+            self._end(seq, "cancelled", "engine closed")
+        with self._lock:
+            waiting, self._queue = list(self._queue), collections.deque()
+        for seq in waiting:
+            seq.finish("cancelled", "engine closed")
+
+    def _step(self) -> bool:
+        """One scheduling round; False when there was nothing to decode."""
+        self._reap_cancelled()
+        self._admit()
+        entries = self._plan()
+        if not entries:
+            return False
+        self._decode(entries)
+        self.counters["steps"] += 1
+        return True
+
+    def _reap_cancelled(self) -> None:
+        for seq in [s for s in self._active if s.channel.cancelled]:
+            self._end(seq, "cancelled")
+        with self._lock:
+            gone = [s for s in self._queue if s.channel.cancelled]
+            for seq in gone:
+                self._queue.remove(seq)
+        for seq in gone:
+            seq.finish("cancelled")
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        while self._free_slots:
+            with self._lock:
+                if not self._queue:
+                    return
+                seq = self._queue[0]
+                leader = self._prefilling_leader(seq)
+                prompt_cells = 0 if leader else len(seq.prompt)
+                own = seq.request.max_tokens + self._limits.max_draft
+                if self._reserved + prompt_cells + own > self._ctx.n_ctx:
+                    return  # arrival order: the head waits for room, nobody overtakes it
+                self._queue.popleft()
+            try:
+                seq.make_sampler(self._model.n_vocab)
+            except InvalidRequest as exc:
+                seq.finish("error", str(exc))
+                continue
+            seq.slot = self._free_slots.pop()
+            seq.own_cells = own
+            seq.t_admit = time.perf_counter()
+            self._reserved += prompt_cells + own
+            self._active.append(seq)
+            if leader is not None:
+                seq.phase, seq.leader, seq.share = Phase.FOLLOWER, leader, leader.share
+                leader.share.users += 1
+                leader.followers.append(seq)
+                self.counters["shared_prefills"] += 1
+            else:
+                seq.phase, seq.share = Phase.PREFILL, PromptShare(prompt_cells)
+                self._ctx.seq_rm(seq.slot)
+                self._restore_prefix(seq)
+
+    def _prefilling_leader(self, seq: Sequence) -> Sequence | None:
+        for other in self._active:
+            if other.phase is Phase.PREFILL and other.prompt == seq.prompt:
+                return other
+        return None
+
+    def _restore_prefix(self, seq: Sequence) -> None:
+        hook = self._prefix_cache
+        if hook is None:
+            return
+        try:
+            hit = hook.lookup(seq.prompt)
+            if hit is not None:
+                n_tokens, state = hit
+                if 0 < n_tokens < len(seq.prompt) and self._ctx.state_set(seq.slot, state) \
+                        and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
+                    seq.n_past = n_tokens
+                    self.counters["prefix_tokens_restored"] += n_tokens
+                else:
+                    self._ctx.seq_rm(seq.slot)
+            seq.store_at = sorted(b for b in hook.boundaries_to_store(seq.prompt)
+                                  if seq.n_past < b < len(seq.prompt))
+        except Exception:
+            log.exception("prefix cache lookup failed; prefilling from scratch")
+            self._ctx.seq_rm(seq.slot)
+            seq.n_past, seq.store_at = 0, []
+
+    # -- the batch ----------------------------------------------------------------------------
+
+    def _plan(self) -> list[_Entry]:
+        entries: list[_Entry] = []
+        decoding = [s for s in self._active if s.phase is Phase.DECODE]
+        for seq in decoding:
+            entries.append(_Entry(seq, seq.pending + self._drafts(seq), seq.n_past, True))
+        used = sum(len(e.tokens) for e in entries)
+        budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
+        budget = min(budget, self._batch.capacity - used)
+        for seq in self._active:
+            if budget <= 0:
+                break
+            if seq.phase is not Phase.PREFILL:
+                continue
+            n = min(seq.prefill_left, budget)
+            if seq.store_at:
+                n = min(n, seq.store_at[0] - seq.n_past)
+            entries.append(_Entry(seq, list(seq.prompt[seq.n_past:seq.n_past + n]), seq.n_past, False))
+            budget -= n
+        return entries
+
+    def _drafts(self, seq: Sequence) -> list[int]:
+        if self._proposer is None:
+            return []
+        room = min(self._limits.max_draft, seq.request.max_tokens - seq.n_sampled - 1)
+        if room <= 0:
+            return []
+        try:
+            return [int(t) for t in self._proposer.propose(seq.tokens, room)][:room]
+        except Exception:
+            log.exception("draft proposer failed; decoding without drafts")
+            return []
+
+    def _fill(self, entries: list[_Entry]) -> int:
+        batch = self._batch
+        batch.clear()
+        rows = 0
+        for e in entries:
+            completes = not e.decoding and e.start + len(e.tokens) == len(e.seq.prompt)
+            batch.add(e.tokens, e.start, e.seq.slot, logits="all" if e.decoding else ("last" if completes else "none"))
+            e.first_row = rows if (e.decoding or completes) else -1
+            rows += len(e.tokens) if e.decoding else int(completes)
+        return rows
+
+    def _decode(self, entries: list[_Entry]) -> None:
+        """Decode the entries; on failure bisect until the failing sequence is alone."""
+        n_rows = self._fill(entries)
+        t0 = time.perf_counter()
+        rc = self._ctx.decode(self._batch)
+        if rc == 0:
+            self.counters["decode_ms"] += int((time.perf_counter() - t0) * 1000)
+            self.counters["batch_tokens"] += self._batch.n_tokens
+            logits = self._ctx.logits(n_rows) if n_rows else None
+            for e in entries:
+                if e.seq.phase is not Phase.DONE:
+                    self._guarded(e.seq, self._consume, e, logits)
+            return
+        for e in entries:  # llama.cpp rolls back a failed batch; make sure of it per sequence
+            self._ctx.seq_rm(e.seq.slot, e.start, -1)
+        if len(entries) == 1:
+            self._end(entries[0].seq, "error", f"llama_decode failed (code {rc}) for this request")
+            return
+        log.warning("llama_decode returned %d for %d sequences; retrying in halves", rc, len(entries))
+        half = len(entries) // 2
+        self._decode(entries[:half])
+        self._decode([e for e in entries[half:] if e.seq.phase is not Phase.DONE])
+
+    def _guarded(self, seq: Sequence, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            log.exception("request %s failed", seq.request.request_id or id(seq))
+            self._end(seq, "error", f"{type(exc).__name__}: {exc}")
+
+    def _consume(self, e: _Entry, logits) -> None:
+        seq = e.seq
+        if not e.decoding:
+            seq.n_past += len(e.tokens)
+            self.counters["prefill_tokens"] += len(e.tokens)
+            if seq.store_at and seq.store_at[0] == seq.n_past:
+                self._store_prefix(seq, seq.store_at.pop(0))
+            if e.first_row >= 0:
+                self._prompt_done(seq, logits[e.first_row])
+            return
+        n_valid = 1
+        for j in range(len(e.tokens)):
+            choice = seq.sampler.choose(logits[e.first_row + j], seq.tokens)
+            reason = seq.accept(choice, self._eog, self._piece)
+            self.counters["generated_tokens"] += 1
+            if reason is not None:
+                seq.n_past += n_valid
+                self._end(seq, reason)
+                return
+            if j + 1 < len(e.tokens) and choice.token == e.tokens[j + 1]:
+                n_valid += 1
+                self.counters["draft_accepted"] += 1
+                continue
+            break
+        seq.n_past += n_valid
+        if n_valid < len(e.tokens):
+            self.counters["draft_rejected"] += len(e.tokens) - n_valid
+            self._ctx.seq_rm(seq.slot, seq.n_past, -1)
+        seq.pending = [seq.tokens[-1]]
+
+    def _prompt_done(self, leader: Sequence, row) -> None:
+        now = time.perf_counter()
+        group = [leader]
+        for follower in leader.followers:
+            if follower.phase is Phase.FOLLOWER:
+                self._ctx.seq_cp(leader.slot, follower.slot, -1, -1)
+                follower.n_past = leader.n_past
+                follower.leader = None
+                group.append(follower)
+        leader.followers = []
+        for seq in group:
+            seq.phase = Phase.DECODE
+            seq.t_prompt_done = now
+            self._guarded(seq, self._first_token, seq, row)
+
+    def _first_token(self, seq: Sequence, row) -> None:
+        choice = seq.sampler.choose(row, seq.tokens)
+        self.counters["generated_tokens"] += 1
+        reason = seq.accept(choice, self._eog, self._piece)
+        if reason is not None:
+            self._end(seq, reason)
+        else:
+            seq.pending = [choice.token]
+
+    def _store_prefix(self, seq: Sequence, n_tokens: int) -> None:
+        try:
+            self._prefix_cache.store(seq.prompt, n_tokens, self._ctx.state_get(seq.slot))
+            self.counters["prefix_states_stored"] += 1
+        except Exception:
+            log.exception("prefix cache store failed at %d tokens", n_tokens)
+
+    def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._model.token_piece(token)
+        return piece
+
+    # -- ending ----------------------------------------------------------------------------------
+
+    def _end(self, seq: Sequence, reason, error: str | None = None) -> None:
+        if seq.phase is Phase.DONE:
+            return
+        if seq.phase is Phase.PREFILL and seq.followers:
+            self._hand_over(seq)
+        elif seq.phase is Phase.FOLLOWER and seq.leader is not None:
+            seq.leader.followers.remove(seq)
+        if seq in self._active:
+            self._active.remove(seq)
+        if seq.slot is not None:
+            self._ctx.seq_rm(seq.slot)
+            self._free_slots.append(seq.slot)
+            seq.slot = None
+        self._reserved -= seq.own_cells
+        if seq.share is not None:
+            seq.share.users -= 1
+            if seq.share.users == 0:
+                self._reserved -= seq.share.cells
+        seq.own_cells, seq.share = 0, None
+        seq.finish(reason, error)
+
+    def _hand_over(self, leader: Sequence) -> None:
+        """A leader leaves mid-prefill: its first follower takes over the KV done so far."""
+        heir, rest = leader.followers[0], leader.followers[1:]
+        if leader.n_past:
+            self._ctx.seq_cp(leader.slot, heir.slot, -1, -1)
+        heir.phase, heir.leader, heir.n_past = Phase.PREFILL, None, leader.n_past
+        heir.store_at, heir.followers = leader.store_at, rest
+        for follower in rest:
+            follower.leader = heir
+        leader.followers = []

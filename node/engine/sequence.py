@@ -1,0 +1,173 @@
+"""One request's life inside the engine, and the channel its events travel back on.
+
+`Channel` is shared by the engine thread and the caller: the engine pushes events (into
+an asyncio.Queue through `loop.call_soon_threadsafe`, or into a thread-safe queue for
+blocking callers) and reads the `cancelled` flag every step; the caller reads events and
+sets the flag. Nothing else crosses threads.
+
+`Sequence` is touched only by the engine thread: its tokens, its place in the KV cache
+(slot = llama seq id, `n_past` = tokens of it in the KV), its sampler (own RNG), the
+incremental detokenizer and the stop-string holdback. `accept()` takes one sampled token
+and decides whether the sequence is finished: an end-of-generation token (not shown, not
+in `generated`, counted in completion_tokens), a completed stop string (its text never
+sent), or max_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import queue
+import time
+from typing import Callable
+
+from node.engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from node.engine.sampling import Choice, TokenSampler
+from node.engine.types import Event, Finished, FinishReason, GenerationRequest, TextDelta, TokenLogprob
+
+
+class Channel:
+    """Events out to the caller, the cancel flag in from the caller."""
+
+    __slots__ = ("cancelled", "_loop", "_async_queue", "_sync_queue")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.cancelled = False
+        self._loop = loop
+        self._async_queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
+        self._sync_queue: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if loop is None else None
+
+    @property
+    def is_async(self) -> bool:
+        return self._loop is not None
+
+    def push(self, event: Event) -> None:
+        """Called on the engine thread; never blocks. A closed loop counts as a cancel."""
+        if self._sync_queue is not None:
+            self._sync_queue.put(event)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._async_queue.put_nowait, event)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self.cancelled = True
+
+    async def get(self) -> Event:
+        if self._async_queue is None:
+            raise RuntimeError("this handle was submitted without an event loop: use iter_sync()")
+        return await self._async_queue.get()
+
+    def get_sync(self, timeout: float | None = None) -> Event:
+        if self._sync_queue is None:
+            raise RuntimeError("this handle belongs to an event loop: iterate it with `async for`")
+        return self._sync_queue.get(timeout=timeout)
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"      # in the queue, no slot
+    PREFILL = "prefill"      # has a slot, prompt going into the KV chunk by chunk
+    FOLLOWER = "follower"    # has a slot, waits for its leader's identical prompt
+    DECODE = "decode"        # prompt done, one token (plus drafts) per step
+    DONE = "done"
+
+
+class PromptShare:
+    """KV cells of one prompt shared by a leader and its forks, released by the last user."""
+
+    __slots__ = ("cells", "users")
+
+    def __init__(self, cells: int) -> None:
+        self.cells = cells
+        self.users = 1
+
+
+class Sequence:
+    """Engine-thread state of one generation."""
+
+    __slots__ = (
+        "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "phase",
+        "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
+        "seed", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
+        "t_admit", "t_first", "t_prompt_done",
+    )
+
+    def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None) -> None:
+        self.request = request
+        self.channel = channel
+        self.sampler: TokenSampler | None = None  # made on the engine thread at admission
+        self.prompt = request.prompt_tokens
+        self.tokens: list[int] = list(request.prompt_tokens)
+        self.generated: list[int] = []
+        self.slot: int | None = None
+        self.n_past = 0
+        self.phase = Phase.WAITING
+        self.pending: list[int] = []
+        self.n_sampled = 0
+        self.leader: Sequence | None = None
+        self.followers: list[Sequence] = []
+        self.share: PromptShare | None = None
+        self.own_cells = 0
+        self.store_at: list[int] = []
+        self._detok = IncrementalDetokenizer()
+        self._stops = StopMatcher(request.stop)
+        self._unsent_tokens: list[int] = []
+        self._unsent_logprobs: list[TokenLogprob] = []
+        self.t_submit = time.perf_counter()
+        self.t_admit = self.t_first = self.t_prompt_done = 0.0
+        self.seed = seed  # None: the request's seed, or a fresh one
+        self._stopped = False
+
+    def make_sampler(self, n_vocab: int) -> None:
+        """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""
+        self.sampler = TokenSampler(self.request.sampling, n_vocab, logprobs=self.request.logprobs, seed=self.seed)
+
+    @property
+    def prefill_left(self) -> int:
+        return len(self.prompt) - self.n_past
+
+    def accept(self, choice: Choice, eog: frozenset[int], piece_of: Callable[[int], bytes]) -> FinishReason | None:
+        """Take one sampled token; returns why the sequence ends, or None to go on."""
+        token = choice.token
+        self.n_sampled += 1
+        if self.t_first == 0.0:
+            self.t_first = time.perf_counter()
+        if token in eog:
+            return "stop"
+        self.tokens.append(token)
+        self.generated.append(token)
+        piece = piece_of(token)
+        self._unsent_tokens.append(token)
+        if choice.logprob is not None:
+            top = tuple((t, piece_of(t), lp) for t, lp in choice.top)
+            self._unsent_logprobs.append(TokenLogprob(token, piece, choice.logprob, top))
+        scan = self._stops.feed(self._detok.feed(piece))
+        if scan.stopped:
+            self._stopped = True
+            self._send(scan.text, keep_tokens=False)
+            return "stop"
+        self._send(scan.text)
+        if self.n_sampled >= self.request.max_tokens:
+            return "length"
+        return None
+
+    def _send(self, text: str, *, keep_tokens: bool = True) -> None:
+        if not text:
+            return
+        tokens = tuple(self._unsent_tokens) if keep_tokens else ()
+        self.channel.push(TextDelta(text, tokens, tuple(self._unsent_logprobs) if keep_tokens else ()))
+        self._unsent_tokens.clear()
+        self._unsent_logprobs.clear()
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        """Release held text (unless a stop string ended it) and push the last event."""
+        if not self._stopped:
+            scan = self._stops.feed(self._detok.flush())
+            self._send(scan.text if scan.stopped else scan.text + self._stops.flush())
+        now = time.perf_counter()
+        timings = {"queue_s": max(0.0, self.t_admit - self.t_submit) if self.t_admit else 0.0}
+        if self.t_first:
+            timings["ttft_s"] = self.t_first - self.t_submit
+            timings["decode_s"] = now - self.t_first
+        if self.t_prompt_done and self.t_admit:
+            timings["prefill_s"] = self.t_prompt_done - self.t_admit
+        self.phase = Phase.DONE
+        self.channel.push(Finished(reason, len(self.prompt), self.n_sampled, tuple(self.generated), error, timings))

@@ -1,0 +1,16 @@
+"""One real Gemma engine for the whole engine suite (loading it once keeps the suite fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def engine(gemma_path):
+    pytest.importorskip("llama_cpp", reason="node extra not installed")
+    from node.engine.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=2048, n_parallel=4, n_batch=512,
+                              max_queue=16, step_token_budget=64))
+    yield eng
+    eng.close()
