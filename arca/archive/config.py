@@ -6,7 +6,8 @@ Budgets (all bytes):
   budget bounds both RAM and disk use of L1; the least recently used entries are evicted to
   fit a write.
 - `corpus_max_bytes` (L4, default 64 MiB = 16M tokens): 4 bytes per stored token. The
-  in-memory n-gram index costs about 9 more bytes of RAM per stored byte (see ngrams.py).
+  in-memory n-gram index costs about 9 more bytes of RAM per stored byte (see ngrams.py):
+  the default budget means about 600 MB of RAM when full.
 - `kv_max_bytes` (L3, default 1 GiB): blob bytes; blobs live on disk only.
 
 Durability ("commit" by default):

@@ -11,7 +11,7 @@ positions newest first. Buckets are the top bits of a multiplicative hash; when 
 indexed count outgrows its table the table doubles by repeating each head (the two halves
 share the old chain until new inserts split them; walks verify tokens, so sharing only
 costs steps). Cost: 4 bytes per token for the tokens, and per level 4 for `prev` and 4-8
-for `head`: about 28 bytes of RAM per token with three levels.
+for `head`, with arrays grown by doubling: measured 345 MiB for 10M tokens (three levels).
 
 Draft. For each level from the longest, walk the chain of the tail's last L tokens (at
 most `max_chain` steps), measure how far back each candidate matches the tail (within its
