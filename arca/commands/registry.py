@@ -13,13 +13,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from arca.archive.errors import ArchiveError, ArchiveOOMError
 from arca.protocol import ErrorReply, Status
 from arca.state import ClientState, ServerState
-
-try:
-    from arca.archive import ArchiveError, ArchiveOOMError
-except ImportError:  # the storage package is not installed in this tree yet
-    ArchiveError = ArchiveOOMError = type("_NoArchiveError", (Exception,), {})
 
 __all__ = [
     "CommandContext",

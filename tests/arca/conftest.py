@@ -102,3 +102,24 @@ def arca_factory(tmp_path):
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    """A CommandContext over a real archive, for calling dispatch directly."""
+    from arca.commands.registry import CommandContext
+    from arca.state import ClientState, ServerState
+
+    archive = Archive(ArchiveConfig(directory=tmp_path / "ctx-arca", max_bytes=8 << 20))
+    state = ServerState.from_options(ServerOptions(port=0, max_bytes=8 << 20, directory=str(tmp_path)))
+    client = ClientState(id=state.new_client_id())
+    state.clients[client.id] = client
+    yield CommandContext(archive, client, state)
+    archive.close()
+
+
+def run(ctx, *argv):
+    """dispatch() with str or bytes arguments."""
+    from arca.commands import dispatch
+
+    return dispatch(ctx, [a if isinstance(a, bytes) else str(a).encode() for a in argv])

@@ -1,0 +1,225 @@
+"""ARCA against redis-server with redis-benchmark: ops/s and the ARCA/redis ratio per test.
+
+    .venv/bin/python bench/arca_vs_redis.py [--requests-p1 N] [--requests-p16 N] [--rounds R]
+
+Two configurations, each server on a free port of 127.0.0.1:
+  1. redis-server without persistence  vs  ARCA with durability=commit (every acked write
+     committed, group commit per event-loop tick);
+  2. redis-server appendonly yes + everysec  vs  ARCA with durability=everysec.
+For every test (ping, set, get, incr, mset) at -P 1 and -P 16, runs alternate between the two
+servers `--rounds` times and the best run of each is reported (the machine is shared, so the
+best run is the least disturbed one). Then ARCA's RSS holding 1M keys (redis-server's for
+comparison) and, when the corpus commands exist, ARCA.DRAFT latency over loopback with a
+1M-token corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ("ping", "set", "get", "incr", "mset")
+ARCA_CMD = "import sys; from arca.daemon import main; sys.exit(main(sys.argv[1:]))"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not answer PING")
+
+
+def start_arca(directory: Path, durability: str, max_mb: int = 2048) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ARCA_CMD, "--port", str(port), "--dir", str(directory),
+         "--durability", durability, "--max-mb", str(max_mb), "--log-level", "warning"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    wait_ready(port, proc)
+    return proc, port
+
+
+def start_redis(directory: Path, appendonly: bool) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--dir", str(directory), "--daemonize", "no", "--loglevel", "warning"]
+    args += ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    wait_ready(port, proc)
+    return proc, port
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def benchmark(port: int, test: str, pipeline: int, requests: int) -> dict[str, float]:
+    """ops/s per redis-benchmark test name (ping gives PING_INLINE and PING_MBULK)."""
+    done = subprocess.run(
+        ["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(requests), "-P", str(pipeline),
+         "-r", "100000", "-t", test, "--csv"],
+        capture_output=True, text=True, timeout=600,
+    )
+    rows = list(csv.reader(io.StringIO(done.stdout)))
+    return {row[0]: float(row[1]) for row in rows[1:] if len(row) > 1}
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def fill(port: int, count: int) -> None:
+    payload = b"".join(
+        b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v)
+        for k, v in ((b"key:%09d" % i, b"value:%09d" % i) for i in range(count))
+    )
+    subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=payload, capture_output=True, check=True, timeout=900)
+
+
+def draft_latency(port: int) -> str:
+    import random
+
+    import redis
+
+    client = redis.Redis(port=port, protocol=2)
+    try:
+        client.execute_command("ARCA.DRAFT", struct.pack("<3I", 1, 2, 3), 4)
+    except redis.ResponseError as exc:
+        if "unknown command" in str(exc):
+            return "ARCA.DRAFT: not available in this build"
+        raise
+    rng = random.Random(7)
+    phrases = [[rng.randrange(32000) for _ in range(40)] for _ in range(500)]
+    observed = 0
+    pipe = client.pipeline(transaction=False)
+    streams = []
+    while observed < 1_000_000:
+        stream = []
+        while len(stream) < 1000:
+            stream += rng.choice(phrases)[: rng.randrange(8, 40)]
+        streams.append(stream)
+        pipe.execute_command("ARCA.OBSERVE", struct.pack(f"<{len(stream)}I", *stream))
+        observed += len(stream)
+        if len(streams) % 50 == 0:
+            pipe.execute()
+    pipe.execute()
+    samples = []
+    hits = 0
+    for _ in range(3000):
+        stream = rng.choice(streams)
+        start = rng.randrange(0, len(stream) - 16)
+        tail = struct.pack("<8I", *stream[start : start + 8])
+        began = time.perf_counter()
+        reply = client.execute_command("ARCA.DRAFT", tail, 8)
+        samples.append(time.perf_counter() - began)
+        hits += reply is not None
+    samples.sort()
+    p50, p99 = samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
+    client.close()
+    return (f"ARCA.DRAFT over loopback, {observed:,} tokens observed: p50 {p50 * 1e3:.3f} ms, "
+            f"p99 {p99 * 1e3:.3f} ms, hits {hits}/{len(samples)}")
+
+
+def run_table(title: str, arca: int, redis: int, args: argparse.Namespace) -> list[str]:
+    lines = [title, f"{'test':<12} {'-P':>3} {'ARCA ops/s':>12} {'redis ops/s':>12} {'ratio':>7}"]
+    for pipeline, requests in ((1, args.requests_p1), (16, args.requests_p16)):
+        for test in TESTS:
+            best: dict[str, dict[str, float]] = {"arca": {}, "redis": {}}
+            for _ in range(args.rounds):
+                for name, port in (("arca", arca), ("redis", redis)):
+                    for key, value in benchmark(port, test, pipeline, requests).items():
+                        best[name][key] = max(best[name].get(key, 0.0), value)
+            for key in sorted(best["arca"]):
+                a, r = best["arca"][key], best["redis"].get(key, 0.0)
+                ratio = a / r if r else float("nan")
+                lines.append(f"{key:<12} {pipeline:>3} {a:>12,.0f} {r:>12,.0f} {ratio:>6.2f}x")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests-p1", type=int, default=60_000)
+    parser.add_argument("--requests-p16", type=int, default=400_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--keys", type=int, default=1_000_000, help="keys for the RSS measurement")
+    args = parser.parse_args()
+    for tool in ("redis-server", "redis-benchmark", "redis-cli"):
+        if shutil.which(tool) is None:
+            print(f"{tool} not found: apt-get install redis-server redis-tools", file=sys.stderr)
+            return 2
+    report: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="arca-bench-") as tmp:
+        base = Path(tmp)
+        for index, (title, durability, appendonly) in enumerate((
+            ("ARCA durability=commit vs redis without persistence", "commit", False),
+            ("ARCA durability=everysec vs redis appendonly yes + everysec", "everysec", True),
+        )):
+            (base / f"a{index}").mkdir()
+            (base / f"r{index}").mkdir()
+            arca, arca_port = start_arca(base / f"a{index}", durability)
+            redis, redis_port = start_redis(base / f"r{index}", appendonly)
+            try:
+                print(title, flush=True)
+                report += run_table(title, arca_port, redis_port, args) + [""]
+            finally:
+                stop(arca)
+                stop(redis)
+        (base / "rss-a").mkdir()
+        (base / "rss-r").mkdir()
+        arca, arca_port = start_arca(base / "rss-a", "commit")
+        redis, redis_port = start_redis(base / "rss-r", False)
+        try:
+            fill(arca_port, args.keys)
+            fill(redis_port, args.keys)
+            a, r = rss_bytes(arca.pid), rss_bytes(redis.pid)
+            report.append(f"RSS with {args.keys:,} keys: ARCA {a / 2**20:,.0f} MiB, redis {r / 2**20:,.0f} MiB "
+                          f"({a / r:.1f}x)")
+            print(report[-1], flush=True)
+            report.append(draft_latency(arca_port))
+            print(report[-1], flush=True)
+        finally:
+            stop(arca)
+            stop(redis)
+    print("\n" + "\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
