@@ -39,7 +39,7 @@ DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 
 def document() -> str:
     lines = ["Operations diary for the spring quarter, kept by the regional office."]
-    for week in range(1, 12):
+    for week in range(1, 19):
         for d, day in enumerate(DAYS):
             subject = SUBJECTS[(week * 7 + d * 3) % len(SUBJECTS)]
             event = EVENTS[(week + d * 5) % len(EVENTS)].format(n=(week * 13 + d * 29) % 97 + 3)
@@ -51,7 +51,7 @@ def questions(count: int) -> list[str]:
     out = []
     for i in range(count):
         subject = SUBJECTS[i % len(SUBJECTS)].lower()
-        out.append(f"Question {i + 1}: in week {i % 11 + 1}, what did {subject} do? Answer:")
+        out.append(f"Question {i + 1}: in week {i % 18 + 1}, what did {subject} do? Answer:")
     return out
 
 
@@ -91,6 +91,7 @@ async def run_phase(args: argparse.Namespace) -> dict:
             return time.perf_counter() - started
         raise RuntimeError("no event")
 
+    await ttft(engine.tokenize("Hello.")[:8])  # page the weights in, outside the timings
     warm_s = None
     if args.phase == "ram":  # warm-ahead: the document alone, as POST /v1/warm would
         common = len(_common_prefix(prompts))

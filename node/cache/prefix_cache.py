@@ -14,7 +14,9 @@ What is stored (each boundary at most once, never rewritten), for a prompt P:
     P departs from something already seen (the end of a shared document before the
     question), so every later prompt sharing that document restores up to there;
   - a checkpoint every `checkpoint_tokens` tokens, so long shared prefixes that have not
-    forked yet are still partly reusable.
+    forked yet are still partly reusable;
+and of those only the ones at least `min_gain_tokens` beyond the longest prefix of P already
+stored (a question's own tail a few tokens past a stored document is not worth a snapshot).
 Every other boundary only has its key computed. A state saved at n tokens holds the whole
 prefix (per-sequence state), so snapshots are not stacked per block.
 """
@@ -54,6 +56,7 @@ class PrefixCacheConfig:
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     checkpoint_tokens: int = 1024  # 0: no periodic checkpoints
     store_prompt_tail: bool = True
+    min_gain_tokens: int = 64  # a snapshot must save at least this much prefill
     write_queue: int = 16  # states waiting for the disk writer; beyond it, RAM only
     seen_keys: int = 16384  # boundary keys remembered to find fork points
 
@@ -136,8 +139,16 @@ class PrefixCache:
                 self._seen.move_to_end(boundary.key)
             while len(self._seen) > self.config.seen_keys:
                 self._seen.popitem(last=False)
-        wanted = [b for b in chosen.values() if not self._is_stored(b.key)]
-        return sorted(b.n_tokens for b in wanted)
+        # Each snapshot must save at least `min_gain_tokens` of prefill over the longest
+        # prefix of this prompt already stored (or chosen below it): re-prefilling a few
+        # tokens is cheaper than saving and writing megabytes that are rarely reused.
+        base = self.longest_local(boundaries)
+        wanted = []
+        for boundary in sorted(chosen.values(), key=lambda b: b.n_tokens):
+            if boundary.n_tokens - base >= max(self.config.min_gain_tokens, 1):
+                wanted.append(boundary.n_tokens)
+                base = boundary.n_tokens
+        return wanted
 
     def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes) -> None:
         """Keep the state in RAM at once; the disk write and fleet push happen later."""

@@ -18,7 +18,8 @@ IDENTITY = CacheIdentity(model_fingerprint="ab" * 32, runtime="test")
 
 
 def make(directory) -> PrefixCache:
-    return PrefixCache(IDENTITY, PrefixCacheConfig(directory=directory, block_tokens=8, checkpoint_tokens=16))
+    return PrefixCache(IDENTITY, PrefixCacheConfig(directory=directory, block_tokens=8, checkpoint_tokens=16,
+                                                   min_gain_tokens=0))
 
 
 @pytest.fixture

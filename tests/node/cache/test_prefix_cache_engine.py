@@ -58,7 +58,8 @@ class SwitchableHook:
 
 def new_cache(gemma_path, directory) -> PrefixCache:
     identity = engine_identity(model_fingerprint(gemma_path), CTX["kv_type"])
-    config = PrefixCacheConfig(directory=directory, block_tokens=BLOCK, checkpoint_tokens=CHECKPOINT)
+    config = PrefixCacheConfig(directory=directory, block_tokens=BLOCK, checkpoint_tokens=CHECKPOINT,
+                               min_gain_tokens=0)
     return PrefixCache(identity, config)
 
 

@@ -14,7 +14,8 @@ DOC = list(range(1000, 1040))  # 40 tokens = 5 blocks of 8
 
 
 def make(tmp_path=None, identity=IDENTITY, **overrides) -> PrefixCache:
-    fields = dict(directory=tmp_path, block_tokens=8, checkpoint_tokens=0, ram_bytes=10**6, disk_bytes=10**6)
+    fields = dict(directory=tmp_path, block_tokens=8, checkpoint_tokens=0, min_gain_tokens=0,
+                  ram_bytes=10**6, disk_bytes=10**6)
     fields.update(overrides)
     return PrefixCache(identity, PrefixCacheConfig(**fields))
 
@@ -59,6 +60,16 @@ def test_checkpoints_every_n_tokens(tmp_path):
     cache = make(tmp_path, checkpoint_tokens=16)
     try:
         assert run_prompt(cache, DOC + [1]) == (0, [16, 32, 40])
+    finally:
+        cache.close()
+
+
+def test_snapshots_must_save_enough_prefill(tmp_path):
+    cache = make(tmp_path, checkpoint_tokens=16, min_gain_tokens=16)
+    try:
+        assert run_prompt(cache, DOC + [1]) == (0, [16, 32])  # 40 is only 8 past 32
+        assert run_prompt(cache, DOC + list(range(30))) == (32, [48, 64])  # 40 gains only 8
+        assert run_prompt(cache, DOC + [2]) == (32, [])  # the fork at 40 gains too little
     finally:
         cache.close()
 
