@@ -210,7 +210,5 @@ def open_archive(settings: Any) -> ArchiveClient:
         return RemoteArchive(host or "127.0.0.1", int(port), arca.password, arca.timeout_ms)
     from arca.archive import ArchiveConfig
 
-    directory = Path(arca.directory) if arca.directory else Path(settings.home) / "archive"
-    budget = max(1, int(arca.max_mb)) * 1024 * 1024
-    return EmbeddedArchive(ArchiveConfig(directory=directory, max_bytes=budget,
-                                         corpus_max_bytes=budget, kv_max_bytes=budget))
+    directory = Path(arca.directory) if arca.directory else Path(settings.home) / "arca"
+    return EmbeddedArchive(ArchiveConfig(directory=directory, max_bytes=max(1, int(arca.max_mb)) * 1024 * 1024))

@@ -1,0 +1,74 @@
+"""A node process for the API benchmarks: `reame run MODEL --serve` on a free port.
+
+The node gets a fresh REAME_HOME (empty embedded archive, no prefix cache, no speculation:
+the benchmarks measure the API and L1 alone) and is stopped with SIGTERM at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def default_model() -> str:
+    """The offline Gemma model, assembled into ~/.reame/models if it is not there yet."""
+    sys.path.insert(0, str(ROOT))
+    from node.config import home_dir
+    from node.engine.models import resolve_model
+
+    return str(resolve_model("gemma3-270m", home_dir(os.environ), progress=False).path)
+
+
+@contextlib.contextmanager
+def node_process(model: str, *extra: str, ctx: int = 2048, parallel: int = 4) -> Iterator[str]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="reame-bench-") as home:
+        env = {**os.environ, "REAME_HOME": home, "REAME_CACHE_ENABLED": "false",
+               "REAME_SPECULATIVE_ENABLED": "false"}
+        log = open(Path(home) / "node.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "run", model, "--serve", "--port", str(port), "--ctx", str(ctx),
+             "--parallel", str(parallel), *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the node exited: {(Path(home) / 'node.log').read_text()[-2000:]}")
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            yield url
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
