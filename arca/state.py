@@ -30,9 +30,15 @@ class ClientState:
     last_command: bytes = b"NULL"
     last_active: float = field(default_factory=time.monotonic)
     close_after_reply: bool = False
+    multi: list | None = None  # commands queued since MULTI, or None outside a transaction
+    multi_failed: bool = False  # a command was refused while queueing: EXEC must abort
     # Set by the network layer: bytes buffered in and out, for CLIENT LIST.
     query_buffer: Callable[[], int] = lambda: 0
     output_buffer: Callable[[], int] = lambda: 0
+
+    def end_transaction(self) -> list | None:
+        queued, self.multi, self.multi_failed = self.multi, None, False
+        return queued
 
     def info_line(self) -> str:
         """This client in CLIENT LIST / CLIENT INFO format."""
@@ -41,7 +47,7 @@ class ClientState:
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd=-1 name={name} "
             f"age={int(now - self.created)} idle={int(now - self.last_active)} flags=N db=0 "
-            f"sub=0 psub=0 ssub=0 multi=-1 qbuf={self.query_buffer()} qbuf-free=0 argv-mem=0 "
+            f"sub=0 psub=0 ssub=0 multi={-1 if self.multi is None else len(self.multi)} qbuf={self.query_buffer()} qbuf-free=0 argv-mem=0 "
             f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={self.output_buffer()} tot-mem=0 "
             f"events=r cmd={self.last_command.decode('utf-8', 'replace').lower()} user=default "
             f"redir=-1 resp={self.resp} lib-name={self.lib_name.decode('utf-8', 'replace')} "

@@ -103,6 +103,7 @@ def hello(ctx: CommandContext, argv: list[bytes]):
 
 @command("RESET", arity=1, flags=("fast", "no_auth"), group="connection", summary="Reset the connection", since="6.2.0")
 def reset(ctx: CommandContext, argv: list[bytes]):
+    ctx.client.end_transaction()
     ctx.client.resp = 2
     ctx.client.name = b""
     ctx.client.authenticated = ctx.server.requirepass is None

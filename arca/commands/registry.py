@@ -24,6 +24,7 @@ __all__ = [
     "ErrorReply",
     "Status",
     "all_specs",
+    "call",
     "command",
     "dispatch",
     "lookup",
@@ -168,25 +169,44 @@ def _help(spec: CommandSpec) -> list[bytes]:
     return [line.encode() for line in lines]
 
 
+QUEUED = Status("QUEUED")
+_TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET"})
+
+
 def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     """Run one command and return its reply value; every failure becomes an ErrorReply."""
+    client = ctx.client
     spec = _TABLE.get(argv[0])
     if spec is None:
         spec = _TABLE.get(argv[0].lower())
         if spec is None:
-            return _unknown(argv)
+            return _refuse(client, _unknown(argv))
     if spec.subcommands and (len(argv) > 1 or spec.handler is None):
         if len(argv) < 2:
-            return _wrong_arity(spec)
+            return _refuse(client, _wrong_arity(spec))
         found = _subcommand(spec, argv)
         if type(found) is ErrorReply:
-            return found
+            return _refuse(client, found)
         spec = found
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
-        return _wrong_arity(spec)
-    if not ctx.client.authenticated and not spec.no_auth:
-        return NOAUTH
+        return _refuse(client, _wrong_arity(spec))
+    if not client.authenticated and not spec.no_auth:
+        return _refuse(client, NOAUTH)
+    if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
+        client.multi.append((spec, argv))
+        return QUEUED
+    return call(spec, ctx, argv)
+
+
+def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:
+    if client.multi is not None:
+        client.multi_failed = True  # EXEC will discard the transaction, as Redis does
+    return error
+
+
+def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
+    """Run a resolved command; the one place where exceptions become error replies."""
     try:
         return spec.handler(ctx, argv)
     except CommandError as exc:

@@ -68,6 +68,8 @@ class ServerThread:
         return sock
 
     def stop(self) -> None:
+        if self.loop.is_closed():
+            return
         future = asyncio.run_coroutine_threadsafe(self.server.close(), self.loop)
         future.result(15)
         self.loop.call_soon_threadsafe(self.loop.stop)

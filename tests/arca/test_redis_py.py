@@ -1,0 +1,83 @@
+"""redis-py (the installed version) against ARCA: RESP3 and RESP2, sync and asyncio, pipelines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio
+
+
+@pytest.mark.parametrize("protocol", [3, 2])
+def test_sync_client(arca, protocol):
+    client = redis.Redis(host=arca.host, port=arca.port, protocol=protocol)
+    try:
+        assert client.ping() is True
+        assert client.set("k", b"v\x00\xff") is True
+        assert client.get("k") == b"v\x00\xff"
+        assert client.get("missing") is None
+        assert client.set("k", "new", nx=True) is None
+        assert client.set("ttl", "v", ex=100) is True
+        assert 99 <= client.ttl("ttl") <= 100
+        assert client.incr("n") == 1 and client.incrby("n", 5) == 6
+        assert client.mset({"a": "1", "b": "2"}) is True
+        assert client.mget("a", "b", "zz") == [b"1", b"2", None]
+        assert client.exists("a", "b", "zz") == 2
+        assert client.delete("a", "b") == 2
+        assert client.type("k") == b"string"
+        assert set(client.scan_iter(match="*")) == {b"k", b"ttl", b"n"}
+        assert client.dbsize() == 3
+        assert client.client_setname("tester") is True
+        assert client.client_getname() in ("tester", b"tester")  # redis-py decodes it for RESP2
+        assert client.info("server")["redis_version"]
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            client.execute_command("NOSUCH")
+        assert client.ping() is True  # the connection survives an error reply
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("transaction", [False, True])
+def test_pipelines(arca, transaction):
+    client = redis.Redis(host=arca.host, port=arca.port)
+    try:
+        pipe = client.pipeline(transaction=transaction)
+        for i in range(100):
+            pipe.set(f"p{i}", i)
+        pipe.get("p99").incr("counter").incr("counter")
+        results = pipe.execute()
+        assert results[:100] == [True] * 100 and results[100:] == [b"99", 1, 2]
+    finally:
+        client.close()
+
+
+def test_password_with_redis_py(arca_factory):
+    server = arca_factory(requirepass="pw")
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(host=server.host, port=server.port, password="wrong").ping()
+    for protocol in (2, 3):
+        client = redis.Redis(host=server.host, port=server.port, password="pw", protocol=protocol)
+        assert client.set("a", "1") and client.get("a") == b"1"
+        client.close()
+
+
+def test_asyncio_clients_concurrently(arca):
+    async def worker(index: int, protocol: int) -> list:
+        client = redis.asyncio.Redis(host=arca.host, port=arca.port, protocol=protocol)
+        try:
+            for i in range(50):
+                await client.set(f"w{index}:{i}", i)
+            async with client.pipeline(transaction=False) as pipe:
+                for i in range(50):
+                    pipe.get(f"w{index}:{i}")
+                return await pipe.execute()
+        finally:
+            await client.aclose()
+
+    async def main() -> list:
+        return await asyncio.gather(*(worker(i, 2 + i % 2) for i in range(8)))
+
+    for results in asyncio.run(main()):
+        assert results == [str(i).encode() for i in range(50)]

@@ -1,0 +1,189 @@
+"""The live server over raw sockets: exact reply bytes, pipelining, inline commands, malformed
+input (error reply, which connection closes, others unaffected), group commit, auth, max
+clients, graceful shutdown."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from arca.archive import Archive, ArchiveConfig
+from arca.protocol import Limits
+
+
+def recv_exactly(sock: socket.socket, expected: bytes) -> bytes:
+    data = b""
+    while len(data) < len(expected):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def is_closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def exchange(server, request: bytes, expected: bytes) -> bytes:
+    with server.connect() as sock:
+        sock.sendall(request)
+        return recv_exactly(sock, expected)
+
+
+@pytest.mark.parametrize(
+    "request_bytes, reply",
+    [
+        (b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n"),
+        (b"PING\r\n", b"+PONG\r\n"),
+        (b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nv1\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", b"+OK\r\n$2\r\nv1\r\n"),
+        (b"GET missing\r\n", b"$-1\r\n"),
+        (b"INCR n\r\nINCRBY n 9\r\n", b":1\r\n:10\r\n"),
+        (b"MGET a b\r\n", b"*2\r\n$-1\r\n$-1\r\n"),
+        (b"FOO bar\r\n", b"-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n"),
+        (b"GET\r\n", b"-ERR wrong number of arguments for 'get' command\r\n"),
+        (b"HELLO 3\r\nGET nope\r\n", None),
+        (b"echo \"a\\x00b\"\r\n", b"$3\r\na\x00b\r\n"),
+    ],
+)
+def test_exact_reply_bytes(arca, request_bytes, reply):
+    if reply is None:  # HELLO 3 switches the connection to RESP3: nulls become '_'
+        with arca.connect() as sock:
+            sock.sendall(request_bytes)
+            data = b""
+            while not data.endswith(b"_\r\n"):
+                data += sock.recv(4096)
+            assert data.startswith(b"%8\r\n$6\r\nserver\r\n$5\r\nredis\r\n")
+        return
+    assert exchange(arca, request_bytes, reply) == reply
+
+
+def test_pipelined_burst_is_answered_in_order(arca):
+    commands = b"".join(b"*3\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$%d\r\n%d\r\n" % (
+        len(b"k%d" % i), i, len(b"%d" % i), i) for i in range(2000))
+    commands += b"".join(b"GET k%d\r\n" % i for i in range(2000))
+    expected = b"+OK\r\n" * 2000 + b"".join(b"$%d\r\n%d\r\n" % (len(b"%d" % i), i) for i in range(2000))
+    assert exchange(arca, commands, expected) == expected
+
+
+def test_command_errors_keep_the_connection(arca):
+    with arca.connect() as sock:
+        sock.sendall(b"NOPE\r\nSET k\r\nINCR k k\r\nPING\r\n")
+        expected = (b"-ERR unknown command 'NOPE', with args beginning with: \r\n"
+                    b"-ERR wrong number of arguments for 'set' command\r\n"
+                    b"-ERR wrong number of arguments for 'incr' command\r\n+PONG\r\n")
+        assert recv_exactly(sock, expected) == expected
+
+
+@pytest.mark.parametrize(
+    "garbage, error",
+    [
+        (b"*1\r\n$x\r\n", b"invalid bulk length"),
+        (b"*abc\r\n", b"invalid multibulk length"),
+        (b"*1\r\n+PING\r\n", b"expected '$', got '+'"),
+        (b'SET a "b\r\n', b"unbalanced quotes in request"),
+        (b"*1\r\n$%d\r\n" % (64 * 1024 * 1024 + 1), b"invalid bulk length"),
+        (b"*%d\r\n" % (1024 * 1024 + 1), b"invalid multibulk length"),
+        (b"x" * (64 * 1024 + 10), b"too big inline request"),
+    ],
+)
+def test_protocol_errors_close_only_that_connection(arca, garbage, error):
+    with arca.connect() as bystander, arca.connect() as sock:
+        bystander.sendall(b"SET before 1\r\n")
+        assert recv_exactly(bystander, b"+OK\r\n") == b"+OK\r\n"
+        sock.sendall(b"PING\r\n" + garbage)
+        expected = b"+PONG\r\n-ERR Protocol error: " + error + b"\r\n"
+        assert recv_exactly(sock, expected) == expected
+        assert is_closed(sock)
+        bystander.sendall(b"GET before\r\n")
+        assert recv_exactly(bystander, b"$1\r\n1\r\n") == b"$1\r\n1\r\n"
+    assert arca.state.stats.protocol_errors == 1
+
+
+def test_query_buffer_limit_closes_the_connection(arca_factory):
+    server = arca_factory(limits=Limits(max_bulk_len=1024, max_query_buffer=4096, max_multibulk_len=1000))
+    with server.connect() as sock:
+        sock.sendall(b"*1000\r\n" + b"$1000\r\n" + b"a" * 1000 + b"\r\n")
+        sock.sendall((b"$1000\r\n" + b"a" * 1000 + b"\r\n") * 4)
+        reply = recv_exactly(sock, b"-ERR Protocol error: client query buffer limit exceeded\r\n")
+        assert reply == b"-ERR Protocol error: client query buffer limit exceeded\r\n"
+        assert is_closed(sock)
+
+
+def test_quit_closes_after_its_reply(arca):
+    with arca.connect() as sock:
+        sock.sendall(b"PING\r\nQUIT\r\nPING\r\n")
+        assert recv_exactly(sock, b"+PONG\r\n+OK\r\n") == b"+PONG\r\n+OK\r\n"
+        assert is_closed(sock)
+
+
+def test_acknowledged_writes_are_committed_in_groups(arca):
+    commits_before = arca.state.stats.commits
+    with arca.connect() as sock:
+        sock.sendall(b"SET a 1\r\n")
+        assert recv_exactly(sock, b"+OK\r\n") == b"+OK\r\n"
+        assert arca.call(lambda: arca.archive.pending_writes) == 0  # committed before the ack
+        burst = b"".join(b"SET k%d v\r\n" % i for i in range(200))
+        sock.sendall(burst)
+        assert recv_exactly(sock, b"+OK\r\n" * 200) == b"+OK\r\n" * 200
+        assert arca.call(lambda: arca.archive.pending_writes) == 0
+    commits = arca.state.stats.commits - commits_before
+    assert 2 <= commits < 20  # one per event-loop tick, not one per write
+
+
+def test_everysec_acknowledges_first_and_commits_within_a_second_or_two(arca_factory):
+    server = arca_factory(durability="everysec")
+    with server.connect() as sock:
+        sock.sendall(b"SET a 1\r\n")
+        assert recv_exactly(sock, b"+OK\r\n") == b"+OK\r\n"
+    deadline = time.monotonic() + 5
+    while server.call(lambda: server.archive.pending_writes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.call(lambda: server.archive.pending_writes) == 0
+    assert server.state.stats.commits >= 1
+
+
+def test_requirepass_over_the_wire(arca_factory):
+    server = arca_factory(requirepass="hunter2")
+    with server.connect() as sock:
+        sock.sendall(b"GET k\r\nAUTH nope\r\nAUTH hunter2\r\nGET k\r\n")
+        expected = (b"-NOAUTH Authentication required.\r\n"
+                    b"-WRONGPASS invalid username-password pair or user is disabled.\r\n+OK\r\n$-1\r\n")
+        assert recv_exactly(sock, expected) == expected
+
+
+def test_max_clients(arca_factory):
+    server = arca_factory(maxclients=2)
+    with server.connect() as a, server.connect() as b:
+        for sock in (a, b):
+            sock.sendall(b"PING\r\n")
+            assert recv_exactly(sock, b"+PONG\r\n") == b"+PONG\r\n"
+        with server.connect() as c:
+            assert recv_exactly(c, b"-ERR max number of clients reached\r\n") == (
+                b"-ERR max number of clients reached\r\n")
+            assert is_closed(c)
+    assert server.state.stats.rejected_connections == 1
+
+
+def test_graceful_shutdown_answers_and_commits_in_flight_writes(tmp_path, arca_factory):
+    server = arca_factory()
+    sock = server.connect()
+    sock.sendall(b"".join(b"SET key%d value%d\r\n" % (i, i) for i in range(500)))
+    assert recv_exactly(sock, b"+OK\r\n" * 500) == b"+OK\r\n" * 500
+    sock.sendall(b"SET last one\r\n")
+    time.sleep(0.1)
+    server.stop()
+    assert recv_exactly(sock, b"+OK\r\n") == b"+OK\r\n"
+    assert is_closed(sock)
+    sock.close()
+    reopened = Archive(ArchiveConfig(directory=tmp_path / "s0" / "arca"))
+    try:
+        assert reopened.get(b"key499") == b"value499" and reopened.get(b"last") == b"one"
+    finally:
+        reopened.close()
