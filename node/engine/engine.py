@@ -121,7 +121,8 @@ class Engine:
             self._ctx = LlamaContext(
                 self._model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
                 n_seq_max=config.n_parallel, n_threads=config.n_threads or os.cpu_count() or 1,
-                kv_type=config.kv_type, swa_full=config.swa_full, flash_attn=config.flash_attn)
+                kv_type=config.kv_type, swa_full=config.swa_full, flash_attn=config.flash_attn,
+                max_outputs_per_seq=1 + config.max_draft)
         except Exception:
             self._model.close()
             raise

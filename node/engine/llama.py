@@ -194,8 +194,10 @@ class LlamaContext:
 
     def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, kv_type: str = "f16", swa_full: bool = False,
-                 flash_attn: bool | None = None) -> None:
-        """flash_attn None: llama.cpp decides (on for CPU; a quantized V cache needs it).
+                 flash_attn: bool | None = None, max_outputs_per_seq: int = 1) -> None:
+        """max_outputs_per_seq: logits rows one sequence may ask for in one decode (1 + drafts).
+
+        flash_attn None: llama.cpp decides (on for CPU; a quantized V cache needs it).
 
         Either way llama.cpp's CPU kernels are not batch-invariant: a sequence decoded in
         the same ubatch as other sequences can get logits a few tenths apart from decoding
@@ -208,6 +210,11 @@ class LlamaContext:
         params.n_batch = n_batch
         params.n_ubatch = min(n_ubatch, n_batch)
         params.n_seq_max = n_seq_max
+        # logits rows per decode: a step has at most one row per sequence plus its drafts and
+        # one per completing prompt; bounding them shrinks the buffers from n_batch x n_vocab
+        # floats (512 MiB for Gemma) to a few MiB
+        params.n_outputs_max_per_seq = max_outputs_per_seq
+        params.n_outputs_max = n_seq_max * (max_outputs_per_seq + 1)
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.type_k = params.type_v = KV_TYPES[kv_type]

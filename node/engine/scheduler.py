@@ -37,6 +37,8 @@ from node.engine.sequence import Phase, PromptShare, Sequence
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+COUNTERS = ("steps", "batch_tokens", "decode_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
+            "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ class Scheduler:
         self._free_slots = list(range(limits.n_parallel))
         self._reserved = 0
         self._closing = False
-        self.counters = collections.Counter()
+        self.counters = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
         self._thread.start()
 
