@@ -144,7 +144,7 @@ class CompletionService:
 
     # ---- answering ------------------------------------------------------------------
 
-    def answer(self, plan: Plan, route: str = "") -> "Answer":
+    def answer(self, plan: Plan) -> "Answer":
         return Answer(self, plan)
 
     async def lookup(self, job: Job) -> StoredAnswer | None:

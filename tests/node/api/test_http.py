@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
+from node.api.schemas import parse_chat
 from node.engine.loader import open_engine
 from tests.node.api.live import LiveNode, node_settings
 
@@ -165,13 +166,18 @@ async def wait_idle(engine, timeout: float = 10.0) -> None:
 
 async def test_disconnect_cancels_streamed_and_unstreamed_generations(plain, engine):
     body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, "messages": [{"role": "user", "content": "Tell a long story."}]}
+    greedy = {**body, "temperature": 0, "stream": True}
     before = engine.stats()["generated_tokens"]
     async with aiohttp.ClientSession() as session:
-        response = await session.post(f"{plain.url}/v1/chat/completions", json={**body, "stream": True})
+        response = await session.post(f"{plain.url}/v1/chat/completions", json=greedy)
         await response.content.readuntil(b"\n\n")
         await response.content.readuntil(b"\n\n")  # generation is under way
         response.close()
     await wait_idle(engine)
+    service = plain.state.service
+    plain.call(service.drain())
+    key = service.plan_chat(parse_chat(greedy)).jobs[0].key
+    assert key is not None and plain.call(plain.state.archive.get(key)) is None  # a cancelled answer is not stored
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.5)) as session:
         with pytest.raises(asyncio.TimeoutError):
             await session.post(f"{plain.url}/v1/chat/completions", json=body)
