@@ -47,7 +47,7 @@ class Breaker:
             log.warning("ARCA %s unreachable (%s): serving without it until it is back",
                         self.name, str(exc) or type(exc).__name__)
             self._wake.set()
-        else:
+        elif self.state == "probing":  # failures of calls already in flight do not count twice
             self.state = "open"
             self.backoff_s = min(self.backoff_s * 2, self.max_backoff_s)
 

@@ -21,7 +21,7 @@ from shared.tokens import pack_tokens, unpack_tokens
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-OPERATIONS = ("get", "set", "observe", "draft", "kv_get", "kv_put", "kv_exists")
+OPERATIONS = ("ping", "get", "set", "observe", "draft", "kv_get", "kv_put", "kv_exists")
 
 
 class ArchiveClient(Protocol):
@@ -158,7 +158,7 @@ class RemoteArchive:
 
     async def ping(self) -> bool:
         """Probe ARCA (used at start and while the breaker is open)."""
-        return await self._call("get", False, "PING", convert=bool, probe=True)
+        return await self._call("ping", False, "PING", convert=bool, probe=True)
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._call("get", None, "GET", key)

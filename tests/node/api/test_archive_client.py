@@ -17,6 +17,7 @@ import time
 import pytest
 
 from arca.archive import ArchiveConfig
+from node.archive_breaker import Breaker
 from node.archive_client import EmbeddedArchive, RemoteArchive
 from tests.conftest import free_port
 
@@ -141,3 +142,31 @@ async def test_remote_unreachable_from_the_start():
         assert await archive.kv_exists([b"a", b"b"]) == [False, False]
     finally:
         await archive.close()
+
+
+async def test_breaker_backs_off_between_failed_probes(caplog):
+    caplog.set_level(logging.INFO, logger="node.archive_breaker")
+    breaker = Breaker("test", initial_backoff_s=0.01, max_backoff_s=0.04)
+    outcomes = iter([False, False, False, True])
+    seen_backoffs = []
+
+    async def probe() -> bool:
+        seen_backoffs.append(breaker.backoff_s)
+        if next(outcomes):
+            breaker.succeeded()
+            return True
+        breaker.failed(ConnectionError("still down"))
+        return False
+
+    breaker.start_watching(probe)
+    breaker.failed(ConnectionError("down"))
+    breaker.failed(ConnectionError("a call already in flight"))  # counts once
+    assert breaker.state == "open"
+    deadline = time.monotonic() + 5
+    while not breaker.closed and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await breaker.stop_watching()
+    assert breaker.closed
+    assert seen_backoffs == [0.01, 0.02, 0.04, 0.04]
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("unreachable" in m for m in messages) == 1 and sum("is back after" in m for m in messages) == 1
