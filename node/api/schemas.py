@@ -181,7 +181,7 @@ def parse_logit_bias(fields: Fields) -> dict[int, float]:
         raise fields.fail("logit_bias", f"may hold at most {MAX_LOGIT_BIAS} entries")
     bias: dict[int, float] = {}
     for token, amount in value.items():
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()):
             raise fields.fail("logit_bias", f"keys must be token ids, got {token!r}")
         if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not -100 <= amount <= 100:
             raise fields.fail("logit_bias", f"values must be numbers between -100 and 100, got {amount!r}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.api.errors import InvalidRequest, UnsupportedFeature
 from node.api.schemas import parse_chat, parse_completion
@@ -38,6 +40,7 @@ TEXT = {"model": "m", "prompt": "hi"}
         ("repeat_penalty", "1.1", "repeat_penalty"),
         ("logit_bias", [1, 2], "logit_bias"),
         ("logit_bias", {"abc": 1}, "logit_bias"),
+        ("logit_bias", {"\u00b2": 1}, "logit_bias"),
         ("logit_bias", {"12": 500}, "logit_bias"),
         ("logit_bias", {"12": "1"}, "logit_bias"),
         ("stream", "yes", "stream"),
@@ -153,3 +156,24 @@ def test_defaults_and_aliases():
     assert parse_chat({**CHAT, "max_tokens": 9}).options.max_tokens == 9
     assert parse_completion({**TEXT, "max_tokens": 3.0}).options.max_tokens == 3
     assert parse_completion({**TEXT, "stop": ["a", "a", "b"]}).options.stop == ("a", "b")
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                          "top_p", "top_k", "min_p", "seed", "stop", "n", "presence_penalty", "frequency_penalty",
+                          "repeat_penalty", "logit_bias", "logprobs", "top_logprobs", "echo", "stream",
+                          "stream_options", "best_of", "tools", "response_format"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.dictionaries(FIELDS, JSON, max_size=8), base=st.sampled_from([CHAT, TEXT]))
+def test_any_json_is_either_a_request_or_a_400(body, base):
+    parse = parse_chat if base is CHAT else parse_completion
+    try:
+        parse({**base, **body})
+    except InvalidRequest as exc:
+        assert exc.status == 400 and exc.message
