@@ -76,6 +76,13 @@ class Connection(asyncio.Protocol):
             self.server.connections.discard(self)
         self.transport = None
 
+    def eof_received(self) -> bool:
+        # The client finished sending (half-close): answer what it sent, then close.
+        self.closing = True
+        if self.held is None and self.transport is not None:
+            self.transport.close()
+        return True
+
     def pause_writing(self) -> None:
         # The client is not reading its replies: stop reading its commands until it does.
         if self.transport is not None and not self.paused:

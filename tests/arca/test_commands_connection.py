@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from arca.protocol import ErrorReply, Status
-from conftest import run
+from arca_harness import run
 
 
 def test_ping_echo_select(ctx):

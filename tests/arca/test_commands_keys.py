@@ -8,7 +8,7 @@ import pytest
 
 from arca.commands.glob import compile_glob
 from arca.protocol import ErrorReply, Status
-from conftest import run
+from arca_harness import run
 
 
 def test_del_unlink_exists_count_each_key(ctx):

@@ -6,7 +6,7 @@ import time
 
 from arca.commands.registry import all_specs
 from arca.protocol import ErrorReply, Status
-from conftest import run
+from arca_harness import run
 
 
 def test_dbsize_and_flush(ctx):

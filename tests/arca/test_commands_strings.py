@@ -7,7 +7,7 @@ import time
 import pytest
 
 from arca.protocol import ErrorReply, Status
-from conftest import run
+from arca_harness import run
 
 NOT_INT = ErrorReply("ERR value is not an integer or out of range")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arca.protocol import ErrorReply, Status
-from conftest import run
+from arca_harness import run
 
 
 def test_exec_runs_the_queue_in_order(ctx):
