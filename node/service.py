@@ -170,7 +170,8 @@ class CompletionService:
         except engine_errors.EngineClosed:
             raise Overloaded("The node is shutting down", retry_after_s=5) from None
         except engine_errors.PromptTooLong as exc:
-            raise ContextLengthExceeded(str(exc), param="max_tokens") from None
+            fits = exc.prompt_tokens < exc.n_ctx  # then a smaller max_tokens would do
+            raise ContextLengthExceeded(str(exc), param="max_tokens" if fits else None) from None
         except engine_errors.InvalidRequest as exc:
             raise InvalidRequest(str(exc)) from None
 

@@ -8,9 +8,11 @@ is not deterministic, so the archive was not asked).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import orjson
 from aiohttp import web
@@ -25,6 +27,8 @@ from node.service import Plan
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
+OFF_LOOP_BYTES = 32 * 1024  # bodies this large are tokenized on a worker thread
+T = TypeVar("T")
 
 
 def json_response(payload: dict, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -32,14 +36,22 @@ def json_response(payload: dict, status: int = 200, headers: dict | None = None)
                         headers=headers)
 
 
-async def read_json(request: web.Request) -> object:
+async def read_json(request: web.Request) -> tuple[object, int]:
+    """The parsed body and its size in bytes."""
     raw = await request.read()  # over client_max_size: aiohttp raises 413, mapped by the middleware
     if not raw:
         raise InvalidRequest("The request body is empty; send a JSON object", code="invalid_json")
     try:
-        return orjson.loads(raw)
+        return orjson.loads(raw), len(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def make_plan(planner: Callable[[T], Plan], req: T, body_size: int) -> Plan:
+    """Render and tokenize; a large prompt is tokenized off the event loop."""
+    if body_size < OFF_LOOP_BYTES:
+        return planner(req)
+    return await asyncio.get_running_loop().run_in_executor(None, planner, req)
 
 
 def check_model(state: NodeState, name: str | None) -> None:
@@ -50,16 +62,18 @@ def check_model(state: NodeState, name: str | None) -> None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = parse_completion(await read_json(request))
+    body, size = await read_json(request)
+    req = parse_completion(body)
     check_model(state, req.model)
-    return await answer(request, state, state.service.plan_completion(req))
+    return await answer(request, state, await make_plan(state.service.plan_completion, req, size))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = parse_chat(await read_json(request))
+    body, size = await read_json(request)
+    req = parse_chat(body)
     check_model(state, req.model)
-    return await answer(request, state, state.service.plan_chat(req))
+    return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
 
 
 async def answer(request: web.Request, state: NodeState, plan: Plan) -> web.StreamResponse:

@@ -108,6 +108,13 @@ async def test_wrong_fields_are_400_naming_the_field(plain, path, change, param)
     assert_envelope(reply, "invalid_request_error", param)
 
 
+async def test_a_prompt_longer_than_the_context(plain):
+    long_chat = {**CHAT, "messages": [{"role": "user", "content": "many words " * 20000}]}
+    status, _, reply = await post(f"{plain.url}/v1/chat/completions", long_chat)
+    assert status == 400
+    assert assert_envelope(reply, "invalid_request_error")["code"] == "context_length_exceeded"
+
+
 async def test_routing_errors_and_body_limit(plain):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{plain.url}/v1/chat/completions") as response:
