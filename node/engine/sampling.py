@@ -13,11 +13,11 @@ sequence, prompt included (-1: the whole sequence, 0: off): for every distinct t
 there, a positive logit is divided by `repeat_penalty` and a negative one multiplied,
 then `count * frequency_penalty + presence_penalty` is subtracted.
 
-Cost at Gemma's 262,144-token vocabulary (see bench/sampling.py): greedy is one argmax.
-Otherwise one vectorised threshold keeps every token whose probability relative to the
-best is above e^-27.6 (about 1e-12) at the request's temperature; tokens below it could
-never be drawn with any measurable probability, so the sort, the softmax and the top_k /
-top_p / min_p cuts run over a few hundred candidates instead of the whole vocabulary.
+Cost at Gemma's 262,144-token vocabulary (see bench/sampling.py): greedy is one argmax;
+top_k finds its k tokens from a lower bound on the k-th largest logit (maxima of 64-token
+blocks), so only a few hundred logits are partially sorted; top_p without top_k grows a
+pool from the best 256 until it holds the requested mass. All of it is exact: no token
+that llama.cpp's chain could draw is left out.
 
 Reported logprobs are those of the adjusted distribution (after bias and penalties,
 before temperature and truncation), over the whole vocabulary.
@@ -34,8 +34,8 @@ import numpy as np
 from node.engine.errors import InvalidRequest
 from node.engine.types import SamplingParams
 
-# Relative probability below which a token is dropped before sorting: e^-27.6 ~ 1e-12.
-NEGLIGIBLE_LOGIT_GAP = 27.6
+BLOCK = 64           # block size for the top-k lower bound (see top_ids)
+INITIAL_POOL = 256   # first pool size for top_p without top_k
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +116,14 @@ class TokenSampler:
 
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params
-        ids, values = candidates(logits, p.top_k, p.temperature)
-        probs = np.exp(values - values[0])
-        probs /= probs.sum()
+        ids, probs = candidates(logits, p.top_k, p.top_p, p.min_p)
         keep = len(ids)
         if p.top_p < 1.0:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
-        tempered = np.exp((values[:keep] - values[0]) / p.temperature)
+        values = logits[ids[:keep]].astype(np.float64)
+        tempered = np.exp((values - values.max()) / p.temperature)
         cumulative = np.cumsum(tempered)
         pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
         return int(ids[min(pick, keep - 1)])
@@ -140,17 +139,56 @@ def apply_penalties(logits: np.ndarray, window: Sequence[int], params: SamplingP
     logits[ids] = values
 
 
-def candidates(logits: np.ndarray, top_k: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and logits that can be drawn, best first, after top_k (0 = no limit)."""
+def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest logits, best first, without sorting the whole vocabulary.
+
+    The k-th largest of the maxima of 64-token blocks is a lower bound for the k-th largest
+    logit (k blocks each hold one value at least that high), so one pass over the block
+    maxima and one comparison narrow the vocabulary to a few times k before the partial sort.
+    """
+    n = len(logits)
+    if k >= n:
+        ids = np.arange(n)
+    elif n % BLOCK or k * BLOCK * 4 > n:
+        ids = np.argpartition(logits, n - k)[n - k:]
+    else:
+        maxima = logits.reshape(-1, BLOCK).max(axis=1)
+        floor = np.partition(maxima, len(maxima) - k)[len(maxima) - k]
+        ids = np.flatnonzero(logits >= floor)
+        if len(ids) > k:
+            ids = ids[np.argpartition(logits[ids], len(ids) - k)[len(ids) - k:]]
+    return ids[np.argsort(-logits[ids], kind="stable")]
+
+
+def candidates(logits: np.ndarray, top_k: int, top_p: float, min_p: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids that can survive top_k (0 = off), top_p and min_p, and their untempered
+    probabilities; best first whenever top_p or min_p will cut the list.
+
+    With top_k the probabilities are normalised over the k survivors (as llama.cpp's top_p
+    sees them). Without it they are normalised over the whole vocabulary, and the pool
+    grows from the best 256 until it holds top_p of the mass (or is the whole vocabulary).
+    """
+    if top_k > 0:
+        ids = top_ids(logits, top_k)
+        probs = np.exp(logits[ids].astype(np.float64) - float(logits[ids[0]]))
+        return ids, probs / probs.sum()
     best = float(logits.max())
-    floor = best - NEGLIGIBLE_LOGIT_GAP * max(1.0, temperature)
-    ids = np.flatnonzero(logits >= floor)
-    values = logits[ids]
-    if 0 < top_k < len(ids):
-        part = np.argpartition(values, len(ids) - top_k)[len(ids) - top_k:]
-        ids, values = ids[part], values[part]
-    order = np.argsort(-values, kind="stable")
-    return ids[order], values[order]
+    if top_p >= 1.0:
+        if min_p > 0.0:
+            ids = np.flatnonzero(logits >= best + np.log(min_p))
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+        else:
+            ids = np.arange(len(logits))  # the whole vocabulary, in any order: nothing is cut
+        probs = np.exp(logits[ids].astype(np.float64) - best)
+        return ids, probs / probs.sum()
+    total = float(np.sum(np.exp(logits - best, dtype=np.float32), dtype=np.float64))
+    k = INITIAL_POOL
+    while True:
+        ids = top_ids(logits, k)
+        probs = np.exp(logits[ids].astype(np.float64) - best) / total
+        if k >= len(logits) or probs.sum() >= top_p:
+            return ids, probs
+        k *= 8
 
 
 def _with_logprobs(logits: np.ndarray, token: int, n_top: int) -> Choice:

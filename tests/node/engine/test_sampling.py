@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from node.engine.errors import InvalidRequest
-from node.engine.sampling import TokenSampler, apply_penalties, candidates
+from node.engine.sampling import TokenSampler, apply_penalties, candidates, top_ids
 from node.engine.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -100,14 +100,25 @@ def test_same_seed_same_draws_and_different_seeds_differ():
     assert first[0] == run_a[0]
 
 
-def test_candidates_drop_only_negligible_tokens():
-    logits = np.full(262_144, -100.0, dtype=np.float32)
-    logits[[5, 9, 77]] = (10.0, 9.0, -10.0)  # -10 is 20 nats below the best: still drawable
-    ids, values = candidates(logits, 0, 1.0)
-    assert ids.tolist() == [5, 9, 77]
-    assert values.tolist() == [10.0, 9.0, -10.0]
-    ids, _ = candidates(logits, 2, 1.0)
-    assert ids.tolist() == [5, 9]
+@pytest.mark.parametrize("k", [1, 5, 40, 300, 5000])
+def test_top_ids_are_exactly_the_k_largest(k):
+    rng = np.random.default_rng(k)
+    logits = rng.normal(0, 3, 262_144).astype(np.float32)
+    logits[rng.integers(0, 262_144, 50)] += 15.0  # a few clear favourites, as real logits have
+    expected = np.sort(logits)[::-1][:k]
+    ids = top_ids(logits, k)
+    assert len(ids) == k == len(set(ids.tolist()))
+    np.testing.assert_array_equal(logits[ids], expected)
+
+
+def test_top_p_pool_without_top_k_is_normalised_over_the_whole_vocabulary():
+    logits = np.zeros(4096, dtype=np.float32)
+    logits[:2] = 10.0  # two tokens hold ~0.99 of the mass
+    ids, probs = candidates(logits, 0, 0.95)
+    assert set(ids[:2].tolist()) == {0, 1}
+    assert probs[:2].sum() == pytest.approx(2 * np.exp(10) / (2 * np.exp(10) + 4094), rel=1e-5)
+    ids, probs = candidates(logits, 0, 0.9999)  # needs more than the first pool
+    assert probs.sum() >= 0.9999
 
 
 def test_logprobs_of_chosen_and_top():

@@ -1,0 +1,84 @@
+"""Interleaved multi-user decoding: 4 concurrent requests against the same 4 one by one.
+
+    .venv/bin/python bench/interleave.py [--users 4] [--tokens 64] [--rounds 2] [--model PATH]
+
+One engine (n_parallel = users). Serial: each request is submitted after the previous one
+finished. Concurrent: all are submitted at once and decode in one batch per step. Both
+are greedy, with the end-of-generation tokens banned so every request runs its full
+length; aggregate tok/s = generated tokens / wall time (prefill included in both).
+Rounds alternate the two modes; the best round of each is compared. Target: >= 2.0x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.decode import default_model  # noqa: E402
+
+PROMPTS = ("Write a poem about the sea:", "List the planets of the solar system:",
+           "Explain how a bicycle works:", "Describe a busy market in the morning:",
+           "Give advice to a new gardener:", "Tell the story of a lost key:",
+           "Summarise the rules of chess:", "Describe the smell of rain:")
+
+
+def requests(engine, users: int, tokens: int):
+    from node.engine.types import GenerationRequest, SamplingParams
+
+    ban = {t: float("-inf") for t in engine.model_info.eog_tokens}
+    sampling = SamplingParams(temperature=0.0, logit_bias=ban)
+    return [GenerationRequest(tuple(engine.tokenize(PROMPTS[i % len(PROMPTS)])), max_tokens=tokens,
+                              sampling=sampling) for i in range(users)]
+
+
+def run(engine, reqs, concurrent: bool) -> float:
+    start = time.perf_counter()
+    generated = 0
+    if concurrent:
+        handles = [engine.submit(r) for r in reqs]
+        for h in handles:
+            generated += list(h.iter_sync(timeout=900))[-1].completion_tokens
+    else:
+        for r in reqs:
+            generated += list(engine.submit(r).iter_sync(timeout=900))[-1].completion_tokens
+    return generated / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=None)
+    args = parser.parse_args()
+
+    from node.engine.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model_path=args.model or default_model(), n_ctx=2048, n_parallel=args.users))
+    serial, together = [], []
+    try:
+        reqs = requests(engine, args.users, args.tokens)
+        run(engine, reqs[:1], concurrent=False)  # warm-up
+        for r in range(args.rounds):
+            serial.append(run(engine, reqs, concurrent=False))
+            together.append(run(engine, reqs, concurrent=True))
+            print(f"round {r + 1}: one by one {serial[-1]:6.1f} tok/s   together {together[-1]:6.1f} tok/s")
+    finally:
+        engine.close()
+    best_serial, best_together = max(serial), max(together)
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{args.users} requests x {args.tokens} tokens, best of {args.rounds}:")
+    print(f"  one after another   {best_serial:6.1f} tok/s aggregate")
+    print(f"  interleaved         {best_together:6.1f} tok/s aggregate")
+    print(f"  ratio               {best_together / best_serial:6.2f}x  (target >= 2.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
