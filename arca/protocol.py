@@ -2,7 +2,7 @@
 
 Decoding has two paths. The fast path hands a read that starts on a command boundary to
 `hiredis.Reader` and accepts its result only when the read held nothing but complete,
-canonical multibulk commands (checked by their exact wire size). Everything else (inline
+canonical multibulk commands (see `Decoder._fast`). Everything else (inline
 commands, a command split across reads, malformed input) goes through `_SlowParser`, a
 resumable parser written to Redis's own rules and error strings, which also enforces the
 limits: bulk length, elements per command, inline line length and the per-client query
@@ -14,6 +14,7 @@ Encoding turns the reply values commands return (see arca.commands.registry) int
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import hiredis
@@ -54,11 +55,7 @@ OK = Status("OK")
 # ---------------------------------------------------------------------------- decoding
 
 
-# Wire size of a canonical bulk string of length n ("$n\r\n" + n bytes + "\r\n") and of a
-# multibulk header "*n\r\n"; the fast path compares their sum with the bytes it was given.
-# Longer items raise IndexError and simply take the slow path.
-_BULK_SIZE = [len(b"$%d\r\n" % n) + n + 2 for n in range(16384)]
-_ARRAY_SIZE = [len(b"*%d\r\n" % n) for n in range(16384)]
+_LIST_ONLY = {list}
 
 
 def _parse_int(line: bytes) -> int | None:
@@ -266,21 +263,32 @@ class Decoder:
         return out
 
     def _fast(self, data: bytes) -> list[list[bytes]] | None:
+        """All commands of `data` if it holds only complete, canonical multibulk commands.
+
+        hiredis also accepts reply types a client must not send (`+simple` or `=verbatim`
+        items, RESP3 sets, nested arrays, numbers). Non-list commands and non-bytes items are
+        caught by type; a string item not sent as `$bulk` is caught by counting: canonical
+        input holds exactly one '*' per command and one '$' per item beyond those inside
+        the item bytes themselves. Anything else takes the exact slow path.
+        """
         reader = self._reader
         reader.feed(data)
-        gets, bulk_size, array_size = reader.gets, _BULK_SIZE.__getitem__, _ARRAY_SIZE
+        gets = reader.gets
         commands = []
-        size = 0
+        append = commands.append
         try:
             while (command := gets()) is not _NOT_ENOUGH:
-                size += array_size[len(command)] + sum(map(bulk_size, map(len, command)))
-                commands.append(command)
-        except (hiredis.ProtocolError, TypeError, IndexError):
-            size = -1
-        if size == len(data) and not reader.has_data():
-            if [] in commands:  # '*0' is a no-op in Redis
-                commands = [c for c in commands if c]
-            return commands
+                append(command)
+            if not reader.has_data() and set(map(type, commands)) == _LIST_ONLY:
+                args = list(chain.from_iterable(commands))
+                payload = b"".join(args)
+                if (data.count(b"$") == len(args) + payload.count(b"$")
+                        and data.count(b"*") == len(commands) + payload.count(b"*")):
+                    if [] in commands:  # '*0' is a no-op in Redis
+                        commands = [c for c in commands if c]
+                    return commands
+        except (hiredis.ProtocolError, TypeError):
+            pass
         self._reader = hiredis.Reader(notEnoughData=_NOT_ENOUGH)
         return None
 

@@ -65,8 +65,6 @@ class ServerStats:
     protocol_errors: int = 0
     commits: int = 0
     commit_seconds: float = 0.0
-    keyspace_hits: int = 0
-    keyspace_misses: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,12 +175,27 @@ _TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET"})
 
 def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     """Run one command and return its reply value; every failure becomes an ErrorReply."""
-    client = ctx.client
     spec = _TABLE.get(argv[0])
+    client = ctx.client
+    if spec is None or spec.subcommands or client.multi is not None or not client.authenticated:
+        return _dispatch_checked(ctx, argv)
+    arity = spec.arity
+    if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
+        return _wrong_arity(spec)
+    try:
+        return spec.handler(ctx, argv)
+    except CommandError as exc:
+        return ErrorReply(exc.message)
+    except Exception as exc:  # the rare path: typed archive errors and bugs
+        return _failure(spec, exc)
+
+
+def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
+    """Dispatch with everything the common case skips: case folding, subcommands, auth, MULTI."""
+    client = ctx.client
+    spec = lookup(argv[0])
     if spec is None:
-        spec = _TABLE.get(argv[0].lower())
-        if spec is None:
-            return _refuse(client, _unknown(argv))
+        return _refuse(client, _unknown(argv))
     if spec.subcommands and (len(argv) > 1 or spec.handler is None):
         if len(argv) < 2:
             return _refuse(client, _wrong_arity(spec))
@@ -188,8 +203,7 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
         if type(found) is ErrorReply:
             return _refuse(client, found)
         spec = found
-    arity = spec.arity
-    if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
+    if not _arity_ok(spec.arity, len(argv)):
         return _refuse(client, _wrong_arity(spec))
     if not client.authenticated and not spec.no_auth:
         return _refuse(client, NOAUTH)
@@ -206,15 +220,21 @@ def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:
 
 
 def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
-    """Run a resolved command; the one place where exceptions become error replies."""
+    """Run a resolved command, turning its exceptions into error replies."""
     try:
         return spec.handler(ctx, argv)
     except CommandError as exc:
         return ErrorReply(exc.message)
-    except ArchiveOOMError:
+    except Exception as exc:
+        return _failure(spec, exc)
+
+
+def _failure(spec: CommandSpec, exc: Exception) -> ErrorReply:
+    """The one place where archive errors and bugs become error replies."""
+    if isinstance(exc, ArchiveOOMError):
         return ErrorReply(OOM)
-    except ArchiveError as exc:
+    if isinstance(exc, ArchiveError):
         return ErrorReply(f"ERR {exc}")
-    except Exception:  # a bug in one command must not take the connection or server down
-        log.exception("command %s failed", spec.name)
-        return ErrorReply(f"ERR internal error while running '{spec.fullname}'; see the server log")
+    # A bug in one command must not take the connection or the server down.
+    log.error("command %s failed", spec.name, exc_info=exc)
+    return ErrorReply(f"ERR internal error while running '{spec.fullname}'; see the server log")

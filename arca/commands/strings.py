@@ -16,13 +16,7 @@ _EXPIRE_UNITS = {b"EX": (1000, False), b"PX": (1, False), b"EXAT": (1000, True),
 
 @command("GET", arity=2, flags=("readonly", "fast"), group="string", summary="Get the value of a key", args="key", keys=_KEY)
 def get(ctx: CommandContext, argv: list[bytes]):
-    value = ctx.archive.get(argv[1])
-    stats = ctx.server.stats
-    if value is None:
-        stats.keyspace_misses += 1
-    else:
-        stats.keyspace_hits += 1
-    return value
+    return ctx.archive.get(argv[1])
 
 
 @command("SET", arity=-3, flags=("write", "denyoom"), group="string", summary="Set the string value of a key", args="key value [NX | XX] [GET] [EX seconds | PX milliseconds | EXAT unix-time-seconds | PXAT unix-time-milliseconds | KEEPTTL]", keys=_KEY)
