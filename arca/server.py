@@ -28,12 +28,16 @@ log = logging.getLogger(__name__)
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 SHUTDOWN_GRACE_SECONDS = 5.0
+# A batch of pipelined commands stops producing replies past this many bulk bytes and goes
+# on when the client has read them, so one read cannot make the server buffer gigabytes.
+OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
-    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "paused")
+    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog",
+                 "write_paused", "reading_paused", "eof")
 
     def __init__(self, server: ArcaServer) -> None:
         self.server = server
@@ -41,7 +45,10 @@ class Connection(asyncio.Protocol):
         self.decoder = Decoder(server.options.limits)
         self.held: list[bytes] | None = None  # replies waiting for the tick's commit
         self.closing = False
-        self.paused = False
+        self.backlog: list[list[bytes]] | None = None  # commands left over by a huge batch
+        self.write_paused = False  # the transport's buffer is above its high-water mark
+        self.reading_paused = False
+        self.eof = False  # the client half-closed: close once everything is answered
 
     # -- asyncio callbacks
 
@@ -78,35 +85,45 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # The client finished sending (half-close): answer what it sent, then close.
+        self.eof = True
+        if self.backlog is None:
+            self._close_when_answered()
+        return True
+
+    def _close_when_answered(self) -> None:
         self.closing = True
         if self.held is None and self.transport is not None:
             self.transport.close()
-        return True
 
     def pause_writing(self) -> None:
         # The client is not reading its replies: stop reading its commands until it does.
-        if self.transport is not None and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
+        self.write_paused = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and self.paused:
-            self.paused = False
-            self.transport.resume_reading()
+        self.write_paused = False
+        if self.backlog:
+            self.server.loop.call_soon(self._continue)
+        self._update_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return
-        commands = self.decoder.feed(data)
+        if not self.closing:
+            self._execute(self.decoder.feed(data))
+
+    def _execute(self, commands: list[list[bytes]]) -> None:
+        """Run commands in order; stop after OUTPUT_BATCH_BYTES of bulk replies (backlog)."""
         out: list[bytes] = []
         append = out.append
         ctx = self.ctx
         client = ctx.client
+        produced = done = 0
         for argv in commands:
+            done += 1
             reply = dispatch(ctx, argv)
             kind = type(reply)
             if kind is bytes:
                 append(b"$%d\r\n%b\r\n" % (len(reply), reply))
+                produced += len(reply)
             elif reply is OK:
                 append(_OK_BYTES)
             else:
@@ -114,16 +131,46 @@ class Connection(asyncio.Protocol):
             if client.close_after_reply:
                 self.closing = True
                 break
-        if commands:
-            client.last_command = commands[-1][0]
+            if produced > OUTPUT_BATCH_BYTES and done < len(commands):
+                self.backlog = commands[done:]
+                break
+        if done:
+            client.last_command = commands[done - 1][0]
             client.last_active = time.monotonic()
-            ctx.server.stats.commands_processed += len(commands)
-        if self.decoder.error is not None and not self.closing:
+            ctx.server.stats.commands_processed += done
+        if self.backlog is None and self.decoder.error is not None and not self.closing:
             ctx.server.stats.protocol_errors += 1
             log.debug("client %d: protocol error: %s", client.id, self.decoder.error)
             append(encode_error(f"ERR Protocol error: {self.decoder.error}"))
             self.closing = True
         self.server.deliver(self, out)
+        if self.backlog is not None:
+            self._update_reading()
+            if not self.write_paused:
+                self.server.loop.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        """Run the rest of a batch cut short by its output size, once the client reads."""
+        if self.backlog is None or self.write_paused or self.transport is None:
+            return
+        commands, self.backlog = self.backlog, None
+        self._execute(commands)
+        if self.backlog is None and self.eof and not self.closing:
+            self._close_when_answered()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read from the client unless its replies are piling up (in the socket or the backlog)."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        should_pause = self.write_paused or self.backlog is not None
+        if should_pause != self.reading_paused:
+            self.reading_paused = should_pause
+            if should_pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     # -- called by the server
 
@@ -155,20 +202,20 @@ class ArcaServer:
         self._hold = options.durability != "everysec"
         self._waiting: list[Connection] = []
         self._commit_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> tuple[str, int]:
         """Bind and start accepting; returns the address really bound."""
-        self._loop = asyncio.get_running_loop()
-        self._server = await self._loop.create_server(
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(
             lambda: Connection(self), self.options.host, self.options.port, reuse_address=True, backlog=511
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.state.tcp_port = port
         if not self._hold:
-            self._timer = self._loop.call_later(1.0, self._every_second)
+            self._timer = self.loop.call_later(1.0, self._every_second)
         return host, port
 
     # -- replies and group commit
@@ -181,7 +228,7 @@ class ArcaServer:
             self._waiting.append(conn)
             if not self._commit_scheduled:
                 self._commit_scheduled = True
-                self._loop.call_soon(self._commit_tick)  # type: ignore[union-attr]
+                self.loop.call_soon(self._commit_tick)  # type: ignore[union-attr]
         else:
             conn.send(out)
 
@@ -213,7 +260,7 @@ class ArcaServer:
     def _every_second(self) -> None:
         self._commit()
         if not self.stopping:
-            self._timer = self._loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
+            self._timer = self.loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
 
     # -- shutdown
 

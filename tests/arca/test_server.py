@@ -187,3 +187,26 @@ def test_graceful_shutdown_answers_and_commits_in_flight_writes(tmp_path, arca_f
         assert reopened.get(b"key499") == b"value499" and reopened.get(b"last") == b"one"
     finally:
         reopened.close()
+
+
+def test_a_client_that_does_not_read_cannot_grow_server_memory(arca):
+    value = b"v" * (1 << 20)
+    with arca.connect() as writer:
+        writer.sendall(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$%d\r\n%s\r\n" % (len(value), value))
+        assert recv_exactly(writer, b"+OK\r\n") == b"+OK\r\n"
+    reply = b"$%d\r\n%s\r\n" % (len(value), value)
+    with arca.connect() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.sendall(b"GET big\r\n" * 200)  # 200 MiB of replies if all were produced at once
+        time.sleep(0.5)
+        buffered = arca.call(lambda: max(
+            c.output_buffer() for c in arca.state.clients.values()))
+        assert buffered < 16 << 20
+        received = 0
+        while received < 200 * len(reply):
+            chunk = sock.recv(1 << 20)
+            assert chunk
+            received += len(chunk)
+        assert received == 200 * len(reply)
+        sock.sendall(b"PING\r\n")
+        assert recv_exactly(sock, b"+PONG\r\n") == b"+PONG\r\n"
