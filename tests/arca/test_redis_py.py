@@ -81,3 +81,23 @@ def test_asyncio_clients_concurrently(arca):
 
     for results in asyncio.run(main()):
         assert results == [str(i).encode() for i in range(50)]
+
+
+def test_lru_eviction_under_the_budget(arca_factory):
+    server = arca_factory(max_bytes=1 << 20)  # 1 MiB of L1
+    client = redis.Redis(host=server.host, port=server.port)
+    try:
+        value = b"x" * 10_000
+        for i in range(80):
+            client.set(f"k{i}", value)
+        assert client.get("k0") == value  # a read counts as use
+        for i in range(80, 130):
+            client.set(f"k{i}", value)
+        assert client.exists("k0") == 1 and client.exists("k1") == 0
+        assert client.exists("k129") == 1
+        assert 50 < client.dbsize() < 105
+        assert int(client.info("memory")["evicted_keys"]) > 0
+        with pytest.raises(redis.exceptions.OutOfMemoryError, match="used memory"):
+            client.set("huge", b"y" * (2 << 20))
+    finally:
+        client.close()
