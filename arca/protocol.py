@@ -31,6 +31,18 @@ class Limits:
     max_multibulk_len: int = 1024 * 1024  # elements in one command
     max_inline_len: int = 64 * 1024  # one inline command line
     max_query_buffer: int = 128 * 1024 * 1024  # [client-query-buffer-limit] unparsed bytes
+    unauthenticated: bool = False  # the tight limits for a client that has not authenticated
+
+    @property
+    def length_error(self) -> str:
+        """Redis names the stricter pre-authentication limits in its error text."""
+        return "unauthenticated" if self.unauthenticated else "invalid"
+
+
+# Before AUTH a client may send only small commands (Redis does the same), so a stranger
+# cannot make the server buffer big requests it will refuse anyway.
+UNAUTHENTICATED = Limits(max_bulk_len=16384, max_multibulk_len=10, max_inline_len=16384,
+                         max_query_buffer=65536, unauthenticated=True)
 
 
 class ProtocolError(Exception):
@@ -172,14 +184,14 @@ class _SlowParser:
                     if not self._inline(out):
                         return
                     continue
-                start = self.pos
                 line = self._line("too big mbulk count string")
                 if line is None:
                     return
                 count = _parse_int(line)
-                if count is None or count > limits.max_multibulk_len:
-                    self.pos = start
+                if count is None:
                     raise ProtocolError("invalid multibulk length")
+                if count > limits.max_multibulk_len:
+                    raise ProtocolError(f"{limits.length_error} multibulk length")
                 if count <= 0:
                     continue
                 self.need, self.args = count, []
@@ -192,8 +204,10 @@ class _SlowParser:
                 if line is None:
                     return
                 length = _parse_int(line)
-                if length is None or length < 0 or length > limits.max_bulk_len:
+                if length is None or length < 0:
                     raise ProtocolError("invalid bulk length")
+                if length > limits.max_bulk_len:
+                    raise ProtocolError(f"{limits.length_error} bulk length")
                 self.bulk = length
             if len(buf) - self.pos < self.bulk + 2:
                 return
@@ -218,7 +232,7 @@ class _SlowParser:
         self.pos = end + 1
         args = split_inline(line)
         if len(args) > self.limits.max_multibulk_len:
-            raise ProtocolError("invalid multibulk length")
+            raise ProtocolError(f"{self.limits.length_error} multibulk length")
         if args:
             out.append(args)
         return True
@@ -235,13 +249,21 @@ class Decoder:
     __slots__ = ("_reader", "_slow", "_fast_max", "error")
 
     def __init__(self, limits: Limits | None = None) -> None:
-        limits = limits or Limits()
         self._reader = hiredis.Reader(notEnoughData=_NOT_ENOUGH)
-        self._slow = _SlowParser(limits)
+        self._slow = _SlowParser(limits or Limits())
+        self.error: str | None = None
+        self.set_limits(limits or Limits())
+
+    def set_limits(self, limits: Limits) -> None:
+        """Apply other limits from the next command on (after a client authenticates)."""
+        self._slow.limits = limits
         # A read shorter than this cannot hide an over-limit bulk or element count, so the
         # fast path needs no per-item limit checks.
         self._fast_max = min(limits.max_bulk_len, 6 * limits.max_multibulk_len, 1 << 20)
-        self.error: str | None = None
+
+    @property
+    def limits(self) -> Limits:
+        return self._slow.limits
 
     @property
     def buffered(self) -> int:

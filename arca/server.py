@@ -20,7 +20,7 @@ from typing import Any
 
 from arca.commands import dispatch
 from arca.commands.registry import CommandContext
-from arca.protocol import OK, Decoder, encode, encode_error
+from arca.protocol import OK, UNAUTHENTICATED, Decoder, encode, encode_error
 from arca.state import ClientState, ServerOptions, ServerState
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: ArcaServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.decoder = Decoder(server.options.limits)
+        self.decoder = Decoder(server.options.limits if server.state.requirepass is None else UNAUTHENTICATED)
         self.held: list[bytes] | None = None  # replies waiting for the tick's commit
         self.closing = False
         self.backlog: list[list[bytes]] | None = None  # commands left over by a huge batch
@@ -134,6 +134,8 @@ class Connection(asyncio.Protocol):
             if produced > OUTPUT_BATCH_BYTES and done < len(commands):
                 self.backlog = commands[done:]
                 break
+        if self.decoder.limits.unauthenticated and client.authenticated:
+            self.decoder.set_limits(self.server.options.limits)
         if done:
             client.last_command = commands[done - 1][0]
             client.last_active = time.monotonic()

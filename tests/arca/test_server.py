@@ -210,3 +210,22 @@ def test_a_client_that_does_not_read_cannot_grow_server_memory(arca):
         assert received == 200 * len(reply)
         sock.sendall(b"PING\r\n")
         assert recv_exactly(sock, b"+PONG\r\n") == b"+PONG\r\n"
+
+
+def test_unauthenticated_clients_get_tight_limits_until_auth(arca_factory):
+    server = arca_factory(requirepass="pw")
+    big = b"z" * 20_000
+    with server.connect() as stranger:
+        stranger.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % len(big))
+        expected = b"-ERR Protocol error: unauthenticated bulk length\r\n"
+        assert recv_exactly(stranger, expected) == expected
+        assert is_closed(stranger)
+    with server.connect() as stranger:
+        stranger.sendall(b"*11\r\n")
+        expected = b"-ERR Protocol error: unauthenticated multibulk length\r\n"
+        assert recv_exactly(stranger, expected) == expected
+    with server.connect() as member:
+        member.sendall(b"AUTH pw\r\n")
+        assert recv_exactly(member, b"+OK\r\n") == b"+OK\r\n"
+        member.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n%s\r\n" % (len(big), big))
+        assert recv_exactly(member, b"+OK\r\n") == b"+OK\r\n"
