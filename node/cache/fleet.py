@@ -9,14 +9,20 @@ request path, with a bounded number in flight. The archive client never raises o
 ARCA (contract 5), and every failure here is caught and counted: a down ARCA only costs the
 speed-up.
 
-Blobs travel in the disk format (node/cache/blob.py), so a node verifies what it fetches;
-the archive key is the hex of the chained block hash.
+Blobs travel in the disk format (node/cache/blob.py), so a node verifies what it fetches.
+A state of several MB is split into parts of `part_bytes` (1 MiB): each ARCA command then
+stays within the archive client's short timeout (a 14 MB KVPUT takes ~350 ms against a
+200 ms timeout; a 1 MB part ~25 ms), and no command monopolises the daemon. Part 0 lives
+under the hex of the chained block hash and starts with b"RKVP" and the part count; part i
+under "<hex>.<i>". Parts are pushed last to first, so a present part 0 means all parts were
+written; a part evicted since is a miss, and the reassembled blob is verified as a whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -43,10 +49,32 @@ class FleetConfig:
     min_push_tokens: int = 0  # states shorter than this are not worth a network round trip
     max_blob_bytes: int = 256 * MB  # larger states stay local
     max_pushes_in_flight: int = 4  # beyond it, new pushes are dropped (counted)
+    part_bytes: int = 1 << 20  # ARCA value size per part of a state
 
 
-def archive_key(key: bytes) -> bytes:
-    return key.hex().encode("ascii")
+PART_MAGIC = b"RKVP"
+_PART_HEADER = struct.Struct("<4sI")
+
+
+def archive_key(key: bytes, part: int = 0) -> bytes:
+    name = key.hex()
+    return (name if part == 0 else f"{name}.{part}").encode("ascii")
+
+
+def split_parts(data: bytes, part_bytes: int) -> list[bytes]:
+    """The archive values holding `data`: part 0 carries the part count."""
+    chunks = [data[i : i + part_bytes] for i in range(0, len(data), part_bytes)] or [b""]
+    chunks[0] = _PART_HEADER.pack(PART_MAGIC, len(chunks)) + chunks[0]
+    return chunks
+
+
+def part_count(first: bytes, limit: int) -> int:
+    if len(first) < _PART_HEADER.size:
+        raise BlobError("archived state: part 0 too short")
+    magic, count = _PART_HEADER.unpack_from(first)
+    if magic != PART_MAGIC or not 1 <= count <= limit:
+        raise BlobError("archived state: bad part header")
+    return count
 
 
 class FleetTier:
@@ -83,7 +111,7 @@ class FleetTier:
             if best is None:
                 metrics.add(fleet_misses=1)
                 return 0
-            data = await self.archive.kv_get(archive_key(best.key))
+            data = await self._fetch(best.key)
             if data is None:
                 metrics.add(fleet_misses=1)
                 return 0
@@ -102,6 +130,16 @@ class FleetTier:
         self.cache.adopt(best.key, entry, publish=False)
         metrics.add(fleet_hits=1, fleet_bytes_fetched=len(data))
         return entry.n_tokens
+
+    async def _fetch(self, key: bytes) -> bytes | None:
+        first = await self.archive.kv_get(archive_key(key))
+        if first is None:
+            return None
+        count = part_count(first, self.config.max_blob_bytes // self.config.part_bytes + 1)
+        rest = await asyncio.gather(*(self.archive.kv_get(archive_key(key, i)) for i in range(1, count)))
+        if any(part is None for part in rest):
+            return None
+        return b"".join([first[_PART_HEADER.size :], *rest])
 
     async def drain(self) -> None:
         """Wait for the pushes offered so far to finish (tests, shutdown)."""
@@ -140,8 +178,10 @@ class FleetTier:
         task.add_done_callback(self._pushes.discard)
 
     async def _push(self, key: bytes, data: bytes) -> None:
+        parts = split_parts(data, self.config.part_bytes)
         try:
-            await self.archive.kv_put(archive_key(key), data)
+            for index in reversed(range(len(parts))):
+                await self.archive.kv_put(archive_key(key, index), parts[index])
         except Exception:
             log.warning("prefix cache: archive push failed", exc_info=True)
             self.cache.metrics.add(fleet_errors=1)

@@ -3,21 +3,28 @@ archived state is refused, and a down ARCA only costs the speed-up."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from node.archive_client import EmbeddedArchive, RemoteArchive
 from node.cache import blob
-from node.cache.fleet import FleetConfig, FleetTier, archive_key
+from node.cache.fleet import FleetConfig, FleetTier, archive_key, split_parts
 from node.cache.keys import CacheIdentity
 from node.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from tests.conftest import free_port
 
 from test_prefix_cache_hook import DOC, fake_state, run_prompt
 
+ROOT = Path(__file__).resolve().parents[3]
 IDENTITY = CacheIdentity(model_fingerprint="ab" * 32, runtime="test")
 
 
-def make(directory) -> PrefixCache:
+def make(directory, part_bytes: int | None = None) -> PrefixCache:
     return PrefixCache(IDENTITY, PrefixCacheConfig(directory=directory, block_tokens=8, checkpoint_tokens=16,
                                                    min_gain_tokens=0))
 
@@ -62,7 +69,7 @@ async def test_a_damaged_archived_state_is_refused(tmp_path, archive):
     try:
         boundary = node.chain.boundaries(DOC)[-1]
         data = blob.encode(boundary.key, 40, b"state")
-        await archive.kv_put(archive_key(boundary.key), data[:-1] + b"?")
+        await archive.kv_put(archive_key(boundary.key), split_parts(data[:-1] + b"?", 1 << 20)[0])
         assert await fleet.prefetch(DOC + [1]) == 0
         assert node.lookup(DOC + [1]) is None
         assert node.stats()["fleet_errors"] == 1
@@ -83,3 +90,60 @@ async def test_a_down_arca_only_costs_the_speed_up(tmp_path):
     finally:
         node.close()
         await remote.close()
+
+
+def start_arca(directory):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "arca", "--port", str(port), "--dir", str(directory)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, port
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("ARCA did not start")
+
+
+async def test_states_split_in_parts_travel_through_a_real_arca(tmp_path):
+    """Two nodes and a `reame arca` process over RESP; each state crosses as several parts."""
+    proc, port = start_arca(tmp_path / "arca")
+    clients = [RemoteArchive("127.0.0.1", port, timeout_ms=2000) for _ in range(2)]
+    node_a, node_b = make(tmp_path / "a"), make(tmp_path / "b")
+    try:
+        fleet_a = FleetTier(node_a, clients[0], FleetConfig(part_bytes=64))
+        fleet_b = FleetTier(node_b, clients[1], FleetConfig(part_bytes=64))
+        long_state = DOC + [1]
+        hit = node_a.lookup(long_state)
+        assert hit is None
+        for n in node_a.boundaries_to_store(long_state):
+            node_a.store(long_state, n, bytes(range(256)) * 3 + fake_state(long_state, n))
+        assert node_a.flush()
+        await fleet_a.drain()
+        assert await fleet_b.prefetch(DOC + [9]) == 40
+        n_tokens, state = node_b.lookup(DOC + [9])
+        assert n_tokens == 40 and state.endswith(fake_state(long_state, 40)) and len(state) > 10 * 64
+        # a part gone from the archive (evicted) makes the state a miss, never a wrong state
+        node_c = make(tmp_path / "c")
+        try:
+            fleet_c = FleetTier(node_c, clients[1], FleetConfig(part_bytes=64, push=False))
+            other = [7] * 17
+            key = node_c.chain.boundaries(other)[0].key
+            parts = split_parts(blob.encode(key, 16, b"s" * 300), 64)
+            assert len(parts) > 3
+            for index in range(len(parts) - 1):  # all but the last part
+                await clients[1].kv_put(archive_key(key, index), parts[index])
+            assert await fleet_c.prefetch(other) == 0
+            assert node_c.lookup(other) is None and node_c.stats()["fleet_misses"] == 1
+        finally:
+            node_c.close()
+    finally:
+        node_a.close()
+        node_b.close()
+        for client in clients:
+            await client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
