@@ -27,29 +27,53 @@ def _subs(spec: CommandSpec) -> list[CommandSpec]:
     return sorted(spec.subcommands.values(), key=lambda s: s.name)
 
 
-_TOKEN = re.compile(r"\[|\]|\||[^\s\[\]|]+")
+_TOKEN = re.compile(r"\[|\]|\||\.\.\.|[^\s\[\]|]+")
+_OPTIONAL, _MULTIPLE = Status("optional"), Status("multiple")
 
 
 def _arguments(text: str) -> list[dict]:
-    """A flat argument list for COMMAND DOCS from a usage string like 'key [NX | XX] [GET]'."""
-    arguments: list[dict] = []
-    depth = 0
-    for token in _TOKEN.findall(text):
-        if token == "[":
-            depth += 1
-        elif token == "]":
-            depth = max(depth - 1, 0)
-        elif token == "|" or token == "...":
-            continue
-        else:
-            name = token.strip(".").lower() or token
-            doc: dict = {b"name": name.encode(), b"type": b"pure-token" if token.isupper() else b"string"}
-            if token.isupper():
-                doc[b"token"] = token.encode()
-            if depth:
-                doc[b"flags"] = [Status("optional")]
-            arguments.append(doc)
+    """COMMAND DOCS argument maps from a usage string like 'key [NX | XX] [EX seconds]'."""
+    arguments, _ = _sequence(_TOKEN.findall(text), 0)
     return arguments
+
+
+def _sequence(tokens: list[str], i: int) -> tuple[list[dict], int]:
+    """Parse until ']' or the end; 'a | b' alternatives become one 'oneof' argument."""
+    alternatives: list[list[dict]] = [[]]
+    while i < len(tokens) and tokens[i] != "]":
+        token = tokens[i]
+        if token == "[":
+            inner, i = _sequence(tokens, i + 1)
+            alternatives[-1].append(_group(inner, optional=True))
+        elif token == "|":
+            alternatives.append([])
+        elif token == "...":
+            if alternatives[-1]:
+                alternatives[-1][-1].setdefault(b"flags", []).append(_MULTIPLE)
+        else:
+            alternatives[-1].append(_word(token))
+        i += 1
+    if len(alternatives) == 1:
+        return alternatives[0], i
+    choices = [_group(choice, optional=False) for choice in alternatives]
+    return [{b"name": b"choice", b"type": b"oneof", b"arguments": choices}], i
+
+
+def _group(arguments: list[dict], optional: bool) -> dict:
+    if len(arguments) == 1:
+        group = arguments[0]
+    else:
+        name = b"-".join(arg[b"name"] for arg in arguments)
+        group = {b"name": name, b"type": b"block", b"arguments": arguments}
+    if optional:
+        group.setdefault(b"flags", []).append(_OPTIONAL)
+    return group
+
+
+def _word(token: str) -> dict:
+    if token.isupper() or token.startswith("ARCA."):
+        return {b"name": token.lower().encode(), b"type": b"pure-token", b"token": token.encode()}
+    return {b"name": token.encode(), b"type": b"key" if token == "key" else b"string"}
 
 
 def _docs(spec: CommandSpec) -> dict:

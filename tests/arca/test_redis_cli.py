@@ -68,13 +68,18 @@ def test_interactive_start_gets_command_docs(arca):
             return shown
 
         wait_for(f"{arca.port}>")
-        subprocess.run([tmux, "send-keys", "-t", session, "SET mykey "], check=True)
-        hinted = wait_for("value")
+        # redis-cli's built-in help knows nothing of CLIENT SETINFO (newer than 7.0) or
+        # ARCA.*: a hint for them can only come from our COMMAND DOCS reply.
+        subprocess.run([tmux, "send-keys", "-t", session, "CLIENT SETINFO "], check=True)
+        hinted = wait_for("libname")
+        subprocess.run([tmux, "send-keys", "-t", session, "C-u", "SET mykey "], check=True)
+        hinted += wait_for("[NX|XX]")
         subprocess.run([tmux, "send-keys", "-t", session, "hello", "Enter"], check=True)
         wait_for("OK")
         subprocess.run([tmux, "send-keys", "-t", session, "GET mykey", "Enter"], check=True)
         final = wait_for('"hello"')
     finally:
         subprocess.run([tmux, "kill-session", "-t", session], capture_output=True)
-    assert "SET mykey value" in hinted  # the argument hint comes from our COMMAND DOCS reply
+    assert "CLIENT SETINFO LIB-NAME libname|LIB-VER libver" in hinted
+    assert "SET mykey value [NX|XX] [GET]" in hinted
     assert '"hello"' in final
