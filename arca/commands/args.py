@@ -13,12 +13,13 @@ INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 def parse_int(arg: bytes, error: str = NOT_INTEGER) -> int:
     """A signed 64-bit integer written strictly (Redis's string2ll: no spaces, '+' or leading 0)."""
-    if 0 < len(arg) <= 20:
-        body = arg[1:] if arg[:1] == b"-" else arg
-        if body.isdigit() and (body[:1] != b"0" or len(arg) == 1):
-            value = int(arg)
-            if INT_MIN <= value <= INT_MAX:
-                return value
+    try:
+        value = int(arg)
+    except ValueError:
+        raise CommandError(error) from None
+    # int() also takes ' 7', '+7', '007' and '1_000'; only the canonical spelling round-trips.
+    if INT_MIN <= value <= INT_MAX and b"%d" % value == arg:
+        return value
     raise CommandError(error)
 
 

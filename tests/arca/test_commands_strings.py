@@ -115,3 +115,9 @@ def test_incr_and_append_keep_the_ttl(ctx):
 def test_value_larger_than_the_budget_is_an_oom_error(ctx):
     reply = run(ctx, "SET", "huge", b"x" * (9 << 20))
     assert isinstance(reply, ErrorReply) and reply.startswith("OOM ")
+
+
+@pytest.mark.parametrize("amount", [b"", b" 1", b"+1", b"01", b"-0", b"1_0", b"1.0", b"9223372036854775808", b"\xff"])
+def test_integers_must_be_written_canonically(ctx, amount):
+    assert run(ctx, "INCRBY", "n", amount) == NOT_INT
+    assert run(ctx, "GET", "n") is None
