@@ -134,7 +134,3 @@ def read(stream: BinaryIO, expected_key: bytes | None = None) -> StateBlob:
         raise BlobError("trailing bytes after payload")
     return _finish(head, payload)
 
-
-def peek_n_tokens(blob: bytes) -> int:
-    """The token count a blob claims, without verifying it (for sizing decisions only)."""
-    return _parse_header(blob[:HEADER_BYTES], None).n_tokens

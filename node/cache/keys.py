@@ -97,10 +97,6 @@ class Boundary:
     n_tokens: int
     key: bytes
 
-    @property
-    def hex(self) -> str:
-        return self.key.hex()
-
 
 class BlockChain:
     """Computes the chained keys of prompts for one identity and one block size."""
