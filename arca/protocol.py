@@ -246,7 +246,7 @@ class Decoder:
     (the caller answers them, then the error, then closes the connection).
     """
 
-    __slots__ = ("_reader", "_slow", "_fast_max", "error")
+    __slots__ = ("_reader", "_slow", "_fast_max", "_inline_max", "error")
 
     def __init__(self, limits: Limits | None = None) -> None:
         self._reader = hiredis.Reader(notEnoughData=_NOT_ENOUGH)
@@ -260,6 +260,7 @@ class Decoder:
         # A read shorter than this cannot hide an over-limit bulk or element count, so the
         # fast path needs no per-item limit checks.
         self._fast_max = min(limits.max_bulk_len, 6 * limits.max_multibulk_len, 1 << 20)
+        self._inline_max = min(limits.max_inline_len, 2 * limits.max_multibulk_len)
 
     @property
     def limits(self) -> Limits:
@@ -273,16 +274,24 @@ class Decoder:
     def feed(self, data: bytes) -> list[list[bytes]]:
         if self.error is not None:
             return []
-        if data[:1] == b"*" and self._slow.idle and len(data) <= self._fast_max:
-            commands = self._fast(data)
-            if commands is not None:
-                return commands
+        if self._slow.idle and len(data) <= self._fast_max:
+            if data[:1] == b"*":
+                commands = self._fast(data)
+                if commands is not None:
+                    return commands
+            elif self._plain_inline(data):
+                return [args for line in data.split(b"\n") if (args := line.split())]
         out: list[list[bytes]] = []
         try:
             self._slow.feed(data, out)
         except ProtocolError as exc:
             self.error = str(exc)
         return out
+
+    def _plain_inline(self, data: bytes) -> bool:
+        """Whole inline lines without quotes or multibulk: plain whitespace splitting is exact."""
+        return (data[-1:] == b"\n" and len(data) <= self._inline_max
+                and b'"' not in data and b"'" not in data and b"\n*" not in data)
 
     def _fast(self, data: bytes) -> list[list[bytes]] | None:
         """All commands of `data` if it holds only complete, canonical multibulk commands.

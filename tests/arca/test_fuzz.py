@@ -85,3 +85,19 @@ def test_live_server_survives_generated_streams(live, data):
     assert ping(live) == b"+PONG\r\n"
     for client in live.call(lambda: list(live.state.clients.values())):
         assert client.query_buffer() <= SMALL.max_query_buffer
+
+
+INLINE_ARGS = st.binary(min_size=1, max_size=12).filter(lambda b: b[:1] != b"*")
+INLINE_LINES = st.lists(st.lists(INLINE_ARGS, min_size=1, max_size=5), min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(INLINE_LINES, st.sampled_from([b"\r\n", b"\n"]))
+def test_inline_whole_reads_decode_like_byte_by_byte(lines, newline):
+    data = b"".join(b" ".join(args) + newline for args in lines)
+    whole, slow = Decoder(), Decoder()
+    commands = whole.feed(data)
+    one_by_one = []
+    for i in range(len(data)):
+        one_by_one += slow.feed(data[i : i + 1])
+    assert commands == one_by_one and whole.error == slow.error
