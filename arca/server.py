@@ -33,6 +33,15 @@ SHUTDOWN_GRACE_SECONDS = 5.0
 OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
 
 
+def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
+    """encode(), but a command returning a value RESP cannot carry answers an error, not a crash."""
+    try:
+        return encode(reply, resp)
+    except TypeError:
+        log.exception("command %r returned an unencodable reply", argv[0])
+        return encode_error("ERR internal error: the command produced an invalid reply; see the server log")
+
+
 class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
@@ -127,7 +136,7 @@ class Connection(asyncio.Protocol):
             elif reply is OK:
                 append(_OK_BYTES)
             else:
-                append(encode(reply, client.resp))
+                append(_encode_safely(reply, client.resp, argv))
             if client.close_after_reply:
                 self.closing = True
                 break

@@ -229,3 +229,25 @@ def test_unauthenticated_clients_get_tight_limits_until_auth(arca_factory):
         assert recv_exactly(member, b"+OK\r\n") == b"+OK\r\n"
         member.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n%s\r\n" % (len(big), big))
         assert recv_exactly(member, b"+OK\r\n") == b"+OK\r\n"
+
+
+def test_a_command_returning_garbage_answers_an_error_and_the_server_goes_on(arca):
+    from arca.commands.registry import _TABLE, command
+
+    @command("TEST.GARBAGE", arity=1)
+    def garbage(ctx, argv):
+        return object()
+
+    @command("TEST.BUG", arity=1)
+    def bug(ctx, argv):
+        raise RuntimeError("a bug")
+
+    try:
+        with arca.connect() as sock:
+            sock.sendall(b"TEST.GARBAGE\r\nTEST.BUG\r\nPING\r\n")
+            expected = (b"-ERR internal error: the command produced an invalid reply; see the server log\r\n"
+                        b"-ERR internal error while running 'test.bug'; see the server log\r\n+PONG\r\n")
+            assert recv_exactly(sock, expected) == expected
+    finally:
+        for name in (b"test.garbage", b"TEST.GARBAGE", b"test.bug", b"TEST.BUG"):
+            _TABLE.pop(name)
