@@ -7,6 +7,8 @@ import asyncio
 import pytest
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 @pytest.mark.parametrize("protocol", [3, 2])
@@ -55,8 +57,9 @@ def test_pipelines(arca, transaction):
 
 def test_password_with_redis_py(arca_factory):
     server = arca_factory(requirepass="pw")
+    no_retry = Retry(NoBackoff(), 0)  # redis-py would otherwise retry a refused password with backoff
     with pytest.raises(redis.AuthenticationError):
-        redis.Redis(host=server.host, port=server.port, password="wrong").ping()
+        redis.Redis(host=server.host, port=server.port, password="wrong", retry=no_retry).ping()
     for protocol in (2, 3):
         client = redis.Redis(host=server.host, port=server.port, password="pw", protocol=protocol)
         assert client.set("a", "1") and client.get("a") == b"1"
