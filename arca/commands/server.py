@@ -89,6 +89,8 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "blocked_clients": 0,
         },
         "memory": {
+            # Tools such as `redis-cli --stat` read used_memory: the L1 bytes under the budget.
+            "used_memory": archive.get("memory", {}).get("l1_used_bytes", 0),
             "used_memory_rss": _rss_bytes(),
             "maxmemory": options.max_bytes,
             "maxmemory_policy": "allkeys-lru",

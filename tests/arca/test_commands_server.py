@@ -27,6 +27,7 @@ def test_info_sections(ctx):
         assert header in text
     assert "redis_version:" in text and "connected_clients:1" in text
     assert "db0:keys=1," in text
+    assert "\r\nused_memory:" in text  # redis-cli --stat reads it
     only = run(ctx, "INFO", "clients").decode()
     assert only.startswith("# Clients\r\n") and "# Server" not in only
     assert run(ctx, "INFO", "keyspace", "SERVER").decode().count("# ") == 2
