@@ -206,7 +206,9 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
     if not _arity_ok(spec.arity, len(argv)):
         return _refuse(client, _wrong_arity(spec))
     if not client.authenticated and not spec.no_auth:
-        return _refuse(client, NOAUTH)
+        if ctx.server.requirepass is not None:
+            return _refuse(client, NOAUTH)
+        client.authenticated = True  # the password was removed (CONFIG SET requirepass "")
     if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
         client.multi.append((spec, argv))
         return QUEUED

@@ -58,6 +58,14 @@ def test_requirepass_gates_everything_but_auth_hello_quit(ctx):
     assert run(ctx, "QUIT") == Status("OK") and ctx.client.close_after_reply
 
 
+def test_removing_the_password_lets_waiting_clients_in(ctx):
+    ctx.server.requirepass = "s3cret"
+    ctx.client.authenticated = False
+    assert run(ctx, "GET", "k") == ErrorReply("NOAUTH Authentication required.")
+    ctx.server.requirepass = None
+    assert run(ctx, "GET", "k") is None
+
+
 def test_hello(ctx):
     reply = run(ctx, "HELLO")
     assert reply[b"proto"] == 2 and reply[b"server"] == b"redis" and reply[b"id"] == ctx.client.id
