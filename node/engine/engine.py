@@ -13,6 +13,7 @@ wrong for one request arrives as `Finished(reason="error")` on its handle.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +132,7 @@ class Engine:
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft),
             prefix_cache=config.prefix_cache, proposer=config.draft_proposer)
         self._closed = False
-        self._next_id = 0
+        self._ids = itertools.count(1)
 
     # -- model ---------------------------------------------------------------------------
 
@@ -173,8 +174,7 @@ class Engine:
         base_seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
         handles, seqs = [], []
         for i in range(n):
-            self._next_id += 1
-            request_id = req.request_id or f"req-{self._next_id}"
+            request_id = req.request_id or f"req-{next(self._ids)}"
             if n > 1:
                 request_id = f"{request_id}/{i}"
             channel = Channel(loop)

@@ -14,6 +14,8 @@ counts divergences, so a real mix-up of sequences (divergence at a clear margin)
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from node.engine.engine import Engine, EngineConfig
@@ -58,6 +60,21 @@ def test_fork_continues_exactly_like_a_fresh_prefill(engine):
     assert engine.stats()["shared_prefills"] == before + 2  # two clones, one prefill
     for fork in forks:
         assert fork.generated == fresh.generated
+
+
+def test_cancelled_leader_hands_its_prefill_to_a_fork(engine):
+    text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(50))
+    req = GenerationRequest(tuple(engine.tokenize(text))[:600], max_tokens=6, sampling=GREEDY)
+    fresh = finish(engine.submit(req))[0]
+    before = engine.stats()["prefill_tokens"]
+    leader, *forks = engine.submit_n(req, 3)
+    while engine.stats()["prefill_tokens"] < before + 512:  # first chunk done, 88 tokens to go
+        time.sleep(0.001)
+    leader.cancel()
+    assert finish(leader)[0].reason == "cancelled"
+    for fork in forks:
+        assert finish(fork)[0].generated == fresh.generated
+    assert engine.stats()["prefill_tokens"] == before + 600  # the prompt went in once
 
 
 def test_submit_n_sampled_choices_differ_and_repeat_with_a_seed(engine):
