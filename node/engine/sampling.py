@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from node.engine.types import SamplingParams
 
 BLOCK = 64           # block size for the top-k lower bound (see top_ids)
 INITIAL_POOL = 256   # first pool size for top_p without top_k
+CONSTRAINED_POOL = 64  # best tokens shown to a grammar first
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,14 @@ class Choice:
     token: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
+
+
+class Constraint(Protocol):
+    """Which tokens may come next (a grammar's parse state); see node/engine/grammar.py."""
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray: ...
+
+    def accept(self, token: int) -> None: ...
 
 
 def validate_params(params: SamplingParams, n_vocab: int) -> None:
@@ -75,14 +84,15 @@ def fresh_seed() -> int:
 class TokenSampler:
     """Per-request sampler: adjustments, truncation, temperature and its own RNG."""
 
-    __slots__ = ("params", "seed", "n_logprobs", "_rng", "_bias_ids", "_bias_values", "_penalised")
+    __slots__ = ("params", "seed", "n_logprobs", "constraint", "_rng", "_bias_ids", "_bias_values", "_penalised")
 
     def __init__(self, params: SamplingParams, n_vocab: int, *, logprobs: int | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, constraint: Constraint | None = None) -> None:
         validate_params(params, n_vocab)
         self.params = params
         self.seed = seed if seed is not None else (params.seed if params.seed is not None else fresh_seed())
         self.n_logprobs = logprobs
+        self.constraint = constraint
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
         self._bias_values = np.fromiter(params.logit_bias.values(), dtype=np.float32,
@@ -94,10 +104,14 @@ class TokenSampler:
     def choose(self, row: np.ndarray, history: Sequence[int]) -> Choice:
         """Pick the next token from one logits row; `history` is the sequence so far."""
         logits = self._adjusted(row, history)
+        if self.constraint is not None:
+            logits = self._constrained(logits)
         if self.params.greedy:
             token = int(np.argmax(logits))
         else:
             token = self._draw(logits)
+        if self.constraint is not None:
+            self.constraint.accept(token)
         if self.n_logprobs is None:
             return Choice(token)
         return _with_logprobs(logits, token, self.n_logprobs)
@@ -113,6 +127,25 @@ class TokenSampler:
             window = history if last_n < 0 else history[-last_n:]
             apply_penalties(logits, window, self.params)
         return logits
+
+    def _constrained(self, logits: np.ndarray) -> np.ndarray:
+        """Logits of the best CONSTRAINED_POOL tokens the constraint allows; the rest -inf.
+
+        Greedy stays exact (the best allowed token is always in the pool); sampling draws
+        among the best allowed tokens. The pool widens eightfold until one token fits.
+        """
+        k = CONSTRAINED_POOL
+        while True:
+            ids = top_ids(logits, min(k, len(logits)))
+            ok = ids[self.constraint.allowed(ids)]
+            if len(ok):
+                break
+            if k >= len(logits):
+                raise InvalidRequest("the grammar allows no token here")
+            k *= 8
+        out = np.full_like(logits, -np.inf)
+        out[ok] = logits[ok]
+        return out
 
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params

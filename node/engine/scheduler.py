@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
+from node.engine.grammar import Grammar
 from node.engine.hooks import DraftProposer, PrefixCacheHook
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, PromptShare, Sequence
@@ -177,7 +178,7 @@ class Scheduler:
                     return  # arrival order: the head waits for room, nobody overtakes it
                 self._queue.popleft()
             try:
-                seq.make_sampler(self._model.n_vocab)
+                seq.make_sampler(self._model.n_vocab, self._grammar)
             except InvalidRequest as exc:
                 seq.finish("error", str(exc))
                 continue
@@ -195,6 +196,9 @@ class Scheduler:
                 seq.phase, seq.share = Phase.PREFILL, PromptShare(prompt_cells)
                 self._ctx.seq_rm(seq.slot)
                 self._restore_prefix(seq)
+
+    def _grammar(self, gbnf: str) -> Grammar:
+        return Grammar(self._model.vocab, gbnf)
 
     def _prefilling_leader(self, seq: Sequence) -> Sequence | None:
         for other in self._active:

@@ -22,7 +22,7 @@ import time
 from typing import Callable
 
 from node.engine.detokenizer import IncrementalDetokenizer, StopMatcher
-from node.engine.sampling import Choice, TokenSampler
+from node.engine.sampling import Choice, Constraint, TokenSampler
 from node.engine.types import Event, Finished, FinishReason, GenerationRequest, TextDelta, TokenLogprob
 
 
@@ -116,9 +116,11 @@ class Sequence:
         self.seed = seed  # None: the request's seed, or a fresh one
         self._stopped = False
 
-    def make_sampler(self, n_vocab: int) -> None:
+    def make_sampler(self, n_vocab: int, grammar_of: Callable[[str], Constraint]) -> None:
         """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""
-        self.sampler = TokenSampler(self.request.sampling, n_vocab, logprobs=self.request.logprobs, seed=self.seed)
+        gbnf = self.request.sampling.grammar
+        self.sampler = TokenSampler(self.request.sampling, n_vocab, logprobs=self.request.logprobs,
+                                    seed=self.seed, constraint=grammar_of(gbnf) if gbnf else None)
 
     @property
     def prefill_left(self) -> int:

@@ -26,6 +26,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
+    grammar: str | None = None  # GBNF (llama.cpp grammar syntax): output must match it
 
     @property
     def greedy(self) -> bool:

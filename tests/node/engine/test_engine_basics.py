@@ -117,3 +117,13 @@ def test_a_failing_request_leaves_the_others_running(engine):
         assert list(handle.iter_sync(timeout=120))[-1].reason == "length"
     stats = engine.stats()
     assert stats["slots_free"] == stats["slots_total"] and stats["kv_cells_reserved"] == 0
+
+
+def test_grammar_constrains_the_output(engine):
+    yes_no = 'root ::= ("yes" | "no") "."'
+    deltas, fin = run(engine, request(engine, "Is the sky green? Answer:", max_tokens=10,
+                                      sampling=SamplingParams(temperature=0.0, grammar=yes_no)))
+    text = "".join(d.text for d in deltas)
+    assert text in ("yes.", "no.") and fin.reason == "stop"
+    bad = run(engine, request(engine, "Hi", sampling=SamplingParams(grammar="root ::= (")))[1]
+    assert bad.reason == "error" and "grammar" in bad.error
