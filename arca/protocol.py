@@ -310,18 +310,32 @@ class Decoder:
         try:
             while (command := gets()) is not _NOT_ENOUGH:
                 append(command)
-            if not reader.has_data() and set(map(type, commands)) == _LIST_ONLY:
-                args = list(chain.from_iterable(commands))
-                payload = b"".join(args)
-                if (data.count(b"$") == len(args) + payload.count(b"$")
-                        and data.count(b"*") == len(commands) + payload.count(b"*")):
-                    if [] in commands:  # '*0' is a no-op in Redis
-                        commands = [c for c in commands if c]
-                    return commands
+            if not reader.has_data() and _canonical(data, commands):
+                if [] in commands:  # '*0' is a no-op in Redis
+                    commands = [c for c in commands if c]
+                return commands
         except (hiredis.ProtocolError, TypeError):
             pass
         self._reader = hiredis.Reader(notEnoughData=_NOT_ENOUGH)
         return None
+
+
+def _canonical(data: bytes, commands: list) -> bool:
+    """Whether `data` held `commands` as multibulk arrays of `$` bulk strings and nothing else.
+
+    Raises TypeError for an item that is not a string (a number, a nested array, a null).
+    """
+    if len(commands) == 1:  # the unpipelined case, without the generic steps
+        args = commands[0]
+        if type(args) is not list:
+            return False
+    elif set(map(type, commands)) == _LIST_ONLY:
+        args = list(chain.from_iterable(commands))
+    else:
+        return False
+    payload = b"".join(args)
+    return (data.count(b"$") == len(args) + payload.count(b"$")
+            and data.count(b"*") == len(commands) + payload.count(b"*"))
 
 
 # ---------------------------------------------------------------------------- encoding
