@@ -46,12 +46,13 @@ class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
     __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog",
-                 "write_paused", "reading_paused", "eof")
+                 "write_paused", "reading_paused", "eof", "strict_limits")
 
     def __init__(self, server: ArcaServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.decoder = Decoder(server.options.limits if server.state.requirepass is None else UNAUTHENTICATED)
+        self.strict_limits = server.state.requirepass is not None  # until the client authenticates
+        self.decoder = Decoder(UNAUTHENTICATED if self.strict_limits else server.options.limits)
         self.held: list[bytes] | None = None  # replies waiting for the tick's commit
         self.closing = False
         self.backlog: list[list[bytes]] | None = None  # commands left over by a huge batch
@@ -143,7 +144,8 @@ class Connection(asyncio.Protocol):
             if produced > OUTPUT_BATCH_BYTES and done < len(commands):
                 self.backlog = commands[done:]
                 break
-        if self.decoder.limits.unauthenticated and client.authenticated:
+        if self.strict_limits and client.authenticated:
+            self.strict_limits = False
             self.decoder.set_limits(self.server.options.limits)
         if done:
             client.last_command = commands[done - 1][0]
