@@ -263,10 +263,6 @@ class Decoder:
         self._inline_max = min(limits.max_inline_len, 2 * limits.max_multibulk_len)
 
     @property
-    def limits(self) -> Limits:
-        return self._slow.limits
-
-    @property
     def buffered(self) -> int:
         """Bytes of incomplete commands held for this connection."""
         return len(self._slow.buf)
