@@ -115,7 +115,7 @@ async def serve(archive, config: ArcaConfig) -> None:
         __version__, host, port, config.directory, config.max_mb, config.durability,
         ", password required" if config.requirepass else "",
     )
-    stop = asyncio.Event()
+    stop = server.shutdown_requested  # SHUTDOWN, SIGTERM and SIGINT all end up here
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

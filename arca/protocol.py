@@ -64,6 +64,15 @@ class ErrorReply(str):
 OK = Status("OK")
 
 
+class _NoReply:
+    """What a command returns when the client must get nothing back (SHUTDOWN)."""
+
+    __slots__ = ()
+
+
+NO_REPLY = _NoReply()
+
+
 # ---------------------------------------------------------------------------- decoding
 
 
@@ -384,4 +393,6 @@ def encode(value: Any, resp: int = 2) -> bytes:
         return encode(bytes(value), resp)
     if isinstance(value, int):  # int subclasses (IntEnum and the like)
         return encode(int(value), resp)
+    if value is NO_REPLY:
+        return b""
     raise TypeError(f"cannot encode a reply of type {kind.__name__}")

@@ -212,6 +212,8 @@ class ArcaServer:
         self.state = ServerState.from_options(options)
         self.connections: set[Connection] = set()
         self.stopping = False
+        self.shutdown_requested = asyncio.Event()  # set by the SHUTDOWN command
+        self.state.request_shutdown = self.shutdown_requested.set
         self._hold = options.durability != "everysec"
         self._waiting: list[Connection] = []
         self._commit_scheduled = False

@@ -95,6 +95,8 @@ class ServerState:
     stats: ServerStats = field(default_factory=ServerStats)
     next_client_id: int = 1
     tcp_port: int = 0
+    # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
+    request_shutdown: Callable[[], None] | None = None
 
     @classmethod
     def from_options(cls, options: ServerOptions) -> ServerState:

@@ -1,4 +1,4 @@
-"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME.
+"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME SHUTDOWN.
 
 INFO combines the server's own counters (server, clients, stats) with the archive's
 `info()` (memory, persistence, keyspace, arca). CONFIG exposes the keys stock tools ask for
@@ -16,7 +16,7 @@ from arca.commands.args import SYNTAX
 from arca.commands.connection import REDIS_COMPAT_VERSION
 from arca.commands.glob import compile_glob
 from arca.commands.registry import CommandContext, CommandError, ServerState, command
-from arca.protocol import OK
+from arca.protocol import NO_REPLY, OK
 
 _APPENDFSYNC = {"fsync": "always", "everysec": "everysec", "commit": "no"}
 
@@ -188,6 +188,18 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
         password = changes["requirepass"].decode("utf-8", "surrogateescape")
         ctx.server.requirepass = password or None
     return OK
+
+
+@command("SHUTDOWN", arity=-1, flags=("admin", "loading", "stale"), group="server", summary="Commit everything and stop the server", args="[NOSAVE | SAVE] [NOW] [FORCE]")
+def shutdown(ctx: CommandContext, argv: list[bytes]):
+    for arg in argv[1:]:
+        if arg.upper() not in (b"NOSAVE", b"SAVE", b"NOW", b"FORCE"):
+            raise CommandError(SYNTAX)
+    if ctx.server.request_shutdown is None:
+        raise CommandError("ERR SHUTDOWN is not available in this process")
+    ctx.server.request_shutdown()
+    ctx.client.close_after_reply = True
+    return NO_REPLY  # like Redis: the client sees the connection close, not a reply
 
 
 @command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")

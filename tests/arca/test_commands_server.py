@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from arca.commands.registry import all_specs
-from arca.protocol import ErrorReply, Status
+from arca.protocol import NO_REPLY, ErrorReply, Status
 from arca_harness import run
 
 
@@ -81,3 +81,12 @@ def test_command_family_is_generated_from_the_registry(ctx):
     assert argument_names[:2] == [b"key", b"value"]
     assert b"client|setname" in docs[b"client"][b"subcommands"]
     assert len(run(ctx, "COMMAND", "DOCS")) == count
+
+
+def test_shutdown(ctx):
+    assert run(ctx, "SHUTDOWN") == ErrorReply("ERR SHUTDOWN is not available in this process")
+    requests = []
+    ctx.server.request_shutdown = lambda: requests.append(True)
+    assert run(ctx, "SHUTDOWN", "LATER") == ErrorReply("ERR syntax error")
+    assert run(ctx, "SHUTDOWN", "NOSAVE") is NO_REPLY
+    assert requests == [True] and ctx.client.close_after_reply

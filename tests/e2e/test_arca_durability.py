@@ -183,3 +183,19 @@ def test_protected_mode_refuses_a_public_bind_without_password(tmp_path):
     )
     assert done.returncode == 2
     assert b"protected mode" in done.stdout + done.stderr
+
+
+def test_shutdown_command_commits_and_exits(tmp_path):
+    port = free_port()
+    proc = start_arca(tmp_path / "arca", port)
+    client = redis.Redis(port=port, protocol=3)
+    client.set("kept", "yes")
+    client.shutdown()  # redis-py expects the connection to close without a reply
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out.decode()
+    proc = start_arca(tmp_path / "arca", port)
+    try:
+        assert redis.Redis(port=port).get("kept") == b"yes"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
