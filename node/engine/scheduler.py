@@ -38,7 +38,7 @@ from node.engine.sequence import Phase, PromptShare, Sequence
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
-COUNTERS = ("steps", "batch_tokens", "decode_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
+COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored")
 
 
@@ -100,6 +100,7 @@ class Scheduler:
             self._wake.notify()
 
     def stats(self) -> dict[str, int]:
+        """Gauges now, and counters since start (step_ms: whole steps, decode_ms: inside llama_decode)."""
         active = list(self._active)
         return {
             "active": len(active),
@@ -108,8 +109,8 @@ class Scheduler:
             "slots_free": len(self._free_slots),
             "kv_cells_total": self._ctx.n_ctx,
             "kv_cells_reserved": self._reserved,
-            "kv_cells_used": sum(s.n_past for s in active if s.phase is not Phase.FOLLOWER),
-            **self.counters,
+            "kv_cells_used": _cells_used(active),
+            **{k: round(v) if k.endswith("_ms") else v for k, v in self.counters.items()},
         }
 
     def close(self) -> None:
@@ -144,6 +145,7 @@ class Scheduler:
 
     def _step(self) -> bool:
         """One scheduling round; False when there was nothing to decode."""
+        start = time.perf_counter()
         self._reap_cancelled()
         self._admit()
         entries = self._plan()
@@ -151,6 +153,7 @@ class Scheduler:
             return False
         self._decode(entries)
         self.counters["steps"] += 1
+        self.counters["step_ms"] += (time.perf_counter() - start) * 1000
         return True
 
     def _reap_cancelled(self) -> None:
@@ -278,7 +281,7 @@ class Scheduler:
         t0 = time.perf_counter()
         rc = self._ctx.decode(self._batch)
         if rc == 0:
-            self.counters["decode_ms"] += int((time.perf_counter() - t0) * 1000)
+            self.counters["decode_ms"] += (time.perf_counter() - t0) * 1000
             self.counters["batch_tokens"] += self._batch.n_tokens
             logits = self._ctx.logits(n_rows) if n_rows else None
             for e in entries:
@@ -402,3 +405,16 @@ class Scheduler:
         for follower in rest:
             follower.leader = heir
         leader.followers = []
+
+
+def _cells_used(active: list[Sequence]) -> int:
+    """KV cells held by the active sequences, a prompt shared by forks counted once."""
+    used, seen = 0, set()
+    for seq in active:
+        if seq.phase is Phase.FOLLOWER:
+            continue
+        shared = seq.share is not None and id(seq.share) in seen
+        used += seq.n_past - (len(seq.prompt) if shared else 0)
+        if seq.share is not None:
+            seen.add(id(seq.share))
+    return used
