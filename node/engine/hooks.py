@@ -31,4 +31,7 @@ class DraftProposer(Protocol):
         The scheduler appends them after the sequence's next token in the same batch,
         with logits on each, and keeps the longest prefix its own sampler agrees with,
         so output is exactly what plain decoding would give (greedy: identical text).
+        A proposer may also define `record(proposed: int, accepted: int)`: the scheduler
+        then reports, after each verify, how many of the drafts it kept (to steer draft
+        length by measured acceptance).
         """

@@ -333,7 +333,17 @@ class Scheduler:
         if n_valid < len(e.tokens):
             self.counters["draft_rejected"] += len(e.tokens) - n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
+        if len(e.tokens) > 1:
+            self._record_drafts(len(e.tokens) - 1, n_valid - 1)
         seq.pending = [seq.tokens[-1]]
+
+    def _record_drafts(self, proposed: int, accepted: int) -> None:
+        record = getattr(self._proposer, "record", None)
+        if record is not None:
+            try:
+                record(proposed, accepted)
+            except Exception:
+                log.exception("draft proposer record() failed")
 
     def _prompt_done(self, leader: Sequence, row) -> None:
         now = time.perf_counter()

@@ -26,6 +26,10 @@ class ScriptedDrafts:
         self.script: tuple[int, ...] = ()
         self.garbage = False
         self.calls = 0
+        self.kept: list[tuple[int, int]] = []
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.kept.append((proposed, accepted))
 
     def propose(self, tokens: Sequence[int], max_tokens: int) -> Sequence[int]:
         self.calls += 1
@@ -81,6 +85,8 @@ def test_verified_drafts_give_plain_greedy_output(hooked):
     accepted = eng.stats()["draft_accepted"]
     assert generate(eng, prompt).generated == plain.generated
     assert eng.stats()["draft_accepted"] - accepted >= 6  # most tokens came in verified groups
+    assert sum(a for _, a in drafts.kept) == eng.stats()["draft_accepted"] - accepted
+    drafts.kept.clear()
     drafts.garbage = True
     rejected = eng.stats()["draft_rejected"]
     try:
@@ -88,6 +94,7 @@ def test_verified_drafts_give_plain_greedy_output(hooked):
     finally:
         drafts.garbage = False
     assert eng.stats()["draft_rejected"] > rejected
+    assert drafts.kept and all(a == 0 for _, a in drafts.kept)  # 7, 7, 7, 7 never fits
 
 
 def test_prefix_cache_restores_and_gives_the_same_output(hooked):
