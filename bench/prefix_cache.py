@@ -5,12 +5,12 @@
 Four runs, each in its own process (so "after a restart" is a real restart):
   off   no prefix cache: every question prefills the whole document;
   ram   the document is warmed once, then every question restores it from RAM (this run also
-        pushes its states to an archive, as a node with ARCA would);
+        pushes its states to ARCA, a `reame arca` process the bench starts);
   disk  a new process over the same cache directory, RAM tier off: every question restores
         from a disk file;
   l3    a second node with an empty cache directory: the first question fetches the
-        document's state from the archive (ARCA L3, an embedded archive over the first
-        node's archive directory); later questions find it locally.
+        document's state from ARCA (L3, over RESP with the node's 200 ms timeout); later
+        questions find it locally.
 Prints TTFT per question, the totals, and the speed-ups against `off`. Targets: disk >= 30x,
 l3 >= 10x. The disk run reads files the page cache still holds (they were just written).
 """
@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -58,13 +59,11 @@ def questions(count: int) -> list[str]:
 
 
 async def run_phase(args: argparse.Namespace) -> dict:
-    from node.archive_client import EmbeddedArchive
+    from node.archive_client import RemoteArchive
     from node.cache import FleetTier, PrefixCache, PrefixCacheConfig, engine_identity
     from node.engine.engine import Engine, EngineConfig
     from node.engine.fingerprint import model_fingerprint
     from node.engine.types import GenerationRequest, SamplingParams
-
-    from arca.archive import ArchiveConfig
 
     cache = fleet = archive = None
     if args.phase != "off":
@@ -74,8 +73,8 @@ async def run_phase(args: argparse.Namespace) -> dict:
         config = PrefixCacheConfig(directory=args.cache_dir, block_tokens=BLOCK_TOKENS, ram_bytes=ram_bytes)
         cache = PrefixCache(identity, config)
     if args.phase in ("ram", "l3"):
-        archive = EmbeddedArchive(ArchiveConfig(directory=args.arca_dir, max_bytes=64 << 20,
-                                                corpus_max_bytes=64 << 20, kv_max_bytes=1 << 30))
+        archive = RemoteArchive("127.0.0.1", args.arca_port)  # the node's default 200 ms timeout
+        await archive.start()
         fleet = FleetTier(cache, archive)
     engine = Engine(EngineConfig(model_path=args.model, n_ctx=4096, n_threads=args.threads, n_parallel=1,
                                  n_batch=512, n_ubatch=512, kv_type="f16", prefix_cache=cache))
@@ -121,14 +120,32 @@ def _common_prefix(prompts: list[list[int]]) -> list[int]:
     return first[:n]
 
 
-def spawn(phase: str, model: Path, work: Path, node: str, count: int, threads: int) -> dict:
+def spawn(phase: str, model: Path, work: Path, node: str, count: int, threads: int, arca_port: int) -> dict:
     command = [sys.executable, __file__, "--phase", phase, "--model", str(model), "--questions", str(count),
                "--threads", str(threads),
-               "--cache-dir", str(work / node), "--arca-dir", str(work / "arca")]
+               "--cache-dir", str(work / node), "--arca-port", str(arca_port)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"phase {phase} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def start_arca(directory: Path) -> tuple[subprocess.Popen, int]:
+    """A `reame arca` process on a free port: the fleet's shared archive."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "arca", "--port", str(port), "--dir", str(directory)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("reame arca did not start")
 
 
 def default_model() -> Path:
@@ -180,7 +197,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--phase", choices=("off", "ram", "disk", "l3"))
     parser.add_argument("--cache-dir", type=Path)
-    parser.add_argument("--arca-dir", type=Path)
+    parser.add_argument("--arca-port", type=int)
     args = parser.parse_args()
     if args.phase:
         print(json.dumps(asyncio.run(run_phase(args))))
@@ -188,10 +205,15 @@ def main() -> None:
     model = args.model or default_model()
     with tempfile.TemporaryDirectory(prefix="reame-bench-prefix-") as tmp:
         work = Path(tmp)
+        arca, arca_port = start_arca(work / "arca")
         results = {}
-        for phase, node in (("off", "a"), ("ram", "a"), ("disk", "a"), ("l3", "b")):
-            print(f"running {phase} ...", file=sys.stderr, flush=True)
-            results[phase] = spawn(phase, model, work, node, args.questions, args.threads)
+        try:
+            for phase, node in (("off", "a"), ("ram", "a"), ("disk", "a"), ("l3", "b")):
+                print(f"running {phase} ...", file=sys.stderr, flush=True)
+                results[phase] = spawn(phase, model, work, node, args.questions, args.threads, arca_port)
+        finally:
+            arca.terminate()
+            arca.wait(timeout=30)
     report(results, args.questions)
 
 
