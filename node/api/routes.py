@@ -109,11 +109,14 @@ async def stream_answer(request: web.Request, plan: Plan, result, identity: Iden
         await stream.done()
     except ConnectionResetError:
         log.info("client went away during a stream; its generation is cancelled")
-    except ApiError as exc:
-        await stream.fail(exc)
-    except Exception:
-        log.exception("stream failed after it started")
-        await stream.fail(InternalError("The generation failed"))
+    except Exception as exc:
+        if not isinstance(exc, ApiError):
+            log.exception("stream failed after it started")
+            exc = InternalError("The generation failed")
+        try:
+            await stream.fail(exc)
+        except ConnectionResetError:
+            pass  # nobody is left to tell
     return stream.response
 
 
