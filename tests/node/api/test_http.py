@@ -171,8 +171,14 @@ async def wait_idle(engine, timeout: float = 10.0) -> None:
     assert engine.stats()["active"] == 0
 
 
+def endless(engine) -> dict:
+    """A bias that keeps the model from ending its answer on its own."""
+    return {"logit_bias": {str(token): -100 for token in engine.model_info.eog_tokens}}
+
+
 async def test_disconnect_cancels_streamed_and_unstreamed_generations(plain, engine):
-    body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, "messages": [{"role": "user", "content": "Tell a long story."}]}
+    body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, **endless(engine),
+            "messages": [{"role": "user", "content": "Tell a long story."}]}
     greedy = {**body, "temperature": 0, "stream": True}
     before = engine.stats()["generated_tokens"]
     async with aiohttp.ClientSession() as session:
@@ -211,7 +217,7 @@ async def test_auth_on_everything_but_health(nodes):
 
 async def test_over_the_in_flight_limit_is_503_with_retry_after(nodes, engine):
     single = nodes["single"]
-    body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, "stream": True}
+    body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, "stream": True, **endless(engine)}
     async with aiohttp.ClientSession() as session:
         running = await session.post(f"{single.url}/v1/chat/completions", json=body)
         await running.content.readuntil(b"\n\n")
