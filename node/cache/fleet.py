@@ -1,6 +1,7 @@
 """The fleet tier (ARCA L3): saved states shared by every node that talks to one archive.
 
-Before a request reaches the engine, `await prefetch(prompt_tokens)` asks the archive which
+Before a request reaches the engine, `await prefetch(prompt_tokens)` preloads the local disk
+tier into RAM and asks the archive which
 of the prompt's boundaries it holds (one ARCA.KVEXISTS for the whole chain), fetches the
 longest one that beats what this node already holds (ARCA.KVGET), verifies it and adopts it
 into the local RAM and disk tiers; the engine's lookup then finds it without touching the
@@ -95,8 +96,10 @@ class FleetTier:
     async def prefetch(self, prompt_tokens: Sequence[int]) -> int:
         """Bring the longest archived prefix of the prompt into the local tiers.
 
-        Returns the tokens fetched (0: nothing better than the local tiers, or ARCA down).
+        Also preloads a disk-only local prefix into RAM (off the engine thread). Returns the
+        tokens fetched from the archive (0: nothing better than the local tiers, or ARCA down).
         """
+        await asyncio.to_thread(self.cache.preload, prompt_tokens)
         if not self.config.fetch:
             return 0
         boundaries = self.cache.chain.restorable(prompt_tokens)

@@ -18,6 +18,7 @@ class CacheCounters:
     ram_misses: int = 0
     disk_hits: int = 0
     disk_misses: int = 0
+    disk_preloads: int = 0  # disk reads moved off the engine thread (then a RAM hit)
     fleet_hits: int = 0
     fleet_misses: int = 0
     fleet_errors: int = 0

@@ -3,7 +3,8 @@
 The engine calls `lookup`, `boundaries_to_store` and `store` on its own thread
 (contract: node/engine/engine.py `PrefixCacheHook`). Lookups walk the prompt's block
 boundaries longest first, RAM then disk; the ARCA tier (node/cache/fleet.py) is fetched into
-RAM before the request reaches the engine, so the engine thread never waits on the network.
+RAM before the request reaches the engine, so the engine thread never waits on the network,
+and `preload` moves a disk-only prefix into RAM at the same moment, off the engine thread.
 `store` only puts the state in RAM and enqueues it; a writer thread the cache owns encodes
 it, publishes it on disk and offers it to the fleet pusher.
 
@@ -181,6 +182,23 @@ class PrefixCache:
     def add_stored_sink(self, sink: StoredSink) -> None:
         """Call `sink` on the writer thread for each state this node newly stores."""
         self._sinks.append(sink)
+
+    def preload(self, prompt_tokens: Sequence[int]) -> int:
+        """Read the prompt's longest disk-only prefix into RAM ahead of the request, so the
+        engine thread's lookup is a RAM hit instead of a file read that stalls every other
+        user's step. Returns the tokens preloaded (0: RAM already holds the best, or none).
+        Blocking: call it through asyncio.to_thread."""
+        if self.disk is None:
+            return 0
+        for boundary in reversed(self.chain.restorable(prompt_tokens)):
+            if self.ram.contains(boundary.key):
+                return 0
+            entry = self.disk.get(boundary.key) if self.disk.contains(boundary.key) else None
+            if entry is not None:
+                self.ram.put(boundary.key, entry)
+                self.metrics.add(disk_preloads=1)
+                return boundary.n_tokens
+        return 0
 
     def longest_local(self, boundaries: Sequence[Boundary]) -> int:
         """The longest of `boundaries` held in RAM or on disk (0 when none), unverified."""

@@ -109,6 +109,22 @@ def test_hits_survive_a_restart_through_the_disk(tmp_path):
         second.close()
 
 
+def test_preload_moves_a_disk_prefix_into_ram_before_the_lookup(tmp_path):
+    first = make(tmp_path, checkpoint_tokens=16)
+    run_prompt(first, DOC + [1])  # 16, 32 and 40
+    first.close()
+    second = make(tmp_path)
+    try:
+        second.ram.put(second.chain.boundaries(DOC)[1].key, second.disk.get(second.chain.boundaries(DOC)[1].key))
+        assert second.preload(DOC + [2]) == 40  # longer than what RAM holds
+        assert second.preload(DOC + [2]) == 0  # now RAM has the best
+        assert second.lookup(DOC + [2]) == (40, fake_state(DOC, 40))
+        stats = second.stats()
+        assert stats["ram_hits"] == 1 and stats["disk_hits"] == 0 and stats["disk_preloads"] == 1
+    finally:
+        second.close()
+
+
 def test_a_different_model_never_restores(tmp_path):
     first = make(tmp_path)
     run_prompt(first, DOC + [1])
