@@ -3,9 +3,9 @@
 Each step (all on the one thread that owns the llama context):
 1. cancelled requests end and their slots are freed;
 2. queued requests are admitted in arrival order while a slot is free and the KV budget
-   can hold what they may grow to: prompt + max_tokens (+ draft room). A request that is
-   admitted can therefore never run out of KV; the rest wait in a bounded queue
-   (`EngineOverloaded` beyond it). Requests with a prompt identical to one being
+   (budget.py) can hold what they may grow to: prompt + max_tokens (+ draft room). A
+   request that is admitted can therefore never run out of KV; the rest wait in a
+   bounded queue (`EngineOverloaded` beyond it). Requests with a prompt identical to one being
    prefilled become its followers: they hold a slot and reserve only their own
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
    prompt is complete (`submit_n` uses the same path);
@@ -29,11 +29,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from node.engine.budget import KVBudget
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.grammar import Grammar
 from node.engine.hooks import DraftProposer, PrefixCacheHook
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
-from node.engine.sequence import Phase, PromptShare, Sequence
+from node.engine.sequence import Phase, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,7 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self._queue: collections.deque[Sequence] = collections.deque()
         self._active: list[Sequence] = []
-        self._free_slots = list(range(limits.n_parallel))
-        self._reserved = 0
+        self._budget = KVBudget(limits.n_parallel, ctx.n_ctx)
         self._closing = False
         self.counters = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
@@ -106,10 +106,10 @@ class Scheduler:
             "active": len(active),
             "queued": len(self._queue),
             "slots_total": self._limits.n_parallel,
-            "slots_free": len(self._free_slots),
+            "slots_free": len(self._budget.free_slots),
             "kv_cells_total": self._ctx.n_ctx,
-            "kv_cells_reserved": self._reserved,
-            "kv_cells_used": _cells_used(active),
+            "kv_cells_reserved": self._budget.reserved,
+            "kv_cells_used": KVBudget.cells_used(active),
             **{k: round(v) if k.endswith("_ms") else v for k, v in self.counters.items()},
         }
 
@@ -169,7 +169,7 @@ class Scheduler:
     # -- admission ----------------------------------------------------------------------------
 
     def _admit(self) -> None:
-        while self._free_slots:
+        while self._budget.free_slots:
             with self._lock:
                 if not self._queue:
                     return
@@ -177,7 +177,7 @@ class Scheduler:
                 leader = self._prefilling_leader(seq)
                 prompt_cells = 0 if leader else len(seq.prompt)
                 own = seq.request.max_tokens + self._limits.max_draft
-                if self._reserved + prompt_cells + own > self._ctx.n_ctx:
+                if not self._budget.fits(prompt_cells, own):
                     return  # arrival order: the head waits for room, nobody overtakes it
                 self._queue.popleft()
             try:
@@ -185,18 +185,15 @@ class Scheduler:
             except InvalidRequest as exc:
                 seq.finish("error", str(exc))
                 continue
-            seq.slot = self._free_slots.pop()
-            seq.own_cells = own
+            self._budget.take(seq, own, leader.share if leader else None)
             seq.t_admit = time.perf_counter()
-            self._reserved += prompt_cells + own
             self._active.append(seq)
             if leader is not None:
-                seq.phase, seq.leader, seq.share = Phase.FOLLOWER, leader, leader.share
-                leader.share.users += 1
+                seq.phase, seq.leader = Phase.FOLLOWER, leader
                 leader.followers.append(seq)
                 self.counters["shared_prefills"] += 1
             else:
-                seq.phase, seq.share = Phase.PREFILL, PromptShare(prompt_cells)
+                seq.phase = Phase.PREFILL
                 self._ctx.seq_rm(seq.slot)
                 self._restore_prefix(seq)
 
@@ -393,16 +390,9 @@ class Scheduler:
             seq.leader.followers.remove(seq)
         if seq in self._active:
             self._active.remove(seq)
-        if seq.slot is not None:
-            self._ctx.seq_rm(seq.slot)
-            self._free_slots.append(seq.slot)
-            seq.slot = None
-        self._reserved -= seq.own_cells
-        if seq.share is not None:
-            seq.share.users -= 1
-            if seq.share.users == 0:
-                self._reserved -= seq.share.cells
-        seq.own_cells, seq.share = 0, None
+        slot = self._budget.release(seq)
+        if slot is not None:
+            self._ctx.seq_rm(slot)
         seq.finish(reason, error)
 
     def _hand_over(self, leader: Sequence) -> None:
@@ -416,15 +406,3 @@ class Scheduler:
             follower.leader = heir
         leader.followers = []
 
-
-def _cells_used(active: list[Sequence]) -> int:
-    """KV cells held by the active sequences, a prompt shared by forks counted once."""
-    used, seen = 0, set()
-    for seq in active:
-        if seq.phase is Phase.FOLLOWER:
-            continue
-        shared = seq.share is not None and id(seq.share) in seen
-        used += seq.n_past - (len(seq.prompt) if shared else 0)
-        if seq.share is not None:
-            seen.add(id(seq.share))
-    return used
