@@ -1,7 +1,10 @@
-"""The node's subcommands: `reame list`, `reame run`, and the config mode `reame --config FILE`.
+"""The node's subcommands: `reame list`, `reame run`, `reame warm`, and the config mode
+`reame --config FILE`.
 
 `run` answers one prompt (streamed to stdout through the chat template), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
+`warm` prefills documents known in advance into the prefix cache directory a node will use
+(node/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
 Expected failures (unknown model, bad config, no network, a prompt too long) end in one line
 on stderr and exit code 1, never a traceback.
 """
@@ -17,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from node.config import home_dir, load_settings
 from node.engine.models import CATALOG, ModelError, local_models, models_dir
-from node.engine.templates import TemplateError
+from node.engine.templates import ChatTemplate, TemplateError
 from shared.config import ConfigError
 from shared.logs import configure_logging
 
@@ -141,9 +144,93 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
 
 
+# ----------------------------------------------------------------------------- reame warm
+
+WARM_AS = {
+    "system": "a system message: later chats that start with it and add a user message share it",
+    "user": "the start of a user message: later chats whose first message starts with it share it",
+    "prompt": "a completion prompt: later /v1/completions prompts that start with it share it",
+}
+
+
+def cmd_warm(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="reame warm", description="Prefill documents into the prefix KV cache before anyone asks. "
+        "A node started later with the same model, settings and cache directory restores them from disk.")
+    parser.add_argument("files", nargs="+", type=Path, help="UTF-8 text files, one document each")
+    parser.add_argument("--model", help="catalog alias or GGUF path (default: the config's [model] path)")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="INI settings (the node's)")
+    parser.add_argument("--as", dest="form", choices=tuple(WARM_AS), default="system",
+                        help="how later requests carry the document: " +
+                        "; ".join(f"{name}: {doc}" for name, doc in WARM_AS.items()) + " (default: system)")
+    parser.add_argument("--arca", metavar="HOST:PORT", help="also push the states to this ARCA (L3)")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
+    parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
+    parser.add_argument("--verbose", action="store_true", help="log what the node does")
+    args = parser.parse_args(argv)
+    configure_logging("info" if args.verbose else "warning")
+    if not args.verbose:
+        logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+    settings = load_settings(args.config, {"model.path": args.model, "model.threads": args.threads,
+                                           "model.context_length": args.ctx, "server.parallel": 1,
+                                           "arca.remote": args.arca})
+    if not settings.cache.enabled:
+        raise ConfigError("the prefix cache is off ([cache] enabled = false): there is nothing to warm")
+    documents = [(path, path.read_text(encoding="utf-8")) for path in args.files]
+    import asyncio
+
+    from node.chat import load_engine
+
+    engine = load_engine(settings)
+    try:
+        return asyncio.run(warm_documents(engine, settings, documents, args.form))
+    finally:
+        engine.close()
+        engine.config.prefix_cache.close()
+
+
+async def warm_documents(engine: Any, settings: Any, documents: list[tuple[Path, str]], form: str) -> int:
+    import asyncio
+
+    from node.archive_client import RemoteArchive, open_archive
+    from node.cache.fleet import FleetTier
+    from node.template_cuts import rendered_tokens, shared_prefix
+    from node.warm import warm
+
+    cache = engine.config.prefix_cache
+    template = None if form == "prompt" else ChatTemplate.for_engine(engine)
+    archive = fleet = None
+    if settings.arca.remote:
+        archive = open_archive(settings)
+        if isinstance(archive, RemoteArchive):
+            await archive.start()
+        fleet = FleetTier(cache, archive)
+    try:
+        for path, text in documents:
+            if template is None:
+                tokens = tuple(engine.tokenize(text, add_bos=True, special=True))
+            else:
+                tokens = rendered_tokens(engine, shared_prefix(template, [{"role": form, "content": text}]))
+            result = await warm(engine, cache, tokens, fleet=fleet)
+            print(f"{path}: {result.tokens} tokens, {result.cached_tokens} were cached, "
+                  f"{result.stored_tokens} stored, {result.seconds:.2f} s", flush=True)
+        await asyncio.to_thread(cache.flush)
+        if fleet is not None:
+            await fleet.drain()
+            pushed = int(cache.stats()["fleet_pushes"])
+            print(f"pushed {pushed} states to ARCA {settings.arca.remote} (archive: {archive.state()})")
+    finally:
+        if fleet is not None:
+            await fleet.close()
+        if archive is not None:
+            await archive.close()
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "list": cmd_list,
     "run": cmd_run,
+    "warm": cmd_warm,
     "--config": cmd_config,
 }
 

@@ -55,7 +55,7 @@ def describe_model(engine: Any, settings: Any) -> ServedModel:
         names=frozenset(name.lower() for name in names),
         fingerprint=model_fingerprint(path),
         kv_type=str(config.kv_type),
-        template=ChatTemplate.for_model(info),
+        template=ChatTemplate.for_engine(engine),
         n_vocab=info.n_vocab,
         n_ctx=int(engine.n_ctx),
         bos_token=info.bos,

@@ -19,6 +19,11 @@ and each choice's token stream is OBSERVEd into the L4 corpus under the model's
 fingerprint: the last `observe_prompt_tokens` prompt tokens followed by every generated
 token, so later drafts can continue from prompt context into the answer. `[arca] observe
 = false` turns observing off.
+
+The prefix KV cache: before a job reaches the engine, the fleet tier brings the prompt's
+longest stored prefix into RAM (from the local disk, and from ARCA's L3 when the node has a
+remote ARCA), bounded by `prefetch_timeout_s` so a slow archive costs only the speed-up.
+Chat requests inside a session (node/session_turns.py) continue the session's tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ from node.engine import errors as engine_errors
 from node.engine.types import Finished, GenerationRequest, TextDelta, TokenLogprob
 from node.l1 import Piece, StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 from node.served_model import ServedModel
+from node.sessions import Session, SessionStore
+from node.session_turns import SessionTurn, SessionTurns
+from node.template_cuts import CutError, rendered_tokens
+from node.warm import WarmResult, warm
 
 log = logging.getLogger(__name__)
 COMPLETED = ("stop", "length")
@@ -49,6 +58,7 @@ class ServiceOptions:
     observe: bool = True
     observe_prompt_tokens: int = 64
     max_pending_writes: int = 256
+    prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +76,7 @@ class Plan:
     kind: str  # "chat" | "text"
     jobs: tuple[Job, ...]
     options: GenerationOptions
+    turn: SessionTurn | None = None  # a chat turn inside a session
 
     @property
     def prompt_tokens(self) -> int:
@@ -91,12 +102,16 @@ ChoiceEvent = ChoiceText | ChoiceDone
 
 class CompletionService:
     def __init__(self, engine, archive: ArchiveClient, model: ServedModel, metrics: Metrics,
-                 options: ServiceOptions = ServiceOptions()) -> None:
+                 options: ServiceOptions = ServiceOptions(), *, cache=None, fleet=None,
+                 sessions: SessionStore | None = None) -> None:
         self.engine = engine
         self.archive = archive
         self.model = model
         self.metrics = metrics
         self.options = options
+        self.cache = cache  # node.cache.PrefixCache, or None when the prefix cache is off
+        self.fleet = fleet  # node.cache.FleetTier, or None
+        self.turns = SessionTurns(self, sessions) if sessions is not None else None
         self._writes: set[asyncio.Task] = set()
 
     # ---- planning -------------------------------------------------------------------
@@ -117,18 +132,31 @@ class CompletionService:
             jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, ()))
         return Plan("text", tuple(jobs), req.options)
 
-    def plan_chat(self, req: ChatRequest) -> Plan:
+    def plan_chat(self, req: ChatRequest, session: Session | None = None) -> Plan:
         template = self.model.template
+        messages = [message.as_dict() for message in req.messages]
+        turn = None
         try:
-            rendered = template.render([message.as_dict() for message in req.messages], add_generation_prompt=True)
-        except ValueError as exc:  # TemplateError: roles the template cannot express, ...
+            if session is None:
+                tokens = self.chat_tokens(messages)
+            else:
+                if self.turns is None:
+                    raise InvalidRequest("Sessions are not enabled on this node", param="session")
+                if req.options.n != 1:
+                    raise InvalidRequest("A session turn has one answer: 'n' must be 1", param="n")
+                turn = self.turns.begin(session, messages)
+                tokens = turn.prompt_tokens
+        except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
             raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
-        tokens = self.engine.tokenize(rendered, add_bos=True, special=True)
-        bos = self.model.bos_token
-        if len(tokens) > 1 and tokens[0] == tokens[1] == bos:  # a template that writes BOS itself
-            tokens = tokens[1:]
         job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings))
-        return Plan("chat", (job,), req.options)
+        return Plan("chat", (job,), req.options, turn)
+
+    def chat_tokens(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> tuple[int, ...]:
+        """Messages rendered through the chat template and tokenized (template errors raise)."""
+        return self.text_tokens(self.model.template.render(messages, add_generation_prompt=add_generation_prompt))
+
+    def text_tokens(self, rendered: str) -> tuple[int, ...]:
+        return rendered_tokens(self.engine, rendered)
 
     def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
              options: GenerationOptions, extra_stop: Sequence[str]) -> Job:
@@ -159,12 +187,29 @@ class CompletionService:
         (self.metrics.archive_hits if stored is not None else self.metrics.archive_misses).inc()
         return stored
 
+    async def prefetch(self, tokens: Sequence[int]) -> None:
+        """Bring the prompt's longest stored prefix into RAM before the engine looks it up."""
+        if self.fleet is not None:
+            await self.fleet.prefetch_within(tokens, self.options.prefetch_timeout_s)
+
+    async def warm(self, tokens: Sequence[int]) -> WarmResult:
+        """Prefill `tokens` into the prefix cache (node/warm.py); engine errors as API errors."""
+        if self.cache is None:
+            raise InvalidRequest("The prefix cache is off on this node ([cache] enabled = false)",
+                                 code="cache_disabled")
+        return await warm(self.engine, self.cache, tokens, fleet=self.fleet,
+                          prefetch_timeout_s=self.options.prefetch_timeout_s,
+                          submit=lambda request: self.submit_request(request, 1)[0])
+
     def submit(self, job: Job) -> list:
+        return self.submit_request(job.request, job.n)
+
+    def submit_request(self, request: GenerationRequest, n: int) -> list:
         loop = asyncio.get_running_loop()
         try:
-            if job.n == 1:
-                return [self.engine.submit(job.request, loop)]
-            return list(self.engine.submit_n(job.request, job.n, loop))
+            if n == 1:
+                return [self.engine.submit(request, loop)]
+            return list(self.engine.submit_n(request, n, loop))
         except engine_errors.EngineOverloaded:
             raise Overloaded("Every slot and queue place is taken; retry shortly", retry_after_s=1) from None
         except engine_errors.EngineClosed:
@@ -227,6 +272,8 @@ class Answer:
         keyed = [job.key is not None for job in jobs]
         if any(keyed):
             self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
+        misses = [job.prompt_tokens for job, stored in zip(jobs, self._stored) if stored is None]
+        await asyncio.gather(*(self.service.prefetch(tokens) for tokens in misses))
         try:
             for job, stored in zip(jobs, self._stored):
                 self._handles.append([] if stored is not None else self.service.submit(job))
@@ -251,12 +298,21 @@ class Answer:
                     sources.append(_single(ChoiceText(job.first_choice + choice, job.echo_text)))
             sources.append(self._replay(job, stored) if stored is not None else self._generate(job, handles))
         first = True
+        answer: list[str] = []
+        finish_reason = None
         async for event in _merge(sources):
             if first and isinstance(event, ChoiceText):
                 first = False
                 self.service.metrics.ttft.labels(self.cache).observe(time.perf_counter() - self.started)
+            if isinstance(event, ChoiceText) and event.index == 0:
+                answer.append(event.text)
+            elif isinstance(event, ChoiceDone) and event.index == 0:
+                finish_reason = event.finish_reason
             yield event
         self.service.metrics.prompt_tokens.inc(self.plan.prompt_tokens)
+        turn = self.plan.turn
+        if turn is not None and finish_reason in COMPLETED and self.service.turns is not None:
+            await self.service.turns.complete(turn, "".join(answer))
 
     async def _replay(self, job: Job, stored: StoredAnswer) -> AsyncIterator[ChoiceEvent]:
         for offset, choice in enumerate(stored.choices):

@@ -2,7 +2,13 @@
 
 `create_app(settings, *, engine=None, archive=None)` builds the app; the engine and the
 archive are opened by a cleanup context when the app starts (unless given, in which case
-the caller owns and closes them). Middlewares, outermost first: metrics (route, status,
+the caller owns and closes them, and the prefix cache an engine was built with). When the
+engine has a prefix cache, a fleet tier (node/cache/fleet.py) is put in front of it: with a
+remote ARCA it fetches and pushes states through ARCA's L3; with the embedded archive it
+only preloads disk states into RAM (L3 in the embedded archive would be a second copy of
+the node's own disk tier on the same disk). Sessions live under `<home>/sessions`.
+Shutdown order: pending writes, session seals, fleet pushes, engine, cache, archive.
+Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, Bearer auth.
 """
 
@@ -18,11 +24,14 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from node.api.errors import Handler, Unauthorized, error_middleware
-from node.api.metrics import LiveStats, Metrics
+from node.api.metrics import CacheStats, LiveStats, Metrics
+from node.api.cache_routes import setup_cache_routes
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive_client import ArchiveClient, RemoteArchive, open_archive
+from node.cache.fleet import FleetConfig, FleetTier
 from node.served_model import describe_model
+from node.sessions import SessionStore
 from node.service import CompletionService, ServiceOptions
 
 log = logging.getLogger(__name__)
@@ -31,9 +40,9 @@ PUBLIC_PATHS = ("/health",)
 PAGE_PATHS = ("/", "/favicon.ico")  # the chat page holds no data; its API calls carry the key
 CORS_HEADERS = {
     "Access-Control-Allow-Origin": "*",
-    "Access-Control-Allow-Headers": "Authorization, Content-Type",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Reame-Session",
     "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-    "Access-Control-Expose-Headers": "X-Reame-Cache",
+    "Access-Control-Expose-Headers": "X-Reame-Cache, X-Reame-Session",
 }
 
 
@@ -101,6 +110,7 @@ def create_app(settings: Any, *, engine: Any = None, archive: ArchiveClient | No
     app[SETTINGS] = settings
     app.cleanup_ctx.append(partial(node_resources, engine=engine, archive=archive))
     setup_routes(app)
+    setup_cache_routes(app)
     return app
 
 
@@ -109,10 +119,12 @@ async def node_resources(app: web.Application, *, engine: Any, archive: ArchiveC
     settings = app[SETTINGS]
     loop = asyncio.get_running_loop()
     own_engine, own_archive = engine is None, archive is None
+    cache = fleet = service = None
     if own_engine:
         from node.engine.loader import open_engine
 
         engine = await loop.run_in_executor(None, open_engine, settings)
+    cache = getattr(engine.config, "prefix_cache", None)
     try:
         if own_archive:
             archive = await loop.run_in_executor(None, open_archive, settings)
@@ -121,14 +133,26 @@ async def node_resources(app: web.Application, *, engine: Any, archive: ArchiveC
         model = await loop.run_in_executor(None, describe_model, engine, settings)
         metrics = Metrics()
         metrics.watch(LiveStats(engine.stats, lambda: archive.counters.errors, archive.state))
+        if cache is not None:
+            remote = archive.state() != "embedded"
+            fleet = FleetTier(cache, archive, FleetConfig(push=remote, fetch=remote))
+            metrics.watch(CacheStats(cache.stats))
+        sessions = await loop.run_in_executor(None, SessionStore.open, settings.home / "sessions")
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
-            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens))
+            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens),
+            cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time())
         yield
         await service.drain()
     finally:
-        if own_archive and archive is not None:
-            await archive.close()
+        if service is not None and service.turns is not None:
+            await service.turns.close()
+        if fleet is not None:
+            await fleet.close()
         if own_engine:
             await loop.run_in_executor(None, engine.close)
+            if cache is not None:
+                await loop.run_in_executor(None, cache.close)
+        if own_archive and archive is not None:
+            await archive.close()

@@ -141,6 +141,18 @@ def from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiErro
     return error
 
 
+def from_domain_error(exc: Exception) -> ApiError | None:
+    """The node's own typed failures outside the API layer, in OpenAI's words."""
+    from node.sessions import SessionNotFound
+    from node.warm import WarmFailed
+
+    if isinstance(exc, SessionNotFound):
+        return NotFound(str(exc), param="session", code="session_not_found")
+    if isinstance(exc, WarmFailed):
+        return Overloaded(str(exc), retry_after_s=1)
+    return None
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turns every failure of a handler into one OpenAI error response."""
@@ -152,6 +164,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return error_response(from_http_exception(exc, request))
-    except Exception:
+    except Exception as exc:
+        mapped = from_domain_error(exc)
+        if mapped is not None:
+            return error_response(mapped)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(InternalError("The server failed to process the request"))

@@ -2,8 +2,8 @@
 
 Counted by the node: requests by route and status, prompt and generated tokens, time to
 first token, request latency, L1 archive hits and misses and lookup latency. Read at scrape
-time from their owners: the engine's queue depth and active sequences, and the archive
-client's errors per operation.
+time from their owners: the engine's queue depth and active sequences, the archive
+client's errors per operation, and the prefix KV cache's counters per tier (`CacheStats`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,62 @@ class LiveStats(Collector):
         yield state
 
 
+# PrefixCache.stats() name -> (series, label values, help). Series sharing a name share a family.
+CACHE_COUNTERS: dict[str, tuple[str, dict[str, str], str]] = {
+    "lookups": ("reame_prefix_cache_lookups", {}, "Prompts the engine looked up in the prefix cache"),
+    "ram_hits": ("reame_prefix_cache_hits", {"tier": "ram"}, "Prefix restores found, by tier"),
+    "disk_hits": ("reame_prefix_cache_hits", {"tier": "disk"}, ""),
+    "fleet_hits": ("reame_prefix_cache_hits", {"tier": "fleet"}, ""),
+    "ram_misses": ("reame_prefix_cache_misses", {"tier": "ram"}, "Lookups a tier could not serve"),
+    "disk_misses": ("reame_prefix_cache_misses", {"tier": "disk"}, ""),
+    "fleet_misses": ("reame_prefix_cache_misses", {"tier": "fleet"}, ""),
+    "tokens_restored": ("reame_prefix_cache_tokens_restored", {}, "Prompt tokens restored instead of prefilled"),
+    "tokens_prefilled": ("reame_prefix_cache_tokens_prefilled", {}, "Prompt tokens prefilled after the lookup"),
+    "restore_seconds": ("reame_prefix_cache_restore_seconds", {}, "Time to find, read and verify restored states"),
+    "bytes_stored_ram": ("reame_prefix_cache_stored_bytes", {"tier": "ram"}, "State bytes stored, by tier"),
+    "bytes_stored_disk": ("reame_prefix_cache_stored_bytes", {"tier": "disk"}, ""),
+    "fleet_bytes_pushed": ("reame_prefix_cache_stored_bytes", {"tier": "fleet"}, ""),
+    "ram_evicted_bytes": ("reame_prefix_cache_evicted_bytes", {"tier": "ram"}, "State bytes evicted, by tier"),
+    "disk_evicted_bytes": ("reame_prefix_cache_evicted_bytes", {"tier": "disk"}, ""),
+    "fleet_bytes_fetched": ("reame_prefix_cache_fetched_bytes", {}, "State bytes fetched from ARCA's L3"),
+    "stores": ("reame_prefix_cache_stores", {}, "States stored"),
+    "stores_dropped": ("reame_prefix_cache_stores_dropped", {}, "States kept in RAM only: disk writer busy"),
+    "disk_preloads": ("reame_prefix_cache_disk_preloads", {}, "Disk states read ahead of the engine's lookup"),
+    "disk_corrupt_deleted": ("reame_prefix_cache_corrupt_deleted", {}, "Files failing verification, deleted"),
+    "disk_write_errors": ("reame_prefix_cache_write_errors", {}, "Disk writes that failed"),
+    "fleet_pushes": ("reame_prefix_cache_fleet_pushes", {}, "States pushed to ARCA's L3"),
+    "fleet_pushes_dropped": ("reame_prefix_cache_fleet_pushes_dropped", {}, "Pushes skipped: too many in flight"),
+    "fleet_errors": ("reame_prefix_cache_fleet_errors", {}, "L3 fetches or pushes that failed"),
+    "fleet_timeouts": ("reame_prefix_cache_fleet_timeouts", {}, "L3 prefetches given up (prefilled instead)"),
+}
+CACHE_GAUGES: dict[str, tuple[str, dict[str, str], str]] = {
+    "ram_bytes": ("reame_prefix_cache_bytes", {"tier": "ram"}, "Bytes held now, by tier"),
+    "disk_bytes": ("reame_prefix_cache_bytes", {"tier": "disk"}, ""),
+    "ram_entries": ("reame_prefix_cache_entries", {"tier": "ram"}, "States held now, by tier"),
+    "disk_entries": ("reame_prefix_cache_entries", {"tier": "disk"}, ""),
+}
+
+
+class CacheStats(Collector):
+    """The prefix KV cache's counters (PrefixCache.stats()), read when Prometheus scrapes."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, float]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.stats()
+        for table, family_type in ((CACHE_COUNTERS, CounterMetricFamily), (CACHE_GAUGES, GaugeMetricFamily)):
+            families: dict[str, Any] = {}
+            for key, (name, labels, doc) in table.items():
+                if key not in stats:
+                    continue
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = family_type(name, doc, labels=list(labels))
+                family.add_metric(list(labels.values()), stats[key])
+            yield from families.values()
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -69,7 +125,7 @@ class Metrics:
                                           "Archive writes skipped because too many were pending",
                                           registry=self.registry)
 
-    def watch(self, live: LiveStats) -> None:
+    def watch(self, live: Collector) -> None:
         self.registry.register(live)
 
     def render(self) -> bytes:

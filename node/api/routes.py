@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -27,6 +28,7 @@ from node.service import Plan
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
+SESSION_HEADER = "X-Reame-Session"
 OFF_LOOP_BYTES = 32 * 1024  # bodies this large are tokenized on a worker thread
 T = TypeVar("T")
 
@@ -73,17 +75,36 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body, size = await read_json(request)
     req = parse_chat(body)
     check_model(state, req.model)
-    return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
+    session_id = session_of(request, body)
+    if session_id is None:
+        return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
+    turns = state.service.turns
+    async with turns.store.lock(session_id):  # one turn at a time: each continues the last
+        await turns.settled(session_id)
+        session = turns.store.get(session_id)
+        plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
+        return await answer(request, state, plan, {SESSION_HEADER: session_id})
 
 
-async def answer(request: web.Request, state: NodeState, plan: Plan) -> web.StreamResponse:
+def session_of(request: web.Request, body: object) -> str | None:
+    """The session a chat request continues: the `session` field, else the X-Reame-Session header."""
+    value = body.get("session") if isinstance(body, dict) else None
+    if value is None:
+        value = request.headers.get(SESSION_HEADER)
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest("'session' must be a string (an id from POST /v1/sessions)", param="session")
+    return value or None
+
+
+async def answer(request: web.Request, state: NodeState, plan: Plan,
+                 extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
     if not state.gate.try_enter():
         raise Overloaded(f"{state.gate.limit} requests are already in flight; retry shortly")
     try:
         identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
         n_choices = sum(job.n for job in plan.jobs)
         async with state.service.answer(plan) as result:
-            headers = {"X-Reame-Cache": result.cache}
+            headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
             if plan.options.stream:
                 return await stream_answer(request, plan, result, identity, n_choices, headers)
             collector = Collector(identity, n_choices, plan.options.logprobs is not None)
@@ -142,8 +163,28 @@ async def health(request: web.Request) -> web.Response:
     return json_response({
         "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
         "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
+        "cache": cache_health(state),
         "time": time.time(),
     })
+
+
+def cache_health(state: NodeState) -> dict:
+    service = state.service
+    cache = service.cache
+    if cache is None:
+        return {"enabled": False}
+    stats = cache.stats()
+    fleet = service.fleet
+    keys = ("ram_entries", "ram_bytes", "disk_entries", "disk_bytes", "lookups", "tokens_restored",
+            "tokens_prefilled", "fleet_hits", "fleet_errors")
+    return {
+        "enabled": True, "block_tokens": cache.chain.block_tokens,
+        "disk": str(cache.config.directory) if cache.config.directory else None,
+        "fleet": ("on" if fleet.config.fetch or fleet.config.push else "off") if fleet else "off",
+        "hits": stats.get("ram_hits", 0) + stats.get("disk_hits", 0),
+        "sessions": len(service.turns.store) if service.turns else 0,
+        **{key: stats[key] for key in keys if key in stats},
+    }
 
 
 async def metrics(request: web.Request) -> web.Response:

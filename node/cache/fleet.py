@@ -134,6 +134,16 @@ class FleetTier:
         metrics.add(fleet_hits=1, fleet_bytes_fetched=len(data))
         return entry.n_tokens
 
+    async def prefetch_within(self, prompt_tokens: Sequence[int], timeout_s: float) -> int:
+        """`prefetch`, given up after `timeout_s`: a slow archive costs only the speed-up (the
+        request then prefills what was not fetched). Counted in `fleet_timeouts`."""
+        try:
+            return await asyncio.wait_for(self.prefetch(prompt_tokens), timeout_s)
+        except asyncio.TimeoutError:
+            self.cache.metrics.add(fleet_timeouts=1)
+            log.info("prefix cache: prefetch gave up after %.2f s", timeout_s)
+            return 0
+
     async def _fetch(self, key: bytes) -> bytes | None:
         first = await self.archive.kv_get(archive_key(key))
         if first is None:

@@ -22,6 +22,7 @@ class CacheCounters:
     fleet_hits: int = 0
     fleet_misses: int = 0
     fleet_errors: int = 0
+    fleet_timeouts: int = 0  # prefetches given up (the request prefilled instead)
     fleet_bytes_fetched: int = 0
     fleet_pushes: int = 0
     fleet_bytes_pushed: int = 0

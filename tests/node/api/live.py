@@ -85,3 +85,35 @@ class LiveNode:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def http_json(method: str, url: str, body: Any = None, headers: dict | None = None,
+              timeout: float = 120) -> tuple[int, dict, Any]:
+    """One JSON request with the standard library: (status, headers, parsed body)."""
+    import urllib.error
+    import urllib.request
+
+    import orjson
+
+    request = urllib.request.Request(url, method=method, data=orjson.dumps(body) if body is not None else None,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), orjson.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), orjson.loads(exc.read())
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The value of one series on the node's /metrics (0 when absent)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0

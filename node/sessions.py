@@ -1,0 +1,157 @@
+"""Chat sessions: conversations the node keeps, so a turn continues from the previous KV.
+
+A session holds the conversation's messages and its tokens exactly as the model saw them:
+every prompt and answer so far, ending with what the chat template writes after the last
+answer (e.g. "<end_of_turn>\\n"). A turn's prompt is those tokens followed by the new
+messages, so it starts with the very tokens whose KV state the prefix cache stored after the
+previous turn, and the conversation is never prefilled again.
+
+Sessions live in memory and one JSON file each under `<home>/sessions/` (written to a temp
+file and renamed: a crash leaves the old version or the new one, never a torn file), so they
+survive restarts. The count is bounded (creating one past `max_sessions` drops the least
+recently used) and each expires `ttl_s` after its last use. Unknown, expired and malformed
+ids are all `SessionNotFound`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+ID_PATTERN = re.compile(r"sess_[0-9a-f]{24}")
+
+
+class SessionNotFound(LookupError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"No session '{session_id}' (unknown, deleted or expired)")
+        self.session_id = session_id
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: str
+    created: float
+    updated: float
+    messages: tuple[dict[str, str], ...] = ()
+    tokens: tuple[int, ...] = ()
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"id": self.id, "created": self.created, "updated": self.updated,
+                             "messages": list(self.messages), "tokens": list(self.tokens)})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Session":
+        data = orjson.loads(raw)
+        return cls(str(data["id"]), float(data["created"]), float(data["updated"]),
+                   tuple({"role": str(m["role"]), "content": str(m["content"])} for m in data["messages"]),
+                   tuple(int(t) for t in data["tokens"]))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_sessions: int = 1000
+    ttl_s: float = 7 * 24 * 3600
+
+
+@dataclass(slots=True)
+class SessionStore:
+    """Sessions in memory and on disk; used from the event loop (file writes on a thread)."""
+
+    directory: Path
+    limits: SessionLimits = SessionLimits()
+    _sessions: dict[str, Session] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, directory: Path, limits: SessionLimits = SessionLimits()) -> "SessionStore":
+        """Blocking: reads every session file once (call from a worker thread)."""
+        store = cls(directory, limits)
+        directory.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        for path in directory.glob("sess_*.json"):
+            try:
+                session = Session.from_json(path.read_bytes())
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("sessions: dropping unreadable %s: %s", path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            if session.id != path.stem or now - session.updated > limits.ttl_s:
+                path.unlink(missing_ok=True)
+                continue
+            store._sessions[session.id] = session
+        for stale in directory.glob(".tmp-*"):
+            stale.unlink(missing_ok=True)
+        store._trim(0)
+        return store
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    async def create(self) -> Session:
+        self._trim(1)
+        now = time.time()
+        session = Session(f"sess_{secrets.token_hex(12)}", now, now)
+        await self.save(session)
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id) if ID_PATTERN.fullmatch(session_id or "") else None
+        if session is None:
+            raise SessionNotFound(session_id)
+        if time.time() - session.updated > self.limits.ttl_s:
+            self._forget(session_id)
+            raise SessionNotFound(session_id)
+        return session
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        """One turn at a time per session: the next turn starts from this one's answer."""
+        self.get(session_id)
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    async def save(self, session: Session) -> Session:
+        session = replace(session, updated=time.time())
+        self._sessions[session.id] = session
+        await asyncio.to_thread(self._write, session)
+        return session
+
+    async def delete(self, session_id: str) -> None:
+        self.get(session_id)
+        await asyncio.to_thread(self._forget, session_id)
+
+    def describe(self, session: Session) -> dict[str, Any]:
+        return {"id": session.id, "object": "session", "created": int(session.created),
+                "updated": int(session.updated), "expires_at": int(session.updated + self.limits.ttl_s),
+                "messages": len(session.messages), "tokens": len(session.tokens)}
+
+    def _path(self, session_id: str) -> Path:
+        return self.directory / f"{session_id}.json"
+
+    def _write(self, session: Session) -> None:
+        temp = self.directory / f".tmp-{session.id}-{secrets.token_hex(4)}"
+        temp.write_bytes(session.to_json())
+        os.replace(temp, self._path(session.id))
+
+    def _forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        self._locks.pop(session_id, None)
+        self._path(session_id).unlink(missing_ok=True)
+
+    def _trim(self, room: int) -> None:
+        """Drop the least recently used sessions until `room` more fit the bound."""
+        excess = len(self._sessions) + room - self.limits.max_sessions
+        if excess <= 0:
+            return
+        oldest = sorted(self._sessions.values(), key=lambda s: s.updated)[:excess]
+        for session in oldest:
+            log.info("sessions: dropping %s (more than %d sessions)", session.id, self.limits.max_sessions)
+            self._forget(session.id)

@@ -1,0 +1,69 @@
+"""Warm-ahead: prefill a prompt into the prefix cache before anyone asks, and say what it did.
+
+`warm(engine, cache, tokens)` fetches what the fleet already holds (when a fleet tier is
+given), then runs the prompt through the engine with one greedy output token, which makes
+the engine store the prompt's last block boundary (and any fork point or checkpoint the
+cache's policy picks). Every later prompt that starts with these tokens restores that state
+and prefills only what follows it. The API's `POST /v1/warm`, session loads and `reame warm`
+all come here; the same path keeps a session's whole conversation (its prompts and answers)
+stored after each turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from node.engine.errors import EngineError
+from node.engine.types import Finished, GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class WarmFailed(EngineError):
+    """The engine ended the warm-up without completing it (cancelled or failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmResult:
+    tokens: int  # prompt tokens warmed
+    cached_tokens: int  # of them, already held by the cache before (restored, not prefilled)
+    stored_tokens: int  # the longest prefix of the prompt the cache holds afterwards
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "cached_tokens": self.cached_tokens,
+                "stored_tokens": self.stored_tokens, "seconds": round(self.seconds, 4)}
+
+
+def held_tokens(cache: Any, tokens: Sequence[int]) -> int:
+    """The longest restorable prefix of `tokens` the local tiers hold (RAM, queued or disk)."""
+    return cache.longest_local(cache.chain.restorable(tokens))
+
+
+async def warm(engine: Any, cache: Any, tokens: Sequence[int], *, fleet: Any = None,
+               prefetch_timeout_s: float = 2.0, submit: Callable[[GenerationRequest], Any] | None = None,
+               ) -> WarmResult:
+    """Prefill `tokens` through the engine so the cache stores them (module docstring).
+
+    `submit` replaces `engine.submit` (the API maps engine errors to HTTP ones there).
+    """
+    started = time.perf_counter()
+    if fleet is not None:
+        await fleet.prefetch_within(tokens, prefetch_timeout_s)
+    cached = held_tokens(cache, tokens)
+    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, sampling=GREEDY)
+    handle = submit(request) if submit is not None else engine.submit(request, asyncio.get_running_loop())
+    finished: Finished | None = None
+    try:
+        async for event in handle:
+            if isinstance(event, Finished):
+                finished = event
+    finally:
+        handle.cancel()
+    if finished is None or finished.reason not in ("stop", "length"):
+        detail = finished.error if finished is not None and finished.error else "no detail"
+        raise WarmFailed(f"warming {len(tokens)} tokens ended early: {detail}")
+    return WarmResult(len(tokens), cached, held_tokens(cache, tokens), time.perf_counter() - started)
