@@ -23,7 +23,7 @@ RESTORED = "reame_prefix_cache_tokens_restored_total"
 def node(gemma_path, tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="node extra not installed")
     home = tmp_path_factory.mktemp("cache-node")
-    settings = node_settings(gemma_path, home, **{"cache.enabled": True, "cache.directory": str(home / "cache"),
+    settings = node_settings(gemma_path, home, **{"model.threads": 1, "cache.enabled": True, "cache.directory": str(home / "cache"),
                                                   "arca.observe": False})
     with LiveNode(settings) as live:
         yield live
@@ -109,3 +109,21 @@ def test_four_interleaved_users_share_the_warmed_document(node):
         assert answer and usage["completion_tokens"] >= 1
     assert metric(node.url, "reame_prefix_cache_lookups_total") - lookups == 4
     assert metric(node.url, RESTORED) - restored >= 4 * stored
+
+
+def test_served_model_renders_gguf_templates_that_print_eos(node):
+    """The served model takes its template from the engine, so a GGUF template printing
+    `eos_token` gets the model's real end-of-sequence text (not an empty string). The GGUF
+    here has no template of its own: the engine is seen through one that carries one."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from node.served_model import describe_model
+
+    engine = node.state.engine
+    source = "{% for m in messages %}{{ bos_token }}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    view = SimpleNamespace(config=engine.config, n_ctx=engine.n_ctx, token_piece=engine.token_piece,
+                           model_info=replace(engine.model_info, chat_template=source))
+    model = describe_model(view, node.settings)
+    rendered = model.template.render([{"role": "user", "content": "hi"}], add_generation_prompt=False)
+    assert rendered.endswith("hi<eos>")  # (a leading BOS is left to the tokenizer)
