@@ -160,9 +160,11 @@ def test_four_interleaved_users_with_the_cache(gemma_path, tmp_path, engine):
     single-sequence ones, with or without the cache.)"""
     ps = prompts(engine)
     shared = shared_blocks(ps)
+    # The reference never restores: the four submits race the engine thread, and a user
+    # admitted one step after another would otherwise restore what the first one just stored.
     fresh = use_cache(engine, new_cache(gemma_path, None))
+    fresh.lookup = lambda prompt_tokens: None  # same split points, nothing restored
     reference = together(engine, ps)
-    assert fresh.stats()["tokens_restored"] == 0
     fresh.close()
     cache = use_cache(engine, new_cache(gemma_path, tmp_path))
     try:
