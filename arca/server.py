@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 SHUTDOWN_GRACE_SECONDS = 5.0
+# How often the server looks for idle time: a period without any command lets it fold the
+# L1 entry log (see arca/archive/entry_log.py) in small slices.
+IDLE_CHECK_SECONDS = 0.1
 # A batch of pipelined commands stops producing replies past this many bulk bytes and goes
 # on when the client has read them, so one read cannot make the server buffer gigabytes.
 OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
@@ -220,6 +223,8 @@ class ArcaServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._seen_commands = -1
 
     async def start(self) -> tuple[str, int]:
         """Bind and start accepting; returns the address really bound."""
@@ -231,6 +236,7 @@ class ArcaServer:
         self.state.tcp_port = port
         if not self._hold:
             self._timer = self.loop.call_later(1.0, self._every_second)
+        self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)
         return host, port
 
     # -- replies and group commit
@@ -277,6 +283,30 @@ class ArcaServer:
         if not self.stopping:
             self._timer = self.loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
 
+    # -- idle-time maintenance
+
+    def _idle_check(self) -> None:
+        processed = self.state.stats.commands_processed
+        idle = processed == self._seen_commands
+        self._seen_commands = processed
+        if idle and self.archive.fold_backlog:
+            self._fold_while_idle()
+        if not self.stopping:
+            self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)  # type: ignore[union-attr]
+
+    def _fold_while_idle(self) -> None:
+        """Fold one slice of the entry log, then another after the loop has polled for input,
+        for as long as no command arrives."""
+        if self.stopping or self.state.stats.commands_processed != self._seen_commands:
+            return
+        try:
+            folded = self.archive.fold_step()
+        except Exception:
+            log.exception("folding the entry log failed; the log is kept and replayed at open")
+            return
+        if folded:
+            self.loop.call_soon(self._fold_while_idle)  # type: ignore[union-attr]
+
     # -- shutdown
 
     async def close(self) -> None:
@@ -284,8 +314,9 @@ class ArcaServer:
         if self.stopping:
             return
         self.stopping = True
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
         if self._server is not None:
             self._server.close()
         self._commit_tick()

@@ -1,6 +1,7 @@
 """ARCA against redis-server with redis-benchmark: ops/s and the ARCA/redis ratio per test.
 
     .venv/bin/python bench/arca_vs_redis.py [--requests-p1 N] [--requests-p16 N] [--rounds R]
+        [--tests set,get,...] [--modes commit,everysec] [--no-rss]
 
 Two configurations, each server on a free port of 127.0.0.1:
   1. redis-server without persistence  vs  ARCA with durability=commit (every acked write
@@ -10,7 +11,8 @@ For every test (ping, set, get, incr, mset) at -P 1 and -P 16, runs alternate be
 servers `--rounds` times and the best run of each is reported (the machine is shared, so the
 best run is the least disturbed one). Then ARCA's RSS holding 1M keys (redis-server's for
 comparison) and, when the corpus commands exist, ARCA.DRAFT latency over loopback with a
-1M-token corpus.
+1M-token corpus. The machine's load average is printed with every table: on a shared
+machine, compare ratios measured under similar load.
 """
 
 from __future__ import annotations
@@ -157,10 +159,17 @@ def draft_latency(port: int) -> str:
             f"p99 {p99 * 1e3:.3f} ms, hits {hits}/{len(samples)}")
 
 
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
 def run_table(title: str, arca: int, redis: int, args: argparse.Namespace) -> list[str]:
-    lines = [title, f"{'test':<12} {'-P':>3} {'ARCA ops/s':>12} {'redis ops/s':>12} {'ratio':>7}"]
+    lines = [f"{title}; {load_average()} at start",
+             f"{'test':<12} {'-P':>3} {'ARCA ops/s':>12} {'redis ops/s':>12} {'ratio':>7}"]
+    print(lines[0], lines[1], sep="\n", flush=True)
     for pipeline, requests in ((1, args.requests_p1), (16, args.requests_p16)):
-        for test in TESTS:
+        for test in args.tests:
             best: dict[str, dict[str, float]] = {"arca": {}, "redis": {}}
             for _ in range(args.rounds):
                 for name, port in (("arca", arca), ("redis", redis)):
@@ -172,6 +181,8 @@ def run_table(title: str, arca: int, redis: int, args: argparse.Namespace) -> li
                 ratio = a / r if r else float("nan")
                 lines.append(f"{key:<12} {pipeline:>3} {a:>12,.0f} {r:>12,.0f} {ratio:>6.2f}x")
                 print(lines[-1], flush=True)
+    lines.append(load_average() + " at end")
+    print(lines[-1], flush=True)
     return lines
 
 
@@ -181,6 +192,11 @@ def main() -> int:
     parser.add_argument("--requests-p16", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--keys", type=int, default=1_000_000, help="keys for the RSS measurement")
+    parser.add_argument("--tests", type=lambda text: text.split(","), default=list(TESTS),
+                        help=f"comma-separated subset of {','.join(TESTS)}")
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=["commit", "everysec"],
+                        help="ARCA durability modes to compare: commit, everysec")
+    parser.add_argument("--no-rss", action="store_true", help="skip the RSS and ARCA.DRAFT measurements")
     args = parser.parse_args()
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if shutil.which(tool) is None:
@@ -189,20 +205,25 @@ def main() -> int:
     report: list[str] = []
     with tempfile.TemporaryDirectory(prefix="arca-bench-") as tmp:
         base = Path(tmp)
-        for index, (title, durability, appendonly) in enumerate((
+        configurations = (
             ("ARCA durability=commit vs redis without persistence", "commit", False),
             ("ARCA durability=everysec vs redis appendonly yes + everysec", "everysec", True),
-        )):
+        )
+        for index, (title, durability, appendonly) in enumerate(configurations):
+            if durability not in args.modes:
+                continue
             (base / f"a{index}").mkdir()
             (base / f"r{index}").mkdir()
             arca, arca_port = start_arca(base / f"a{index}", durability)
             redis, redis_port = start_redis(base / f"r{index}", appendonly)
             try:
-                print(title, flush=True)
                 report += run_table(title, arca_port, redis_port, args) + [""]
             finally:
                 stop(arca)
                 stop(redis)
+        if args.no_rss:
+            print("\n" + "\n".join(report))
+            return 0
         (base / "rss-a").mkdir()
         (base / "rss-r").mkdir()
         arca, arca_port = start_arca(base / "rss-a", "commit")

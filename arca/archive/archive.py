@@ -16,7 +16,8 @@ from typing import Iterator, Sequence
 from .config import ArchiveConfig
 from .corpus import DEFAULT_NAMESPACE, Corpus
 from .entries import Entries, Entry
-from .errors import ArchiveError
+from .entry_log import DamagedBatch
+from .errors import ArchiveCorruptError
 from .journal import GroupCommit
 from .kvblocks import KVBlocks
 from .store import Store
@@ -122,11 +123,29 @@ class Archive:
         self._journal.commit()
 
     def compact(self) -> int:
-        """Commit, then fold the whole L1 entry log into the keyed table (for idle time or
-        before copying the file); returns the number of log rows folded."""
+        """Commit, then fold the whole L1 entry log into the keyed table (before copying the
+        file, say); returns the number of log records folded."""
         self.commit()
-        with self._store.transaction() as conn:
-            return self._entries.log.compact(conn)
+        return self._fold(None)
+
+    @property
+    def fold_backlog(self) -> int:
+        """L1 log records not yet folded into the keyed table (see entry_log.py)."""
+        return self._entries.log.backlog
+
+    def fold_step(self) -> int:
+        """Fold one small slice of the L1 entry log (a few ms); for idle time. Returns the
+        number of records folded, 0 when the log is empty."""
+        if not self._entries.log.backlog:
+            return 0
+        return self._fold(self._entries.log.fold_slice)
+
+    def _fold(self, limit: int | None) -> int:
+        try:
+            with self._store.transaction() as conn:
+                return self._entries.log.fold(conn, limit)
+        except DamagedBatch as exc:
+            raise ArchiveCorruptError(self._store.path, f"L1 log batch {exc.args[0]} fails its checksum") from None
 
     def close(self) -> None:
         if self._closed:
@@ -169,6 +188,8 @@ class Archive:
                 "commit_failures": journal.failures,
                 "last_commit_us": journal.last_commit_us,
                 "last_commit_time": journal.last_commit_unix,
+                "log_backlog_records": entries.log.backlog,
+                "log_folds": entries.log.folds,
             },
             "keyspace": _keyspace(len(entries), entries.expires_count),
             "arca": {

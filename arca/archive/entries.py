@@ -7,7 +7,7 @@ keeps GET a dict lookup (~0.2 us) rather than a SQLite read (~5 us), and the byt
 values cost about 170 MB of RSS. The database is the durable copy: it is read once at open
 (LRU order is rebuilt from write order) and written by group commit.
 
-Writes mark keys dirty; `write_pending` turns the dirty set into rows appended to the
+Writes mark keys dirty; `write_pending` packs the dirty set into one batch appended to the
 entry log (entry_log.py) inside the commit's transaction.
 """
 
@@ -24,7 +24,7 @@ from typing import Iterator
 from .config import ENTRY_OVERHEAD
 from .errors import ArchiveCorruptError, ArchiveOOMError
 from .expiry import ExpiryQueue, now_ms
-from .entry_log import EntryLog
+from .entry_log import DamagedBatch, EntryLog
 from .scan import ScanCursors
 
 log = logging.getLogger(__name__)
@@ -180,13 +180,7 @@ class Entries:
         return len(self._dirty) + self._flushed
 
     def write_pending(self, conn: sqlite3.Connection) -> None:
-        values, deadlines = self._values, self._expiry.deadlines
-        rows = []
-        for key in self._dirty:
-            value = values.get(key)
-            rows.append((key, None, None, None) if value is None
-                        else (key, value, deadlines.get(key), zlib.crc32(value)))
-        self.log.append(conn, rows, flushed=self._flushed)
+        self.log.append(conn, self._dirty, self._values, self._expiry.deadlines, flushed=self._flushed)
 
     def committed(self) -> None:
         self._dirty.clear()
@@ -195,18 +189,21 @@ class Entries:
     def load(self, conn: sqlite3.Connection, path: Path) -> None:
         """Read every stored entry in write order; a row failing its checksum is corruption."""
         values, deadlines, damaged = self._values, {}, []
-        for key, value, expire_at, crc in self.log.read(conn):
-            key = bytes(key)
-            values.pop(key, None)
-            deadlines.pop(key, None)
-            if value is None:
-                continue
-            if zlib.crc32(value) != crc:
-                damaged.append(key)
-                continue
-            values[key] = value
-            if expire_at is not None:
-                deadlines[key] = expire_at
+        try:
+            for key, value, expire_at, crc in self.log.read(conn):
+                key = bytes(key)
+                values.pop(key, None)
+                deadlines.pop(key, None)
+                if value is None:
+                    continue
+                if crc is not None and zlib.crc32(value) != crc:
+                    damaged.append(key)
+                    continue
+                values[key] = value
+                if expire_at is not None:
+                    deadlines[key] = expire_at
+        except DamagedBatch as exc:
+            raise ArchiveCorruptError(path, f"L1 log batch {exc.args[0]} fails its checksum") from None
         if damaged:
             raise ArchiveCorruptError(path, f"{len(damaged)} L1 entries fail their checksum "
                                             f"(first key {damaged[0][:64]!r})")

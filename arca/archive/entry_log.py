@@ -1,68 +1,152 @@
-"""How L1 entries reach the disk: an append-only log folded into a keyed table in chunks.
+"""How L1 entries reach the disk: one packed log batch per commit, folded into a keyed table later.
 
-A commit appends one row per dirty key to `entries_log` (a NULL value deletes): appends
-touch only the last pages of one b-tree, so a commit of 50 writes costs ~150 us where 50
-random upserts into a large keyed table cost ~1 ms (measured). When the log passes
-`compact_after` rows, a commit also folds the oldest `compact_chunk` rows into `entries`
-(last write per key wins). Big, infrequent chunks matter: many rows share each dirtied
-page, so the WAL receives each page once per chunk rather than once per commit (measured
-with 100k random keys: 200 rows folded per commit cost ~1 ms a commit; 8192 rows every
-~160 commits cost ~0.15 ms a commit on average, as a ~25 ms pause). Opening reads
-`entries` in write order and then replays the log.
+A commit appends the dirty keys as one row of `entries_batches`: a blob of packed records
+(key length u32, value length i32 with -1 for a deletion, expire_at i64 with 0 for none,
+then the key and value bytes) plus one CRC32 over the blob. Packing costs ~0.3 us per
+record where binding one SQLite row per record cost ~4-5 us (measured: 800 writes commit in
+~0.25 ms against ~3.5 ms), so a commit costs about one small row whatever it holds. Commits
+with more than `BATCH_RECORDS` records are split into several rows so that no fold has to
+take a huge batch at once.
+
+Folding moves the oldest batches into `entries` (one row per key, last write wins) and
+deletes them. It is not part of the write path: the server folds a slice of about
+`fold_slice` records at a time while it is idle (`Archive.fold_step`), and a commit folds a
+slice itself only when the log has passed `fold_after` records (writes with no idle time
+at all), which bounds the log. Opening reads `entries` in write order and then replays the
+log batches.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Iterator
+import struct
+import zlib
+from typing import Iterable, Iterator, Mapping
 
-_APPEND = "INSERT INTO entries_log (key, value, expire_at, crc) VALUES (?, ?, ?, ?)"
+BATCH_RECORDS = 4096
+_HEADER = struct.Struct("<IiQ")
+_HEADER_SIZE = _HEADER.size
+_INSERT_BATCH = "INSERT INTO entries_batches (records, count, crc) VALUES (?, ?, ?)"
 _UPSERT = "INSERT OR REPLACE INTO entries (key, value, expire_at, crc) VALUES (?, ?, ?, ?)"
 _DELETE = "DELETE FROM entries WHERE key = ?"
 
+# (key, value or None for a deletion, expire_at or None, crc or None when the batch was checked)
 Row = tuple[bytes, "bytes | None", "int | None", "int | None"]
 
 
-class EntryLog:
-    def __init__(self, compact_after: int = 100_000, compact_chunk: int = 8192) -> None:
-        self.compact_after = compact_after
-        self.compact_chunk = compact_chunk
-        self.log_rows = 0
-        self.compactions = 0
+class DamagedBatch(Exception):
+    """A log batch fails its checksum; the argument is its sequence number."""
 
-    def append(self, conn: sqlite3.Connection, rows: list[Row], *, flushed: bool) -> None:
+
+def create_batches_table(conn: sqlite3.Connection) -> None:
+    """Schema step 1 -> 2: the batch log replaces the row-per-write `entries_log`."""
+    conn.execute("CREATE TABLE entries_batches (seq INTEGER PRIMARY KEY, records BLOB NOT NULL, "
+                 "count INTEGER NOT NULL, crc INTEGER NOT NULL)")
+    latest: dict[bytes, tuple] = {}
+    for key, value, expire_at, crc in conn.execute(
+            "SELECT key, value, expire_at, crc FROM entries_log ORDER BY seq"):
+        key = bytes(key)
+        latest.pop(key, None)
+        latest[key] = (value, expire_at, crc)
+    _apply(conn, latest)
+    conn.execute("DROP TABLE entries_log")
+
+
+def encode_batch(keys: Iterable[bytes], values: Mapping[bytes, bytes], deadlines: Mapping[bytes, int]) -> bytes:
+    """The current state of `keys` as packed records (a key missing from `values` is deleted)."""
+    parts: list[bytes] = []
+    append, header, value_of, deadline_of = parts.append, _HEADER.pack, values.get, deadlines.get
+    for key in keys:
+        value = value_of(key)
+        if value is None:
+            append(header(len(key), -1, 0))
+            append(key)
+        else:
+            append(header(len(key), len(value), deadline_of(key) or 0))
+            append(key)
+            append(value)
+    return b"".join(parts)
+
+
+def decode_batch(blob: bytes) -> Iterator[tuple[bytes, "bytes | None", "int | None"]]:
+    unpack, pos, end = _HEADER.unpack_from, 0, len(blob)
+    while pos < end:
+        key_len, value_len, expire_at = unpack(blob, pos)
+        pos += _HEADER_SIZE
+        key = blob[pos:pos + key_len]
+        pos += key_len
+        if value_len < 0:
+            yield key, None, None
+            continue
+        yield key, blob[pos:pos + value_len], expire_at or None
+        pos += value_len
+
+
+class EntryLog:
+    def __init__(self, fold_after: int = 1_000_000, fold_slice: int = 1024) -> None:
+        self.fold_after = fold_after
+        self.fold_slice = fold_slice
+        self.backlog = 0  # records in the log, not yet folded into `entries`
+        self.folds = 0
+
+    def append(self, conn: sqlite3.Connection, keys: Mapping[bytes, None], values: Mapping[bytes, bytes],
+               deadlines: Mapping[bytes, int], *, flushed: bool) -> None:
         if flushed:
             conn.execute("DELETE FROM entries")
-            conn.execute("DELETE FROM entries_log")
-            self.log_rows = 0
-        if rows:
-            conn.executemany(_APPEND, rows)
-            self.log_rows += len(rows)
-        if self.log_rows > self.compact_after:
-            self.compact(conn, self.compact_chunk)
+            conn.execute("DELETE FROM entries_batches")
+            self.backlog = 0
+        count = len(keys)
+        if count > BATCH_RECORDS:
+            ordered = list(keys)
+            chunks: Iterable = (ordered[i:i + BATCH_RECORDS] for i in range(0, count, BATCH_RECORDS))
+        else:
+            chunks = (keys,) if count else ()
+        for chunk in chunks:
+            blob = encode_batch(chunk, values, deadlines)
+            conn.execute(_INSERT_BATCH, (blob, len(chunk), zlib.crc32(blob)))
+        self.backlog += count
+        if self.backlog > self.fold_after:
+            self.fold(conn, self.fold_slice)
 
-    def compact(self, conn: sqlite3.Connection, limit: int | None = None) -> int:
-        """Fold the oldest `limit` log rows (all when None) into `entries`."""
-        query = "SELECT seq, key, value, expire_at, crc FROM entries_log ORDER BY seq"
-        rows = conn.execute(query + (" LIMIT ?" if limit else ""), (limit,) if limit else ()).fetchall()
-        if not rows:
-            return 0
+    def fold(self, conn: sqlite3.Connection, limit: int | None = None) -> int:
+        """Fold the oldest batches (at least one, about `limit` records; all when None) into
+        `entries`; returns the number of records folded."""
         latest: dict[bytes, tuple] = {}
-        for row in rows:
-            latest.pop(row[1], None)
-            latest[row[1]] = row
-        conn.executemany(_DELETE, [(key,) for key, row in latest.items() if row[2] is None])
-        conn.executemany(_UPSERT, [row[1:] for row in latest.values() if row[2] is not None])
-        conn.execute("DELETE FROM entries_log WHERE seq <= ?", (rows[-1][0],))
-        self.log_rows -= len(rows)
-        self.compactions += 1
-        return len(rows)
+        folded = last_seq = 0
+        for seq, blob, count, crc in conn.execute(
+                "SELECT seq, records, count, crc FROM entries_batches ORDER BY seq"):
+            if zlib.crc32(blob) != crc:
+                raise DamagedBatch(seq)
+            for key, value, expire_at in decode_batch(blob):
+                latest.pop(key, None)
+                latest[key] = (value, expire_at, None)
+            folded += count
+            last_seq = seq
+            if limit is not None and folded >= limit:
+                break
+        if not last_seq:
+            return 0
+        _apply(conn, latest)
+        conn.execute("DELETE FROM entries_batches WHERE seq <= ?", (last_seq,))
+        self.backlog = max(0, self.backlog - folded)
+        self.folds += 1
+        return folded
 
     def read(self, conn: sqlite3.Connection) -> Iterator[Row]:
         """Every stored row in write order: the table, then the log (later rows win)."""
         yield from conn.execute("SELECT key, value, expire_at, crc FROM entries ORDER BY rowid")
-        self.log_rows = 0
-        for row in conn.execute("SELECT key, value, expire_at, crc FROM entries_log ORDER BY seq"):
-            self.log_rows += 1
-            yield row
+        self.backlog = 0
+        for seq, blob, count, crc in conn.execute(
+                "SELECT seq, records, count, crc FROM entries_batches ORDER BY seq"):
+            if zlib.crc32(blob) != crc:
+                raise DamagedBatch(seq)
+            self.backlog += count
+            for key, value, expire_at in decode_batch(blob):
+                yield key, value, expire_at, None
 
+
+def _apply(conn: sqlite3.Connection, latest: dict[bytes, tuple]) -> None:
+    """Write the last state of each key into `entries` (a crc of None is computed here)."""
+    conn.executemany(_DELETE, [(key,) for key, (value, _, _) in latest.items() if value is None])
+    conn.executemany(_UPSERT, [(key, value, expire_at, zlib.crc32(value) if crc is None else crc)
+                               for key, (value, expire_at, crc) in latest.items() if value is not None])

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .config import ArchiveConfig
+from .entry_log import create_batches_table
 from .errors import ArchiveCorruptError, ArchiveError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -30,8 +31,7 @@ _SCHEMA_V1 = (
     # LRU order is rebuilt from it at open.
     "CREATE TABLE entries (key BLOB NOT NULL UNIQUE, value BLOB NOT NULL, "
     "expire_at INTEGER, crc INTEGER NOT NULL)",
-    # Commits append here (cheap, sequential); compaction folds old rows into `entries`.
-    # A NULL value is a deletion.
+    # Version 1's row-per-write log; version 2 folds it and replaces it with entries_batches.
     "CREATE TABLE entries_log (seq INTEGER PRIMARY KEY, key BLOB NOT NULL, value BLOB, "
     "expire_at INTEGER, crc INTEGER)",
     "CREATE TABLE corpus_streams (id INTEGER PRIMARY KEY, ns BLOB NOT NULL, "
@@ -48,7 +48,7 @@ def _create_v1(conn: sqlite3.Connection) -> None:
 
 
 # Step i upgrades the schema from version i to i + 1; append new steps, never edit old ones.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1,)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1, create_batches_table)
 
 
 def is_corruption(error: sqlite3.Error) -> bool:

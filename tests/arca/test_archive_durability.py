@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import pytest
 
@@ -38,14 +39,14 @@ def test_second_process_cannot_open_the_same_directory(tmp_path):
 def test_log_compaction_keeps_last_write(tmp_path):
     config = ArchiveConfig(directory=tmp_path)
     with Archive(config) as arc:
-        arc._entries.log.compact_after = 10
-        arc._entries.log.compact_chunk = 7
+        arc._entries.log.fold_after = 10
+        arc._entries.log.fold_slice = 7
         for round_ in range(5):
             for i in range(20):
                 arc.put(b"k%d" % i, b"r%d" % round_)
             arc.delete(b"k%d" % round_)
             arc.commit()
-        assert arc._entries.log.compactions > 0
+        assert arc._entries.log.folds > 0
     with Archive(config) as arc:
         assert arc.dbsize() == 19 and arc.get(b"k4") is None
         assert all(arc.get(b"k%d" % i) == b"r4" for i in range(20) if i != 4)
@@ -141,3 +142,40 @@ def test_compact_folds_the_log(tmp_path):
         assert arc.compact() == 0
     with Archive(config) as arc:
         assert arc.dbsize() == 9 and not arc.exists(b"k3")
+
+
+def test_fold_step_folds_in_slices_and_keeps_every_write(tmp_path):
+    config = ArchiveConfig(directory=tmp_path)
+    with Archive(config) as arc:
+        arc._entries.log.fold_slice = 30
+        for round_ in range(4):
+            for i in range(25):
+                arc.put(b"k%d" % i, b"r%d" % round_, None if i % 2 else 10**13 + i)
+            arc.commit()
+        arc.delete(b"k0")
+        arc.commit()
+        assert arc.fold_backlog == 101
+        steps = []
+        while folded := arc.fold_step():
+            steps.append(folded)
+        assert steps == [50, 50, 1] and arc.fold_backlog == 0
+    with Archive(config) as arc:
+        assert arc.dbsize() == 24 and arc.get(b"k0") is None
+        assert arc.get_entry(b"k2").expire_at_ms == 10**13 + 2 and arc.get_entry(b"k3").expire_at_ms is None
+        assert all(arc.get(b"k%d" % i) == b"r3" for i in range(1, 25))
+
+
+def test_version_1_row_log_is_migrated(tmp_path):
+    import sqlite3
+    config = ArchiveConfig(directory=tmp_path)
+    Archive(config).close()
+    with sqlite3.connect(config.database_path) as conn:  # turn the file back into schema 1
+        conn.execute("DROP TABLE entries_batches")
+        conn.execute("CREATE TABLE entries_log (seq INTEGER PRIMARY KEY, key BLOB NOT NULL, "
+                     "value BLOB, expire_at INTEGER, crc INTEGER)")
+        conn.executemany("INSERT INTO entries_log (key, value, expire_at, crc) VALUES (?, ?, ?, ?)",
+                         [(b"a", b"1", None, zlib.crc32(b"1")), (b"b", b"2", None, zlib.crc32(b"2")),
+                          (b"a", None, None, None), (b"c", b"3", 10**13, zlib.crc32(b"3"))])
+        conn.execute("PRAGMA user_version=1")
+    with Archive(config) as arc:
+        assert sorted(arc.keys()) == [b"b", b"c"] and arc.get_entry(b"c").expire_at_ms == 10**13

@@ -137,6 +137,19 @@ def test_acknowledged_writes_are_committed_in_groups(arca):
     assert 2 <= commits < 20  # one per event-loop tick, not one per write
 
 
+def test_idle_server_folds_the_entry_log(arca):
+    with arca.connect() as sock:
+        burst = b"".join(b"SET k%d v\r\n" % i for i in range(300))
+        sock.sendall(burst)
+        assert recv_exactly(sock, b"+OK\r\n" * 300) == b"+OK\r\n" * 300
+    deadline = time.monotonic() + 10
+    while arca.call(lambda: arca.archive.fold_backlog) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert arca.call(lambda: arca.archive.fold_backlog) == 0
+    assert arca.call(lambda: arca.archive.info()["persistence"]["log_folds"]) >= 1
+    assert arca.call(lambda: arca.archive.dbsize()) == 300
+
+
 def test_everysec_acknowledges_first_and_commits_within_a_second_or_two(arca_factory):
     server = arca_factory(durability="everysec")
     with server.connect() as sock:
