@@ -29,6 +29,7 @@ QUESTIONS = (
     "Question: when does the fish market open late? Answer:",
 )
 GREEDY = SamplingParams(temperature=0.0)
+NEAR_TIE = 0.5  # nats between the two best tokens, as in the engine's batching test
 BLOCK = 32
 CHECKPOINT = 4 * BLOCK
 CTX = dict(n_ctx=2048, n_threads=2, n_parallel=4, n_batch=512, n_ubatch=512, kv_type="f16")
@@ -145,31 +146,53 @@ def test_restore_matches_fresh_prefill_and_survives_a_restart(gemma_path, tmp_pa
         restarted_cache.close()
 
 
-def together(engine: Engine, all_prompts) -> list[tuple[int, ...]]:
+def together(engine: Engine, all_prompts, logprobs: int | None = None) -> list[tuple[Finished, list]]:
     handles = [
-        engine.submit(GenerationRequest(prompt_tokens=tuple(p), max_tokens=10, sampling=GREEDY))
+        engine.submit(GenerationRequest(prompt_tokens=tuple(p), max_tokens=10, sampling=GREEDY,
+                                        logprobs=logprobs))
         for p in all_prompts
     ]
-    return [finished(handle).generated for handle in handles]
+    return [finished_with_logprobs(handle) for handle in handles]
+
+
+def finished_with_logprobs(handle) -> tuple[Finished, list]:
+    events = list(handle.iter_sync())
+    final = events[-1]
+    assert isinstance(final, Finished) and final.reason in ("stop", "length"), final.error
+    return final, [lp for event in events[:-1] for lp in getattr(event, "logprobs", ())]
 
 
 def test_four_interleaved_users_with_the_cache(gemma_path, tmp_path, engine):
-    """Four users restoring the shared document while the others decode get exactly what
-    four users prefilling it from scratch in the same batch get. (The reference is the
-    interleaved run, not each prompt alone: batched kernels round differently from
-    single-sequence ones, with or without the cache.)"""
+    """Four users restoring the shared document while the others decode get what four users
+    prefilling it from scratch in one batch get.
+
+    The reference is an interleaved run, not each prompt alone, and the comparison allows a
+    divergence only where the reference's two best tokens are nearly tied: llama.cpp's CPU
+    kernels round differently depending on which sequences share a ubatch, and the four
+    submits race the engine thread, so the batches of the two runs need not form alike (see
+    tests/node/engine/test_engine_batching.py for the measurement). A restore that brought
+    back the wrong state diverges at a clear margin and fails.
+    """
     ps = prompts(engine)
     shared = shared_blocks(ps)
-    # The reference never restores: the four submits race the engine thread, and a user
-    # admitted one step after another would otherwise restore what the first one just stored.
+    # The reference never restores: a user admitted one step after another would otherwise
+    # restore what the first one just stored.
     fresh = use_cache(engine, new_cache(gemma_path, None))
     fresh.lookup = lambda prompt_tokens: None  # same split points, nothing restored
-    reference = together(engine, ps)
+    reference = together(engine, ps, logprobs=2)
     fresh.close()
     cache = use_cache(engine, new_cache(gemma_path, tmp_path))
     try:
         generate(engine, ps[0][: shared + 1], max_tokens=1)  # warm: stores the shared prefix
-        assert together(engine, ps) == reference
+        for (expected, expected_logprobs), (final, _) in zip(reference, together(engine, ps)):
+            a, b = expected.generated, final.generated
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if first is None:
+                assert a == b
+                continue
+            top = expected_logprobs[first].top
+            gap = top[0][2] - top[1][2]
+            assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
         assert cache.stats()["tokens_restored"] >= 4 * shared
     finally:
         cache.close()
