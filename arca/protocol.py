@@ -277,15 +277,15 @@ class Decoder:
         return len(self._slow.buf)
 
     def feed(self, data: bytes) -> list[list[bytes]]:
-        if self.error is not None:
-            return []
-        if self._slow.idle and len(data) <= self._fast_max:
+        if self._slow.idle and len(data) <= self._fast_max and self.error is None:
             if data[:1] == b"*":
                 commands = self._fast(data)
                 if commands is not None:
                     return commands
             elif self._plain_inline(data):
                 return [args for line in data.split(b"\n") if (args := line.split())]
+        if self.error is not None:
+            return []
         out: list[list[bytes]] = []
         try:
             self._slow.feed(data, out)
@@ -310,12 +310,20 @@ class Decoder:
         reader = self._reader
         reader.feed(data)
         gets = reader.gets
-        commands = []
-        append = commands.append
         try:
-            while (command := gets()) is not _NOT_ENOUGH:
-                append(command)
-            if not reader.has_data() and _canonical(data, commands):
+            first = gets()
+            if first is _NOT_ENOUGH:
+                commands = None
+            elif (second := gets()) is _NOT_ENOUGH:  # one command: no pipelining
+                if type(first) is list and first and not reader.has_data() and _canonical_items(data, first, 1):
+                    return [first]
+                commands = None
+            else:
+                commands = [first, second]
+                append = commands.append
+                while (command := gets()) is not _NOT_ENOUGH:
+                    append(command)
+            if commands is not None and not reader.has_data() and _canonical(data, commands):
                 if [] in commands:  # '*0' is a no-op in Redis
                     commands = [c for c in commands if c]
                 return commands
@@ -330,17 +338,16 @@ def _canonical(data: bytes, commands: list) -> bool:
 
     Raises TypeError for an item that is not a string (a number, a nested array, a null).
     """
-    if len(commands) == 1:  # the unpipelined case, without the generic steps
-        args = commands[0]
-        if type(args) is not list:
-            return False
-    elif set(map(type, commands)) == _LIST_ONLY:
-        args = list(chain.from_iterable(commands))
-    else:
+    if set(map(type, commands)) != _LIST_ONLY:
         return False
-    payload = b"".join(args)
-    return (data.count(b"$") == len(args) + payload.count(b"$")
-            and data.count(b"*") == len(commands) + payload.count(b"*"))
+    return _canonical_items(data, list(chain.from_iterable(commands)), len(commands))
+
+
+def _canonical_items(data: bytes, items: list, commands: int) -> bool:
+    """One '*' per command and one '$' per item outside the item bytes (see Decoder._fast)."""
+    payload = b"".join(items)
+    return (data.count(b"$") == len(items) + payload.count(b"$")
+            and data.count(b"*") == commands + payload.count(b"*"))
 
 
 # ---------------------------------------------------------------------------- encoding

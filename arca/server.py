@@ -147,17 +147,31 @@ class Connection(asyncio.Protocol):
             if produced > OUTPUT_BATCH_BYTES and done < len(commands):
                 self.backlog = commands[done:]
                 break
-        if self.strict_limits and client.authenticated:
-            self.strict_limits = False
-            self.decoder.set_limits(self.server.options.limits)
         if done:
             client.last_command = commands[done - 1][0]
             client.last_active = time.monotonic()
             ctx.server.stats.commands_processed += done
+        if self.strict_limits or self.backlog is not None or self.decoder.error is not None or self.closing:
+            self._finish_unusual(out)
+            return
+        server = self.server
+        if self.held is None and not (server.hold_replies and any(server.pending_queues)):
+            # The common case: nothing to wait for, one write for the whole batch.
+            if out:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+        else:
+            server.deliver(self, out)
+
+    def _finish_unusual(self, out: list[bytes]) -> None:
+        """The end of a batch that authenticated, hit a protocol error, must close or was cut short."""
+        client = self.client
+        if self.strict_limits and client.authenticated:
+            self.strict_limits = False
+            self.decoder.set_limits(self.server.options.limits)
         if self.backlog is None and self.decoder.error is not None and not self.closing:
-            ctx.server.stats.protocol_errors += 1
+            self.server.state.stats.protocol_errors += 1
             log.debug("client %d: protocol error: %s", client.id, self.decoder.error)
-            append(encode_error(f"ERR Protocol error: {self.decoder.error}"))
+            out.append(encode_error(f"ERR Protocol error: {self.decoder.error}"))
             self.closing = True
         self.server.deliver(self, out)
         if self.backlog is not None:
@@ -217,7 +231,9 @@ class ArcaServer:
         self.stopping = False
         self.shutdown_requested = asyncio.Event()  # set by the SHUTDOWN command
         self.state.request_shutdown = self.shutdown_requested.set
-        self._hold = options.durability != "everysec"
+        # In commit and fsync modes replies wait for the commit of the writes before them.
+        self.hold_replies = options.durability != "everysec"
+        self.pending_queues = archive.pending_queues
         self._waiting: list[Connection] = []
         self._commit_scheduled = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -234,7 +250,7 @@ class ArcaServer:
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.state.tcp_port = port
-        if not self._hold:
+        if not self.hold_replies:
             self._timer = self.loop.call_later(1.0, self._every_second)
         self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)
         return host, port
@@ -244,7 +260,7 @@ class ArcaServer:
     def deliver(self, conn: Connection, out: list[bytes]) -> None:
         if conn.held is not None:
             conn.held += out
-        elif self._hold and self.archive.pending_writes:
+        elif self.hold_replies and any(self.pending_queues):
             conn.held = out
             self._waiting.append(conn)
             if not self._commit_scheduled:

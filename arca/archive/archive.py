@@ -43,6 +43,10 @@ class Archive:
         except BaseException:
             self._store.close()
             raise
+        # The hottest calls go straight to the part that serves them (one call frame less).
+        self.get = self._entries.get
+        self.put = self._entries.put
+        self.get_with_deadline = self._entries.get_with_deadline
         log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
                  len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
 
@@ -54,8 +58,16 @@ class Archive:
     def get_entry(self, key: bytes) -> Entry | None:
         return self._entries.get_entry(key)
 
+    def get_with_deadline(self, key: bytes) -> tuple[bytes, int | None] | None:
+        """(value, expire_at_ms or None) or None; get_entry without building an Entry."""
+        return self._entries.get_with_deadline(key)
+
     def put(self, key: bytes, value: bytes, expire_at_ms: int | None = None) -> None:
         self._entries.put(key, value, expire_at_ms)
+
+    def put_many(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        """Set every (key, value) without a TTL; nothing is set when one is over the budget."""
+        self._entries.put_many(pairs)
 
     def delete(self, key: bytes) -> bool:
         return self._entries.delete(key)
@@ -115,8 +127,13 @@ class Archive:
 
     @property
     def pending_writes(self) -> int:
-        # Asked after every batch of replies: three attribute reads, no generator.
         return self._entries.pending_writes + self._corpus.pending_writes + self._kv.pending_writes
+
+    @property
+    def pending_queues(self) -> tuple:
+        """Containers that are all empty exactly when no write is pending: `any(queues)` is
+        the cheapest test (the server asks after every batch of replies)."""
+        return self._journal.pending_queues
 
     def commit(self) -> None:
         self._entries.expire_due(200)

@@ -122,6 +122,10 @@ class Corpus:
     def pending_writes(self) -> int:
         return len(self._pending) + len(self._evicted)
 
+    @property
+    def pending_queues(self) -> tuple:
+        return (self._pending, self._evicted)
+
     def write_pending(self, conn: sqlite3.Connection) -> None:
         if self._pending:
             conn.executemany("INSERT INTO corpus_streams (id, ns, tokens, crc) VALUES (?, ?, ?, ?)",

@@ -23,6 +23,12 @@ class Journaled(Protocol):
     @property
     def pending_writes(self) -> int: ...
 
+    @property
+    def pending_queues(self) -> tuple:
+        """The containers holding this part's pending writes (cleared in place, never
+        replaced): writes are pending while any of them is non-empty."""
+        ...
+
     def write_pending(self, conn: sqlite3.Connection) -> None: ...
 
     def committed(self) -> None: ...
@@ -32,6 +38,7 @@ class GroupCommit:
     def __init__(self, store: Store, parts: Sequence[Journaled]) -> None:
         self._store = store
         self._parts = tuple(parts)
+        self.pending_queues = tuple(queue for part in self._parts for queue in part.pending_queues)
         self.commits = 0
         self.failures = 0
         self.last_commit_us = 0

@@ -81,6 +81,10 @@ class KVBlocks:
     def pending_writes(self) -> int:
         return len(self._pending) + len(self._deleted)
 
+    @property
+    def pending_queues(self) -> tuple:
+        return (self._pending, self._deleted)
+
     def write_pending(self, conn: sqlite3.Connection) -> None:
         if self._deleted:
             conn.executemany("DELETE FROM kv_blocks WHERE key = ?", self._deleted)

@@ -104,19 +104,20 @@ def mget(ctx: CommandContext, argv: list[bytes]):
 def mset(ctx: CommandContext, argv: list[bytes]):
     if len(argv) % 2 == 0:
         raise CommandError("ERR wrong number of arguments for 'mset' command")
-    put = ctx.archive.put
-    for i in range(1, len(argv), 2):
-        put(argv[i], argv[i + 1])
+    ctx.archive.put_many(list(zip(argv[1::2], argv[2::2])))
     return OK
 
 
 def _add(ctx: CommandContext, key: bytes, delta: int) -> int:
-    entry = ctx.archive.get_entry(key)
-    current = 0 if entry is None else parse_int(entry.value)
-    result = current + delta
+    archive = ctx.archive
+    found = archive.get_with_deadline(key)
+    if found is None:
+        result, expire_at = delta, None
+    else:
+        result, expire_at = parse_int(found[0]) + delta, found[1]
     if not INT_MIN <= result <= INT_MAX:
         raise CommandError("ERR increment or decrement would overflow")
-    ctx.archive.put(key, b"%d" % result, None if entry is None else entry.expire_at_ms)
+    archive.put(key, b"%d" % result, expire_at)
     return result
 
 
@@ -145,12 +146,12 @@ def decrby(ctx: CommandContext, argv: list[bytes]):
 
 @command("APPEND", arity=3, flags=("write", "denyoom", "fast"), group="string", summary="Append a value to a key", args="key value", keys=_KEY)
 def append(ctx: CommandContext, argv: list[bytes]):
-    entry = ctx.archive.get_entry(argv[1])
-    if entry is None:
+    found = ctx.archive.get_with_deadline(argv[1])
+    if found is None:
         ctx.archive.put(argv[1], argv[2])
         return len(argv[2])
-    value = entry.value + argv[2]
-    ctx.archive.put(argv[1], value, entry.expire_at_ms)
+    value = found[0] + argv[2]
+    ctx.archive.put(argv[1], value, found[1])
     return len(value)
 
 
