@@ -140,3 +140,14 @@ def test_info_sections(arc):
     assert {"memory", "persistence", "keyspace", "arca"} <= set(info)
     assert info["keyspace"]["db0"].startswith("keys=1,expires=1")
     assert info["persistence"]["pending_writes"] == 1
+
+
+def test_put_many_sets_all_or_nothing_and_drops_ttls(tmp_path):
+    with Archive(ArchiveConfig(directory=tmp_path, max_bytes=1000)) as arc:
+        arc.put(b"a", b"old", now_ms() + 60_000)
+        with pytest.raises(ArchiveOOMError):
+            arc.put_many([(b"a", b"1"), (b"big", b"x" * 2000)])
+        assert arc.get(b"a") == b"old" and not arc.exists(b"big")
+        arc.put_many([(b"a", b"1"), (b"b", b"2"), (b"a", b"3")])
+        assert arc.get_entry(b"a") == Entry(b"3", None) and arc.get(b"b") == b"2"
+        assert arc.get_with_deadline(b"b") == (b"2", None) and arc.dbsize() == 2
