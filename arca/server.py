@@ -36,6 +36,19 @@ IDLE_CHECK_SECONDS = 0.1
 OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
 
 
+_GET_NAMES = frozenset((b"GET", b"get"))
+_SET_NAMES = frozenset((b"SET", b"set"))
+
+
+def _fast_set(archive: Any, argv: list[bytes]) -> bool:
+    """SET key value; False when the archive refuses it (dispatch then reports the error)."""
+    try:
+        archive.put(argv[1], argv[2])
+    except Exception:
+        return False
+    return True
+
+
 def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
     """encode(), but a command returning a value RESP cannot carry answers an error, not a crash."""
     try:
@@ -129,10 +142,20 @@ class Connection(asyncio.Protocol):
         append = out.append
         ctx = self.ctx
         client = ctx.client
+        archive = ctx.archive
         produced = done = 0
         for argv in commands:
             done += 1
-            reply = dispatch(ctx, argv)
+            # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
+            # frame) when nothing else applies: not queueing for MULTI, authenticated.
+            name = argv[0]
+            if name in _GET_NAMES and len(argv) == 2 and client.multi is None and client.authenticated:
+                reply = archive.get(argv[1])
+            elif (name in _SET_NAMES and len(argv) == 3 and client.multi is None and client.authenticated
+                  and _fast_set(archive, argv)):
+                reply = OK
+            else:
+                reply = dispatch(ctx, argv)
             kind = type(reply)
             if kind is bytes:
                 append(b"$%d\r\n%b\r\n" % (len(reply), reply))

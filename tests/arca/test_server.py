@@ -264,3 +264,14 @@ def test_a_command_returning_garbage_answers_an_error_and_the_server_goes_on(arc
     finally:
         for name in (b"test.garbage", b"TEST.GARBAGE", b"test.bug", b"TEST.BUG"):
             _TABLE.pop(name)
+
+
+def test_get_and_set_in_a_batch_respect_multi_auth_and_the_budget(arca_factory):
+    server = arca_factory(requirepass="pw", max_bytes=4096)
+    with server.connect() as sock:
+        sock.sendall(b"SET a 1\r\nAUTH pw\r\nMULTI\r\nSET a 2\r\nGET a\r\nEXEC\r\nGET a\r\n"
+                     b"SET big " + b"x" * 8000 + b"\r\nGET big\r\n")
+        expected = (b"-NOAUTH Authentication required.\r\n+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n"
+                    b"*2\r\n+OK\r\n$1\r\n2\r\n$1\r\n2\r\n"
+                    b"-OOM command not allowed when used memory > 'maxmemory'.\r\n$-1\r\n")
+        assert recv_exactly(sock, expected) == expected
