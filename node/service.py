@@ -23,7 +23,8 @@ token, so later drafts can continue from prompt context into the answer. `[arca]
 The prefix KV cache: before a job reaches the engine, the fleet tier brings the prompt's
 longest stored prefix into RAM (from the local disk, and from ARCA's L3 when the node has a
 remote ARCA), bounded by `prefetch_timeout_s` so a slow archive costs only the speed-up.
-Chat requests inside a session (node/session_turns.py) continue the session's tokens.
+Chat requests inside a session (node/session_turns.py) continue the session's tokens; their
+engine request asks for the final state (prompt + answer) to be stored in the cache.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ class CompletionService:
                 tokens = turn.prompt_tokens
         except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
             raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
-        job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings))
+        job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings),
+                        store_final_state=turn is not None and self.cache is not None)
         return Plan("chat", (job,), req.options, turn)
 
     def chat_tokens(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> tuple[int, ...]:
@@ -159,7 +161,7 @@ class CompletionService:
         return rendered_tokens(self.engine, rendered)
 
     def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
-             options: GenerationOptions, extra_stop: Sequence[str]) -> Job:
+             options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False) -> Job:
         key = None
         if self.options.l1_enabled and options.deterministic:
             key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,
@@ -167,6 +169,7 @@ class CompletionService:
         request = GenerationRequest(
             prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
             stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
+            store_final_state=store_final_state,
         )
         return Job(number * options.n, tokens, echo, request, options.n, key)
 
@@ -265,6 +268,7 @@ class Answer:
         self.started = time.perf_counter()
         self._stored: list[StoredAnswer | None] = []
         self._handles: list[list] = []
+        self._generated: tuple[int, ...] | None = None  # choice 0's token ids (None: replayed from L1)
 
     async def __aenter__(self) -> "Answer":
         jobs = self.plan.jobs
@@ -312,7 +316,7 @@ class Answer:
         self.service.metrics.prompt_tokens.inc(self.plan.prompt_tokens)
         turn = self.plan.turn
         if turn is not None and finish_reason in COMPLETED and self.service.turns is not None:
-            await self.service.turns.complete(turn, "".join(answer))
+            await self.service.turns.complete(turn, "".join(answer), self._generated)
 
     async def _replay(self, job: Job, stored: StoredAnswer) -> AsyncIterator[ChoiceEvent]:
         for offset, choice in enumerate(stored.choices):
@@ -336,6 +340,8 @@ class Answer:
                     if event.reason not in COMPLETED:
                         raise InternalError(f"Generation {event.reason}: {event.error or 'no detail'}")
                     self.service.metrics.generated_tokens.inc(event.completion_tokens)
+                    if index == 0:
+                        self._generated = event.generated
                     yield ChoiceDone(index, event.reason, event.completion_tokens)
 
         async for event in _merge([one(offset, handle) for offset, handle in enumerate(handles)]):

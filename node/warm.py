@@ -5,8 +5,7 @@ given), then runs the prompt through the engine with one greedy output token, wh
 the engine store the prompt's last block boundary (and any fork point or checkpoint the
 cache's policy picks). Every later prompt that starts with these tokens restores that state
 and prefills only what follows it. The API's `POST /v1/warm`, session loads and `reame warm`
-all come here; the same path keeps a session's whole conversation (its prompts and answers)
-stored after each turn.
+all come here.
 """
 
 from __future__ import annotations

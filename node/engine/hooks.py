@@ -20,7 +20,12 @@ class PrefixCacheHook(Protocol):
         """Token counts (block boundaries <= len(prompt)-1) whose state is not stored yet."""
 
     def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes) -> None:
-        """Called right after the KV of prompt_tokens[:n_tokens] is complete; must return fast."""
+        """Called right after the KV of prompt_tokens[:n_tokens] is complete; must return fast.
+
+        For a request with `store_final_state`, also once at its end: `prompt_tokens` are
+        then the prompt and the generated tokens whose KV is complete, and `n_tokens` the
+        longest boundary of them that `boundaries_to_store` offered.
+        """
 
 
 @runtime_checkable

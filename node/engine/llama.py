@@ -104,6 +104,7 @@ class LlamaModel:
         self.path = Path(path)
         self.vocab = ll.llama_model_get_vocab(self._ptr)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_swa = max(0, ll.llama_model_n_swa(self._ptr))  # sliding-window size, 0: none
         self.info = self._read_info()
 
     @property
@@ -255,6 +256,10 @@ class LlamaContext:
 
     def seq_pos_max(self, seq: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq)
+
+    def seq_pos_min(self, seq: int) -> int:
+        """The smallest position of `seq` still in the KV (sliding-window cells get reused)."""
+        return ll.llama_memory_seq_pos_min(self.memory, seq)
 
     def clear(self) -> None:
         ll.llama_memory_clear(self.memory, True)

@@ -14,7 +14,9 @@ Each step (all on the one thread that owns the llama context):
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step;
-4. one llama_decode; each sequence samples from its own logits rows.
+4. one llama_decode; each sequence samples from its own logits rows. A request asking for
+   `store_final_state` that finishes has its prompt + answer state saved before its slot
+   is freed.
 
 A failed decode is retried on halves of the batch until the failing request is alone;
 that request ends with an error and every other one goes on. Any exception while
@@ -40,7 +42,8 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
-            "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored")
+            "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
+            "final_states_stored")
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +376,37 @@ class Scheduler:
         except Exception:
             log.exception("prefix cache store failed at %d tokens", n_tokens)
 
+    def _store_final(self, seq: Sequence) -> None:
+        """Save prompt + answer of a finished sequence (`GenerationRequest.store_final_state`).
+
+        The KV holds `seq.tokens[:n_past]`: the last sampled token has not been decoded and an
+        end-of-generation token is not in `tokens`. The sequence is about to be freed, so its
+        KV is cut at the longest boundary the cache wants and saved there. A sliding-window
+        model whose window before that boundary was already reused is not stored (the next
+        prompt prefills what it misses).
+        """
+        hook = self._prefix_cache
+        n_kv = seq.n_past
+        try:
+            # a prompt's boundaries stop one token short of it: offer the token after the KV too
+            wanted = [b for b in hook.boundaries_to_store(seq.tokens[:n_kv + 1]) if 0 < b <= n_kv]
+            if not wanted:
+                return
+            n_tokens = max(wanted)
+            self._ctx.seq_rm(seq.slot, n_tokens, -1)
+            if self._ctx.seq_pos_max(seq.slot) != n_tokens - 1 or not self._window_kept(seq.slot, n_tokens):
+                return
+            hook.store(seq.tokens[:n_kv], n_tokens, self._ctx.state_get(seq.slot))
+            self.counters["prefix_states_stored"] += 1
+            self.counters["final_states_stored"] += 1
+        except Exception:
+            log.exception("prefix cache store of a finished sequence failed at %d tokens", n_kv)
+
+    def _window_kept(self, slot: int, n_tokens: int) -> bool:
+        """Whether the KV still holds every position the token at `n_tokens` attends to."""
+        n_swa = self._model.n_swa
+        return n_swa == 0 or self._ctx.seq_pos_min(slot) <= max(0, n_tokens - n_swa)
+
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
@@ -390,6 +424,9 @@ class Scheduler:
             seq.leader.followers.remove(seq)
         if seq in self._active:
             self._active.remove(seq)
+        if (reason in ("stop", "length") and seq.request.store_final_state and self._prefix_cache is not None
+                and seq.phase is Phase.DECODE):
+            self._store_final(seq)
         slot = self._budget.release(seq)
         if slot is not None:
             self._ctx.seq_rm(slot)

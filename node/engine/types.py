@@ -43,6 +43,10 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k >= 0: chosen token's logprob plus top k
     request_id: str = ""
+    # On a finish by "stop" or "length", hand the prefix cache the state of prompt + answer
+    # (up to its last block boundary whose KV is complete) before the slot is freed, so a
+    # prompt that continues this conversation restores the answer instead of prefilling it.
+    store_final_state: bool = False
 
 
 @dataclass(frozen=True, slots=True)

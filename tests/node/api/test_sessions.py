@@ -1,6 +1,7 @@
-"""Chat sessions through the HTTP API on the real model: a conversation continues after a node
-restart with its history, restoring its KV (prompt and answer) from the prefix cache on disk;
-save, load, delete and the 404s of unknown sessions."""
+"""Chat sessions through the HTTP API on the real model: a turn's answer KV is stored by the
+engine as it finishes (no second prefill of the conversation), and the conversation continues
+after a node restart with its history, restoring that KV (prompt and answer) from the prefix
+cache on disk; save, load, delete and the 404s of unknown sessions."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from tests.node.api.live import LiveNode, http_json, metric, node_settings
 from tests.node.api.test_cache_api import DOC, RESTORED
 
 pytestmark = [pytest.mark.model]
-ANSWER_TOKENS = 80  # long enough that the sealed conversation stores more than the prompt
+ANSWER_TOKENS = 80  # long enough that the stored conversation holds more than the prompt
+BLOCK = 32  # the cache's default block_tokens
+PREFILLED = "reame_prefix_cache_tokens_prefilled_total"
+LOOKUPS = "reame_prefix_cache_lookups_total"
 
 
 def test_session_survives_a_restart_and_restores_its_conversation(gemma_path, tmp_path):
@@ -30,9 +34,10 @@ def test_session_survives_a_restart_and_restores_its_conversation(gemma_path, tm
         first_prompt = body["usage"]["prompt_tokens"]
         status, _, saved = http_json("POST", f"{node.url}/v1/sessions/{sid}/save")
         assert status == 200 and saved["messages"] == 3
-        # the sealed conversation: the prompt and the answer, up to the last whole block
-        assert saved["cached_tokens"] > first_prompt + ANSWER_TOKENS - 64
-        assert saved["cached_tokens"] <= saved["tokens"]
+        # the answer's KV was stored as it finished: prompt and answer (all but the last token,
+        # never decoded) up to their last whole block, without running the conversation again
+        assert first_prompt + ANSWER_TOKENS - BLOCK <= saved["cached_tokens"] <= first_prompt + ANSWER_TOKENS - 1
+        assert metric(node.url, LOOKUPS) == 1 and metric(node.url, PREFILLED) == first_prompt
 
     with LiveNode(settings) as node:  # a restarted node: same home, same cache directory
         status, _, shown = http_json("GET", f"{node.url}/v1/sessions/{sid}")
@@ -43,7 +48,10 @@ def test_session_survives_a_restart_and_restores_its_conversation(gemma_path, tm
             headers={"X-Reame-Session": sid})
         assert status == 200, body
         assert body["usage"]["prompt_tokens"] > saved["tokens"]  # the history is in the prompt
-        assert metric(node.url, RESTORED) == saved["cached_tokens"]  # ... and was not prefilled again
+        assert metric(node.url, RESTORED) == saved["cached_tokens"]  # ... and was not prefilled again:
+        # only the answer's tail past its last block, the turn's closing and the new message are
+        assert metric(node.url, PREFILLED) == body["usage"]["prompt_tokens"] - saved["cached_tokens"]
+        assert saved["tokens"] - saved["cached_tokens"] < BLOCK + 8
         assert metric(node.url, "reame_prefix_cache_disk_preloads_total") == 1
 
         status, _, loaded = http_json("POST", f"{node.url}/v1/sessions/{sid}/load")

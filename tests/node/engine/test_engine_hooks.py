@@ -107,3 +107,33 @@ def test_prefix_cache_restores_and_gives_the_same_output(hooked):
     second = generate(eng, text, 8)
     assert cache.hits >= 1 and eng.stats()["prefix_tokens_restored"] > stored
     assert second.generated == first.generated
+
+
+def test_final_state_of_prompt_and_answer_is_stored_only_when_asked(hooked):
+    eng, drafts, cache = hooked
+    drafts.script = ()
+    no_end = {t: -100.0 for t in eng.model_info.eog_tokens}  # the answer runs its length
+    sampling = SamplingParams(temperature=0.0, logit_bias=no_end)
+
+    def answer(text: str, store: bool):
+        req = GenerationRequest(tuple(eng.tokenize(text)), max_tokens=30, sampling=sampling, store_final_state=store)
+        return req.prompt_tokens, list(eng.submit(req).iter_sync(timeout=180))[-1]
+
+    prompt, plain = answer("A ledger of the lighthouse keeper, entry one:", store=False)
+    assert plain.reason == "length"
+    beyond = [k for k in cache.states if len(k) > len(prompt) and k[:len(prompt)] == prompt]
+    assert not beyond  # without the flag: prompt boundaries only
+
+    stored_before = eng.stats()["final_states_stored"]
+    prompt, done = answer("A ledger of the lighthouse keeper, entry two:", store=True)
+    assert done.reason == "length" and eng.stats()["final_states_stored"] == stored_before + 1
+    # the last sampled token was never decoded: the KV holds prompt + all but the last answer token
+    n_kv = len(prompt) + len(done.generated) - 1
+    last = n_kv // BLOCK * BLOCK
+    assert last > len(prompt) and tuple((*prompt, *done.generated)[:last]) in cache.states
+
+    restored = eng.stats()["prefix_tokens_restored"]
+    follow = GenerationRequest((*prompt, *done.generated, *eng.tokenize(" Next:", add_bos=False)), max_tokens=2,
+                               sampling=GREEDY)
+    assert list(eng.submit(follow).iter_sync(timeout=180))[-1].reason in ("stop", "length")
+    assert eng.stats()["prefix_tokens_restored"] == restored + last
