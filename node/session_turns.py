@@ -57,10 +57,6 @@ class SessionTurns:
         tokens = (*turn.prompt_tokens, *generated, *service.engine.tokenize(closing, add_bos=False, special=True))
         return await self.store.save(replace(turn.session, messages=messages, tokens=tokens))
 
-    async def settled(self, session_id: str) -> None:
-        """Nothing of a session's runs after its turn: the engine stored the answer's state
-        before the turn ended. Kept so callers may still wait on it."""
-
     async def load(self, session: Session) -> WarmResult | None:
         """Bring the session's KV into RAM (from disk or the fleet), prefilling what is missing."""
         if not session.tokens or self.service.cache is None:
@@ -74,6 +70,3 @@ class SessionTurns:
             return 0
         await asyncio.to_thread(cache.flush)
         return held_tokens(cache, session.tokens)
-
-    async def close(self) -> None:
-        """Nothing to stop: turns leave no background work (kept for the node's shutdown)."""

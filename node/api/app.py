@@ -7,7 +7,7 @@ engine has a prefix cache, a fleet tier (node/cache/fleet.py) is put in front of
 remote ARCA it fetches and pushes states through ARCA's L3; with the embedded archive it
 only preloads disk states into RAM (L3 in the embedded archive would be a second copy of
 the node's own disk tier on the same disk). Sessions live under `<home>/sessions`.
-Shutdown order: pending writes, session seals, fleet pushes, engine, cache, archive.
+Shutdown order: pending writes, fleet pushes, engine, cache, archive.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, Bearer auth.
 """
@@ -146,8 +146,6 @@ async def node_resources(app: web.Application, *, engine: Any, archive: ArchiveC
         yield
         await service.drain()
     finally:
-        if service is not None and service.turns is not None:
-            await service.turns.close()
         if fleet is not None:
             await fleet.close()
         if own_engine:

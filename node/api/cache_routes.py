@@ -94,7 +94,6 @@ async def delete_session(request: web.Request) -> web.Response:
     turns = _turns(request)
     session_id = request.match_info["session"]
     async with turns.store.lock(session_id):
-        await turns.settled(session_id)
         await turns.store.delete(session_id)
     return json_response({"id": session_id, "object": "session", "deleted": True})
 

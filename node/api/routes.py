@@ -80,7 +80,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
     turns = state.service.turns
     async with turns.store.lock(session_id):  # one turn at a time: each continues the last
-        await turns.settled(session_id)
         session = turns.store.get(session_id)
         plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
         return await answer(request, state, plan, {SESSION_HEADER: session_id})
