@@ -147,8 +147,12 @@ def test_restore_matches_fresh_prefill_and_survives_a_restart(gemma_path, tmp_pa
 
 
 def together(engine: Engine, all_prompts, logprobs: int | None = None) -> list[tuple[Finished, list]]:
+    """All prompts submitted at once, each for exactly 10 greedy tokens: end-of-generation
+    tokens are biased out, so every divergence has a logprob entry to judge it by."""
+    never_end = SamplingParams(temperature=0.0,
+                               logit_bias={token: -100.0 for token in engine.model_info.eog_tokens})
     handles = [
-        engine.submit(GenerationRequest(prompt_tokens=tuple(p), max_tokens=10, sampling=GREEDY,
+        engine.submit(GenerationRequest(prompt_tokens=tuple(p), max_tokens=10, sampling=never_end,
                                         logprobs=logprobs))
         for p in all_prompts
     ]
