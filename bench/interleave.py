@@ -39,8 +39,9 @@ def requests(engine, users: int, tokens: int):
                               sampling=sampling) for i in range(users)]
 
 
-def run(engine, reqs, concurrent: bool) -> tuple[float, float]:
-    """(tokens per wall second, tokens per CPU second of this process)."""
+def run(engine, reqs, concurrent: bool) -> tuple[float, float, float]:
+    """(tokens per wall second, tokens per CPU second of this process, llama_decode ms per step)."""
+    before = engine.stats()
     start, cpu = time.perf_counter(), time.process_time()
     generated = 0
     if concurrent:
@@ -50,7 +51,10 @@ def run(engine, reqs, concurrent: bool) -> tuple[float, float]:
     else:
         for r in reqs:
             generated += list(engine.submit(r).iter_sync(timeout=900))[-1].completion_tokens
-    return generated / (time.perf_counter() - start), generated / (time.process_time() - cpu)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    after = engine.stats()
+    decode_ms = (after["decode_ms"] - before["decode_ms"]) / max(1, after["steps"] - before["steps"])
+    return generated / wall, generated / cpu, decode_ms
 
 
 def main() -> int:
@@ -74,8 +78,11 @@ def main() -> int:
             print(f"round {r + 1}: one by one {serial[-1][0]:6.1f} tok/s   together {together[-1][0]:6.1f} tok/s")
     finally:
         engine.close()
-    best_serial, best_together = max(w for w, _ in serial), max(w for w, _ in together)
-    cpu_serial, cpu_together = max(c for _, c in serial), max(c for _, c in together)
+    best_serial, best_together = max(r[0] for r in serial), max(r[0] for r in together)
+    cpu_serial, cpu_together = max(r[1] for r in serial), max(r[1] for r in together)
+    # The raw batch limit: users x (llama_decode of one token) / (llama_decode of one step of
+    # all users), from the engine's own timing of llama_decode alone in this run.
+    decode_one, decode_all = min(r[2] for r in serial), min(r[2] for r in together)
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{args.users} requests x {args.tokens} tokens, best of {args.rounds}:")
     print(f"  one after another   {best_serial:6.1f} tok/s aggregate")
@@ -83,6 +90,8 @@ def main() -> int:
     print(f"  ratio               {best_together / best_serial:6.2f}x  (target >= 2.0)")
     print(f"  per CPU second      {cpu_serial:6.1f} vs {cpu_together:6.1f} tok/cpu-s, "
           f"ratio {cpu_together / cpu_serial:.2f}x (less sensitive to other load on the machine)")
+    print(f"  llama_decode alone  {decode_one:6.2f} ms for 1 token, {decode_all:6.2f} ms for a step of "
+          f"{args.users}: raw batch limit {args.users * decode_one / decode_all:.2f}x")
     return 0
 
 
