@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from operator import itemgetter
 from typing import Any
 
 from arca.commands import dispatch
@@ -38,15 +39,30 @@ OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
 
 _GET_NAMES = frozenset((b"GET", b"get"))
 _SET_NAMES = frozenset((b"SET", b"set"))
+_THREE = {3}
 
 
-def _fast_set(archive: Any, argv: list[bytes]) -> bool:
+_first = itemgetter(0)
+
+
+def _fast_set(put: Any, argv: list[bytes]) -> bool:
     """SET key value; False when the archive refuses it (dispatch then reports the error)."""
     try:
-        archive.put(argv[1], argv[2])
+        put(argv[1], argv[2])
     except Exception:
         return False
     return True
+
+
+def _leading_sets(archive: Any, commands: list[list[bytes]]) -> int:
+    """Apply a pipelined read made only of `SET key value` in one archive call (the same
+    effects as one put per command); returns how many were applied, 0 for any other read. A
+    SET the archive refuses and those after it are left to the one-by-one path, which
+    reports the refusal."""
+    if (len(commands) < 2 or commands[0][0] not in _SET_NAMES or set(map(len, commands)) != _THREE
+            or not set(map(_first, commands)) <= _SET_NAMES):
+        return 0
+    return archive.put_each(commands)
 
 
 def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
@@ -138,38 +154,16 @@ class Connection(asyncio.Protocol):
 
     def _execute(self, commands: list[list[bytes]]) -> None:
         """Run commands in order; stop after OUTPUT_BATCH_BYTES of bulk replies (backlog)."""
-        out: list[bytes] = []
-        append = out.append
         ctx = self.ctx
         client = ctx.client
-        archive = ctx.archive
-        produced = done = 0
-        for argv in commands:
-            done += 1
-            # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
-            # frame) when nothing else applies: not queueing for MULTI, authenticated.
-            name = argv[0]
-            if name in _GET_NAMES and len(argv) == 2 and client.multi is None and client.authenticated:
-                reply = archive.get(argv[1])
-            elif (name in _SET_NAMES and len(argv) == 3 and client.multi is None and client.authenticated
-                  and _fast_set(archive, argv)):
-                reply = OK
-            else:
-                reply = dispatch(ctx, argv)
-            kind = type(reply)
-            if kind is bytes:
-                append(b"$%d\r\n%b\r\n" % (len(reply), reply))
-                produced += len(reply)
-            elif reply is OK:
-                append(_OK_BYTES)
-            else:
-                append(_encode_safely(reply, client.resp, argv))
-            if client.close_after_reply:
-                self.closing = True
-                break
-            if produced > OUTPUT_BATCH_BYTES and done < len(commands):
-                self.backlog = commands[done:]
-                break
+        # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
+        # frame) while nothing else applies: not queueing for MULTI, authenticated. Only a
+        # dispatched command can change that, so it is read again after each one.
+        plain = client.multi is None and client.authenticated
+        done = _leading_sets(ctx.archive, commands) if plain else 0
+        out: list[bytes] = [_OK_BYTES * done] if done else []
+        if done < len(commands):
+            done = self._run_each(commands, done, out, plain)
         if done:
             client.last_command = commands[done - 1][0]
             client.last_active = time.monotonic()
@@ -184,6 +178,43 @@ class Connection(asyncio.Protocol):
                 self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
         else:
             server.deliver(self, out)
+
+    def _run_each(self, commands: list[list[bytes]], done: int, out: list[bytes], plain: bool) -> int:
+        """Run commands[done:] one by one, appending replies to out; returns how many ran in all."""
+        append = out.append
+        ctx = self.ctx
+        client = ctx.client
+        get = ctx.archive.get
+        put = ctx.archive.put
+        get_names, set_names, ok, ok_bytes = _GET_NAMES, _SET_NAMES, OK, _OK_BYTES
+        total = len(commands)
+        produced = 0
+        for argv in commands[done:] if done else commands:
+            done += 1
+            name = argv[0]
+            if plain and name in get_names and len(argv) == 2:
+                reply = get(argv[1])
+            elif plain and name in set_names and len(argv) == 3 and _fast_set(put, argv):
+                append(ok_bytes)
+                continue
+            else:
+                reply = dispatch(ctx, argv)
+                plain = client.multi is None and client.authenticated
+            kind = type(reply)
+            if kind is bytes:
+                append(b"$%d\r\n%b\r\n" % (len(reply), reply))
+                produced += len(reply)
+            elif reply is ok:
+                append(ok_bytes)
+            else:
+                append(_encode_safely(reply, client.resp, argv))
+            if client.close_after_reply:
+                self.closing = True
+                break
+            if produced > OUTPUT_BATCH_BYTES and done < total:
+                self.backlog = commands[done:]
+                break
+        return done
 
     def _finish_unusual(self, out: list[bytes]) -> None:
         """The end of a batch that authenticated, hit a protocol error, must close or was cut short."""

@@ -46,6 +46,7 @@ class Archive:
         # The hottest calls go straight to the part that serves them (one call frame less).
         self.get = self._entries.get
         self.put = self._entries.put
+        self.put_each = self._entries.put_each
         self.get_with_deadline = self._entries.get_with_deadline
         log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
                  len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
@@ -68,6 +69,11 @@ class Archive:
     def put_many(self, pairs: list[tuple[bytes, bytes]]) -> None:
         """Set every (key, value) without a TTL; nothing is set when one is over the budget."""
         self._entries.put_many(pairs)
+
+    def put_each(self, argvs: list[list[bytes]]) -> int:
+        """put(argv[-2], argv[-1]) per argument list, in order; stops before an entry over the
+        budget and returns how many were applied (the caller reports the refusal)."""
+        return self._entries.put_each(argvs)
 
     def delete(self, key: bytes) -> bool:
         return self._entries.delete(key)

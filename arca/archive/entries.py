@@ -135,6 +135,39 @@ class Entries:
         if self.used_bytes > self.max_bytes:
             self._evict()
 
+    def put_each(self, argvs: list[list[bytes]]) -> int:
+        """put(argv[-2], argv[-1]) for each argument list in order, exactly as one call per
+        list would (per-key LRU, TTL cleared, eviction after each); stops before an entry
+        over the budget and returns how many were applied. For pipelined `SET key value`."""
+        values, dirty, deadlines, max_bytes = self._values, self._dirty, self._deadlines, self.max_bytes
+        limit = max_bytes - ENTRY_OVERHEAD
+        get, move_to_end = values.get, values.move_to_end
+        used = self.used_bytes
+        applied = 0
+        for argv in argvs:
+            key = argv[-2]
+            value = argv[-1]
+            size = len(key) + len(value)
+            if size > limit:
+                break
+            if deadlines:
+                deadlines.pop(key, None)
+            old = get(key)
+            values[key] = value
+            if old is None:
+                used += size + ENTRY_OVERHEAD
+            else:
+                move_to_end(key)
+                used += len(value) - len(old)
+            dirty[key] = None
+            applied += 1
+            if used > max_bytes:
+                self.used_bytes = used
+                self._evict()
+                used = self.used_bytes
+        self.used_bytes = used
+        return applied
+
     def _too_big(self, size: int) -> ArchiveOOMError:
         return ArchiveOOMError(
             f"command not allowed when used memory > 'maxmemory': an entry of {size} bytes "

@@ -151,3 +151,25 @@ def test_put_many_sets_all_or_nothing_and_drops_ttls(tmp_path):
         arc.put_many([(b"a", b"1"), (b"b", b"2"), (b"a", b"3")])
         assert arc.get_entry(b"a") == Entry(b"3", None) and arc.get(b"b") == b"2"
         assert arc.get_with_deadline(b"b") == (b"2", None) and arc.dbsize() == 2
+
+
+def test_put_each_matches_one_put_per_command(tmp_path):
+    """The pipelined-SET path: LRU order, evictions, cleared TTLs and the stop before an
+    entry over the budget are exactly those of one put per command."""
+    argvs = [[b"SET", b"k%d" % (i % 7), b"v" * (10 + 13 * i % 90)] for i in range(40)]
+    argvs.insert(30, [b"SET", b"big", b"x" * 2000])
+    one, each = (Archive(ArchiveConfig(directory=tmp_path / name, max_bytes=1000)) for name in ("one", "each"))
+    with one, each:
+        for arc in (one, each):
+            arc.put(b"k3", b"old", now_ms() + 60_000)
+        for argv in argvs[:30]:
+            one.put(argv[1], argv[2])
+        assert each.put_each(argvs) == 30
+        assert each.put_each(argvs[31:]) == len(argvs) - 31
+        for argv in argvs[31:]:
+            one.put(argv[1], argv[2])
+        assert list(each.keys()) == list(one.keys())
+        volatile = ("used_memory_rss", "used_memory_peak")
+        memory = [{k: v for k, v in arc.info()["memory"].items() if k not in volatile} for arc in (one, each)]
+        assert memory[0] == memory[1] and memory[0]["evicted_keys"] > 0
+        assert each.get_entry(b"k3") == one.get_entry(b"k3") and one.get_entry(b"k3").expire_at_ms is None

@@ -275,3 +275,15 @@ def test_get_and_set_in_a_batch_respect_multi_auth_and_the_budget(arca_factory):
                     b"*2\r\n+OK\r\n$1\r\n2\r\n$1\r\n2\r\n"
                     b"-OOM command not allowed when used memory > 'maxmemory'.\r\n$-1\r\n")
         assert recv_exactly(sock, expected) == expected
+
+
+def test_a_pipelined_run_of_sets_refuses_only_the_one_over_the_budget(arca_factory):
+    server = arca_factory(max_bytes=4096)
+    sets = [(b"a", b"1"), (b"b", b"2"), (b"big", b"x" * 8000), (b"c", b"3")]
+    burst = b"".join(b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(v), v) for k, v in sets)
+    expected = b"+OK\r\n+OK\r\n-OOM command not allowed when used memory > 'maxmemory'.\r\n+OK\r\n"
+    with server.connect() as sock:
+        sock.sendall(burst)  # SETs only: one read takes the batched path
+        assert recv_exactly(sock, expected) == expected
+        sock.sendall(b"GET a\r\nGET big\r\nGET c\r\n")
+        assert recv_exactly(sock, b"$1\r\n1\r\n$-1\r\n$1\r\n3\r\n") == b"$1\r\n1\r\n$-1\r\n$1\r\n3\r\n"
