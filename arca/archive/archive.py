@@ -70,10 +70,10 @@ class Archive:
         """Set every (key, value) without a TTL; nothing is set when one is over the budget."""
         self._entries.put_many(pairs)
 
-    def put_each(self, argvs: list[list[bytes]]) -> int:
-        """put(argv[-2], argv[-1]) per argument list, in order; stops before an entry over the
+    def put_each(self, commands: list[list[bytes]]) -> int:
+        """put(key, value) per [name, key, value], in order; stops before an entry over the
         budget and returns how many were applied (the caller reports the refusal)."""
-        return self._entries.put_each(argvs)
+        return self._entries.put_each(commands)
 
     def delete(self, key: bytes) -> bool:
         return self._entries.delete(key)

@@ -135,21 +135,19 @@ class Entries:
         if self.used_bytes > self.max_bytes:
             self._evict()
 
-    def put_each(self, argvs: list[list[bytes]]) -> int:
-        """put(argv[-2], argv[-1]) for each argument list in order, exactly as one call per
-        list would (per-key LRU, TTL cleared, eviction after each); stops before an entry
+    def put_each(self, commands: list[list[bytes]]) -> int:
+        """put(key, value) for each [name, key, value] in order, exactly as one call per
+        command would (per-key LRU, TTL cleared, eviction after each); stops before an entry
         over the budget and returns how many were applied. For pipelined `SET key value`."""
         values, dirty, deadlines, max_bytes = self._values, self._dirty, self._deadlines, self.max_bytes
         limit = max_bytes - ENTRY_OVERHEAD
         get, move_to_end = values.get, values.move_to_end
         used = self.used_bytes
-        applied = 0
-        for argv in argvs:
-            key = argv[-2]
-            value = argv[-1]
+        for applied, (_, key, value) in enumerate(commands):
             size = len(key) + len(value)
             if size > limit:
-                break
+                self.used_bytes = used
+                return applied
             if deadlines:
                 deadlines.pop(key, None)
             old = get(key)
@@ -160,13 +158,12 @@ class Entries:
                 move_to_end(key)
                 used += len(value) - len(old)
             dirty[key] = None
-            applied += 1
             if used > max_bytes:
                 self.used_bytes = used
                 self._evict()
                 used = self.used_bytes
         self.used_bytes = used
-        return applied
+        return len(commands)
 
     def _too_big(self, size: int) -> ArchiveOOMError:
         return ArchiveOOMError(
