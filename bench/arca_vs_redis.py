@@ -22,8 +22,6 @@ import csv
 import io
 import os
 import shutil
-import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -32,41 +30,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from arca.launch import free_port, spawn_arca, wait_for_pong  # noqa: E402  (after the checkout is on the path)
+
 TESTS = ("ping", "set", "get", "incr", "mset")
 SHARE = {"mset": 0.2}  # MSET writes 10 keys per request: fewer requests keep the run short
-ARCA_CMD = "import sys; from arca.daemon import main; sys.exit(main(sys.argv[1:]))"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server on port {port} exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server on port {port} did not answer PING")
 
 
 def start_arca(directory: Path, durability: str, max_mb: int = 2048) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ARCA_CMD, "--port", str(port), "--dir", str(directory),
-         "--durability", durability, "--max-mb", str(max_mb), "--log-level", "warning"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    wait_ready(port, proc)
-    return proc, port
+    return spawn_arca(directory, "--durability", durability, "--max-mb", str(max_mb), "--log-level", "warning")
 
 
 def start_redis(directory: Path, appendonly: bool) -> tuple[subprocess.Popen, int]:
@@ -75,7 +48,7 @@ def start_redis(directory: Path, appendonly: bool) -> tuple[subprocess.Popen, in
             "--dir", str(directory), "--daemonize", "no", "--loglevel", "warning"]
     args += ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    wait_ready(port, proc)
+    wait_for_pong(port, proc)
     return proc, port
 
 

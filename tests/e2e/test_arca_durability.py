@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -19,33 +18,14 @@ from pathlib import Path
 import pytest
 import redis
 
+from arca.launch import free_port, spawn_arca
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_arca(directory: Path, port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "arca", "--port", str(port), "--dir", str(directory), *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"arca exited early:\n{proc.stdout.read().decode()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(7) == b"+PONG\r\n":
-                    return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("arca did not start")
+    """A `reame arca` child whose stdout and stderr the test reads (its log lines)."""
+    return spawn_arca(directory, *extra, port=port, capture=True)[0]
 
 
 def tokens_for(writer: int, i: int) -> list[int]:

@@ -3,14 +3,10 @@ archived state is refused, and a down ARCA only costs the speed-up."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from arca.launch import spawn_arca
 from node.archive_client import EmbeddedArchive, RemoteArchive
 from node.cache import blob
 from node.cache.fleet import FleetConfig, FleetTier, archive_key, split_parts
@@ -20,7 +16,6 @@ from tests.conftest import free_port
 
 from test_prefix_cache_hook import DOC, fake_state, run_prompt
 
-ROOT = Path(__file__).resolve().parents[3]
 IDENTITY = CacheIdentity(model_fingerprint="ab" * 32, runtime="test")
 
 
@@ -92,25 +87,9 @@ async def test_a_down_arca_only_costs_the_speed_up(tmp_path):
         await remote.close()
 
 
-def start_arca(directory):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "arca", "--port", str(port), "--dir", str(directory)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("ARCA did not start")
-
-
 async def test_states_split_in_parts_travel_through_a_real_arca(tmp_path):
     """Two nodes and a `reame arca` process over RESP; each state crosses as several parts."""
-    proc, port = start_arca(tmp_path / "arca")
+    proc, port = spawn_arca(tmp_path / "arca", capture=True)
     clients = [RemoteArchive("127.0.0.1", port, timeout_ms=2000) for _ in range(2)]
     node_a, node_b = make(tmp_path / "a"), make(tmp_path / "b")
     try:
