@@ -272,6 +272,11 @@ class Decoder:
         self._inline_max = min(limits.max_inline_len, 2 * limits.max_multibulk_len)
 
     @property
+    def idle(self) -> bool:
+        """At a command boundary with nothing buffered and no protocol error."""
+        return self.error is None and self._slow.idle
+
+    @property
     def buffered(self) -> int:
         """Bytes of incomplete commands held for this connection."""
         return len(self._slow.buf)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from operator import itemgetter
 from typing import Any
 
 from arca.commands import dispatch
@@ -39,10 +38,6 @@ OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
 
 _GET_NAMES = frozenset((b"GET", b"get"))
 _SET_NAMES = frozenset((b"SET", b"set"))
-_THREE = {3}
-
-
-_first = itemgetter(0)
 
 
 def _fast_set(put: Any, argv: list[bytes]) -> bool:
@@ -52,17 +47,6 @@ def _fast_set(put: Any, argv: list[bytes]) -> bool:
     except Exception:
         return False
     return True
-
-
-def _leading_sets(archive: Any, commands: list[list[bytes]]) -> int:
-    """Apply a pipelined read made only of `SET key value` in one archive call (the same
-    effects as one put per command); returns how many were applied, 0 for any other read. A
-    SET the archive refuses and those after it are left to the one-by-one path, which
-    reports the refusal."""
-    if (len(commands) < 2 or commands[0][0] not in _SET_NAMES or set(map(len, commands)) != _THREE
-            or not set(map(_first, commands)) <= _SET_NAMES):
-        return 0
-    return archive.put_each(commands)
 
 
 def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
@@ -78,7 +62,7 @@ class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
     __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog",
-                 "write_paused", "reading_paused", "eof", "strict_limits")
+                 "write_paused", "reading_paused", "eof", "strict_limits", "run_plain", "max_bulk")
 
     def __init__(self, server: ArcaServer) -> None:
         self.server = server
@@ -91,6 +75,8 @@ class Connection(asyncio.Protocol):
         self.write_paused = False  # the transport's buffer is above its high-water mark
         self.reading_paused = False
         self.eof = False  # the client half-closed: close once everything is answered
+        self.run_plain = server.archive.run_plain
+        self.max_bulk = server.options.limits.max_bulk_len
 
     # -- asyncio callbacks
 
@@ -104,6 +90,7 @@ class Connection(asyncio.Protocol):
             transport.write(MAX_CLIENTS_REPLY)  # type: ignore[attr-defined]
             transport.close()
             self.client = None
+            self.closing = True
             return
         peer = transport.get_extra_info("peername") or ("?", 0)
         local = transport.get_extra_info("sockname") or ("?", 0)
@@ -149,25 +136,46 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
-        if not self.closing:
-            self._execute(self.decoder.feed(data))
+        if self.closing:
+            return
+        client = self.client
+        if (client.multi is None and client.authenticated and not self.strict_limits
+                and self.backlog is None and self.decoder.idle):
+            # The plain path: the read's leading `GET key` / `SET key value` commands run in
+            # the archive's L1 table straight from the bytes (no argv lists, no dispatch).
+            reply, consumed, count, last = self.run_plain(data, client.resp, OUTPUT_BATCH_BYTES, self.max_bulk)
+            if count:
+                client.last_command = last
+                client.last_active = time.monotonic()
+                self.server.state.stats.commands_processed += count
+                if consumed == len(data):
+                    self._reply([reply])
+                elif len(reply) > OUTPUT_BATCH_BYTES:  # the rest waits until the client reads
+                    self.backlog = self.decoder.feed(data[consumed:]) or None
+                    self._finish_unusual([reply])
+                else:
+                    self._execute(self.decoder.feed(data[consumed:]), [reply])
+                return
+        self._execute(self.decoder.feed(data), [])
 
-    def _execute(self, commands: list[list[bytes]]) -> None:
-        """Run commands in order; stop after OUTPUT_BATCH_BYTES of bulk replies (backlog)."""
+    def _execute(self, commands: list[list[bytes]], out: list[bytes]) -> None:
+        """Run commands in order after the replies already in `out`; stop after
+        OUTPUT_BATCH_BYTES of bulk replies (backlog)."""
         ctx = self.ctx
         client = ctx.client
         # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
         # frame) while nothing else applies: not queueing for MULTI, authenticated. Only a
         # dispatched command can change that, so it is read again after each one.
         plain = client.multi is None and client.authenticated
-        done = _leading_sets(ctx.archive, commands) if plain else 0
-        out: list[bytes] = [_OK_BYTES * done] if done else []
-        if done < len(commands):
-            done = self._run_each(commands, done, out, plain)
+        done = self._run_each(commands, out, plain) if commands else 0
         if done:
             client.last_command = commands[done - 1][0]
             client.last_active = time.monotonic()
             ctx.server.stats.commands_processed += done
+        self._reply(out)
+
+    def _reply(self, out: list[bytes]) -> None:
+        """Send the replies of a batch now, or hold them until the tick's commit."""
         if self.strict_limits or self.backlog is not None or self.decoder.error is not None or self.closing:
             self._finish_unusual(out)
             return
@@ -179,8 +187,8 @@ class Connection(asyncio.Protocol):
         else:
             server.deliver(self, out)
 
-    def _run_each(self, commands: list[list[bytes]], done: int, out: list[bytes], plain: bool) -> int:
-        """Run commands[done:] one by one, appending replies to out; returns how many ran in all."""
+    def _run_each(self, commands: list[list[bytes]], out: list[bytes], plain: bool) -> int:
+        """Run commands one by one, appending replies to out; returns how many ran."""
         append = out.append
         ctx = self.ctx
         client = ctx.client
@@ -188,8 +196,8 @@ class Connection(asyncio.Protocol):
         put = ctx.archive.put
         get_names, set_names, ok, ok_bytes = _GET_NAMES, _SET_NAMES, OK, _OK_BYTES
         total = len(commands)
-        produced = 0
-        for argv in commands[done:] if done else commands:
+        produced = done = 0
+        for argv in commands:
             done += 1
             name = argv[0]
             if plain and name in get_names and len(argv) == 2:
@@ -238,7 +246,7 @@ class Connection(asyncio.Protocol):
         if self.backlog is None or self.write_paused or self.transport is None:
             return
         commands, self.backlog = self.backlog, None
-        self._execute(commands)
+        self._execute(commands, [])
         if self.backlog is None and self.eof and not self.closing:
             self._close_when_answered()
         self._update_reading()

@@ -44,10 +44,10 @@ class Archive:
             self._store.close()
             raise
         # The hottest calls go straight to the part that serves them (one call frame less).
-        self.get = self._entries.get
+        self.get = self._entries.table.get
         self.put = self._entries.put
-        self.put_each = self._entries.put_each
-        self.get_with_deadline = self._entries.get_with_deadline
+        self.get_with_deadline = self._entries.table.get_with_deadline
+        self.run_plain = self._entries.run_plain
         log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
                  len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
 
@@ -70,10 +70,11 @@ class Archive:
         """Set every (key, value) without a TTL; nothing is set when one is over the budget."""
         self._entries.put_many(pairs)
 
-    def put_each(self, commands: list[list[bytes]]) -> int:
-        """put(key, value) per [name, key, value], in order; stops before an entry over the
-        budget and returns how many were applied (the caller reports the refusal)."""
-        return self._entries.put_each(commands)
+    def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int) -> tuple[bytes, int, int, bytes | None]:
+        """Answer the leading pipelined `GET key` / `SET key value` commands of a read (RESP
+        bytes) in one call: (replies, bytes consumed, commands run, last command name).
+        Stops at anything else; see Entries.run_plain."""
+        return self._entries.run_plain(data, resp, out_cap, max_bulk)
 
     def delete(self, key: bytes) -> bool:
         return self._entries.delete(key)
@@ -208,6 +209,7 @@ class Archive:
                 "wal_bytes": wal_bytes,
                 "pending_writes": journal.pending_writes,
                 "commits": journal.commits,
+                "wal_checkpoints": self._store.checkpoints,
                 "commit_failures": journal.failures,
                 "last_commit_us": journal.last_commit_us,
                 "last_commit_time": journal.last_commit_unix,

@@ -1,14 +1,16 @@
-"""Key expiry bookkeeping: absolute deadlines in ms and a heap for active expiry.
+"""Active expiry: a heap of (deadline ms, key) over the keys of the L1 table that have a TTL.
 
-`deadlines` maps key -> expire_at_ms for keys that have a TTL. The heap holds (deadline, key)
-pairs and may contain stale pairs (TTL changed or key deleted); they are skipped when popped
-and the heap is rebuilt when stale pairs outnumber live ones.
+The table (arca/archive/_l1table.c) holds each key's deadline; the heap only says which keys
+to look at first. It may hold stale pairs (TTL changed or key deleted); a popped pair counts
+only when the table still has that deadline for that key, and the heap is rebuilt from the
+table when stale pairs outnumber live ones.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from typing import Any
 
 
 def now_ms() -> int:
@@ -16,37 +18,27 @@ def now_ms() -> int:
 
 
 class ExpiryQueue:
-    def __init__(self) -> None:
-        self.deadlines: dict[bytes, int] = {}
+    def __init__(self, table: Any) -> None:
+        self._table = table
         self._heap: list[tuple[int, bytes]] = []
 
-    def set(self, key: bytes, expire_at_ms: int) -> None:
-        self.deadlines[key] = expire_at_ms
+    def add(self, key: bytes, expire_at_ms: int) -> None:
         heapq.heappush(self._heap, (expire_at_ms, key))
-        if len(self._heap) > 2 * len(self.deadlines) + 1024:
-            self._heap = [(deadline, k) for k, deadline in self.deadlines.items()]
-            heapq.heapify(self._heap)
+        if len(self._heap) > 2 * self._table.ttl_count + 1024:
+            self.rebuild()
 
-    def discard(self, key: bytes) -> None:
-        self.deadlines.pop(key, None)
-
-    def is_expired(self, key: bytes, now: int) -> bool:
-        deadline = self.deadlines.get(key)
-        return deadline is not None and deadline <= now
+    def rebuild(self) -> None:
+        self._heap = self._table.ttl_items()
+        heapq.heapify(self._heap)
 
     def due(self, now: int, limit: int) -> list[bytes]:
-        """Up to `limit` keys whose deadline has passed, removed from the queue."""
-        heap, deadlines, found = self._heap, self.deadlines, []
+        """Up to `limit` keys whose deadline has passed (still in the table)."""
+        heap, deadline_of, found = self._heap, self._table.deadline, []
         while heap and heap[0][0] <= now and len(found) < limit:
             deadline, key = heapq.heappop(heap)
-            if deadlines.get(key) == deadline:
-                del deadlines[key]
+            if deadline_of(key) == deadline:
                 found.append(key)
         return found
 
     def clear(self) -> None:
-        self.deadlines.clear()
         self._heap.clear()
-
-    def __len__(self) -> int:
-        return len(self.deadlines)

@@ -17,6 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .checkpoint import Checkpointer
 from .config import ArchiveConfig
 from .entry_log import create_batches_table
 from .errors import ArchiveCorruptError, ArchiveError
@@ -24,6 +25,10 @@ from .errors import ArchiveCorruptError, ArchiveError
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
+# The WAL is checkpointed in the background once it holds this much...
+CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024
+# ...and truncated back to this size when it restarts after a checkpoint.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -69,6 +74,7 @@ class Store:
         except BaseException:
             self._lock_file.close()
             raise
+        self._checkpointer = Checkpointer(self.path, CHECKPOINT_WAL_BYTES)
 
     def _open(self, config: ArchiveConfig) -> sqlite3.Connection:
         try:
@@ -82,7 +88,9 @@ class Store:
             conn.execute("PRAGMA synchronous=" + ("FULL" if config.durability == "fsync" else "NORMAL"))
             conn.execute("PRAGMA temp_store=MEMORY")
             conn.execute("PRAGMA cache_size=-16384")
-            conn.execute("PRAGMA wal_autocheckpoint=8192")
+            # Checkpoints run on their own thread (checkpoint.py), never inside a commit.
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             if config.verify_on_open:
                 self._quick_check(conn)
             self._migrate(conn)
@@ -132,9 +140,14 @@ class Store:
         """Bytes of the database file and of its write-ahead log."""
         return _size(self.path), _size(Path(f"{self.path}-wal"))
 
+    @property
+    def checkpoints(self) -> int:
+        return self._checkpointer.checkpoints
+
     def close(self) -> None:
         try:
-            self.connection.close()
+            self._checkpointer.stop()
+            self.connection.close()  # the last connection to close checkpoints what is left
         finally:
             self._lock_file.close()
 

@@ -153,23 +153,40 @@ def test_put_many_sets_all_or_nothing_and_drops_ttls(tmp_path):
         assert arc.get_with_deadline(b"b") == (b"2", None) and arc.dbsize() == 2
 
 
-def test_put_each_matches_one_put_per_command(tmp_path):
-    """The pipelined-SET path: LRU order, evictions, cleared TTLs and the stop before an
-    entry over the budget are exactly those of one put per command."""
-    argvs = [[b"SET", b"k%d" % (i % 7), b"v" * (10 + 13 * i % 90)] for i in range(40)]
+def _resp(argvs: list[list[bytes]]) -> bytes:
+    return b"".join(b"*%d\r\n" % len(argv) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in argv)
+                    for argv in argvs)
+
+
+def test_run_plain_matches_one_call_per_command(tmp_path):
+    """The pipelined GET/SET path: replies, LRU order, evictions, cleared TTLs, hit counts and
+    the stop before an entry over the budget are exactly those of one call per command."""
+    argvs = [[b"SET", b"k%d" % (i % 7), b"v" * (10 + 13 * i % 90)] if i % 3 else [b"get", b"k%d" % (i % 9)]
+             for i in range(40)]
     argvs.insert(30, [b"SET", b"big", b"x" * 2000])
     one, each = (Archive(ArchiveConfig(directory=tmp_path / name, max_bytes=1000)) for name in ("one", "each"))
     with one, each:
         for arc in (one, each):
             arc.put(b"k3", b"old", now_ms() + 60_000)
+        expected = []
         for argv in argvs[:30]:
-            one.put(argv[1], argv[2])
-        assert each.put_each(argvs) == 30
-        assert each.put_each(argvs[31:]) == len(argvs) - 31
+            if argv[0] == b"SET":
+                one.put(argv[1], argv[2])
+                expected.append(b"+OK\r\n")
+            else:
+                value = one.get(argv[1])
+                expected.append(b"$-1\r\n" if value is None else b"$%d\r\n%b\r\n" % (len(value), value))
+        data = _resp(argvs)
+        reply, consumed, count, last = each.run_plain(data, 2, 1 << 20, 1 << 20)
+        assert (reply, count, last) == (b"".join(expected), 30, b"set")
+        assert data[consumed:].startswith(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n")  # left for the -OOM reply
+        rest = _resp(argvs[31:])
+        assert each.run_plain(rest, 3, 1 << 20, 1 << 20)[1:3] == (len(rest), len(argvs) - 31)
         for argv in argvs[31:]:
-            one.put(argv[1], argv[2])
+            one.put(argv[1], argv[2]) if argv[0] == b"SET" else one.get(argv[1])
         assert list(each.keys()) == list(one.keys())
         volatile = ("used_memory_rss", "used_memory_peak")
         memory = [{k: v for k, v in arc.info()["memory"].items() if k not in volatile} for arc in (one, each)]
         assert memory[0] == memory[1] and memory[0]["evicted_keys"] > 0
+        assert one.info()["arca"]["keyspace_hits"] == each.info()["arca"]["keyspace_hits"] > 0
         assert each.get_entry(b"k3") == one.get_entry(b"k3") and one.get_entry(b"k3").expire_at_ms is None

@@ -1,0 +1,1008 @@
+/* The L1 table: every L1 entry in RAM, with its LRU order, deadline, byte accounting and
+ * dirty mark, and the pipelined GET/SET path that serves a read of plain commands without
+ * building a Python object per command.
+ *
+ * Why C. With 100k random keys a Python OrderedDict costs four or five hash probes per SET
+ * (get, set, move_to_end, the dirty set), each a cache miss, plus the interpreter's work per
+ * command; profiles showed dict lookups alone at a quarter of the daemon's CPU. Here an
+ * entry is one 48-byte slot found with one probe of an index array, the LRU list links
+ * slots by number, and `run` parses RESP straight from the read buffer.
+ *
+ * Layout. `slots` is an array of Slot; a slot holds a key and a value (exact bytes objects,
+ * owned references), the key's hash (CPython's bytes hash, so it is seeded per process and
+ * hash flooding costs an attacker what it costs against a dict), the deadline in ms since
+ * the epoch (0 = none), and prev/next slot numbers of the LRU list (head = least recently
+ * used). Free slots chain through `next`. `index` is an open-addressing array (linear
+ * probing, power-of-two size, load <= 1/2) of slot numbers, -1 = empty; deletion shifts the
+ * following run back, so there are no tombstones.
+ *
+ * Dirty tracking. A change appends the key to the `dirty` list unless the slot's
+ * `dirty_epoch` says it is already there; `clear_dirty` empties the list and starts a new
+ * epoch (O(1)). A key deleted and written again in one epoch may be listed twice, which is
+ * harmless: the log records the key's current state each time.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define NIL (-1)
+#define MIN_INDEX 16
+
+typedef struct {
+    PyObject *key;      /* NULL in a free slot */
+    PyObject *value;
+    Py_hash_t hash;
+    int64_t deadline;   /* ms since the epoch; 0 = no TTL */
+    int32_t prev, next; /* LRU neighbours; a free slot uses next for the free list */
+    uint64_t dirty_epoch; /* listed in `dirty` when equal to the table's epoch */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    int32_t slots_cap;
+    int32_t free_head;   /* first free slot, NIL when none below slots_used */
+    int32_t slots_used;  /* slots ever handed out (high-water mark) */
+    int32_t *index;
+    size_t index_mask;   /* index size - 1 */
+    Py_ssize_t count;
+    Py_ssize_t ttl_count;
+    int32_t lru_head, lru_tail;
+    long long max_bytes, used_bytes, overhead;
+    long long hits, misses, evicted, expired;
+    uint64_t epoch;      /* 64 bits: never wraps, so a stale mark can never look current */
+    int initialised;
+    PyObject *dirty;     /* list of keys */
+    char *out;           /* reply buffer reused by run() */
+    size_t out_cap;
+} Table;
+
+static PyObject *NAME_GET, *NAME_SET;
+
+/* ---------------------------------------------------------------- time and hashing */
+
+static int64_t
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static Py_hash_t
+hash_buffer(const char *data, Py_ssize_t len)
+{
+#if PY_VERSION_HEX >= 0x030E0000
+    return Py_HashBuffer(data, len);
+#else
+    Py_hash_t h = _Py_HashBytes(data, len);
+    return h == -1 ? -2 : h; /* what bytes.__hash__ returns for the same bytes */
+#endif
+}
+
+static int
+check_bytes(PyObject *obj, const char *what)
+{
+    if (!PyBytes_CheckExact(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes, not %.100s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the index */
+
+/* Position in `index` holding the slot of (data, len, hash), or the empty position where it
+ * would go; *found is the slot number or NIL. */
+static size_t
+probe(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int32_t *found)
+{
+    size_t mask = t->index_mask, pos = (size_t)hash & mask;
+    for (;;) {
+        int32_t s = t->index[pos];
+        if (s == NIL) {
+            *found = NIL;
+            return pos;
+        }
+        Slot *slot = &t->slots[s];
+        if (slot->hash == hash && PyBytes_GET_SIZE(slot->key) == len
+                && memcmp(PyBytes_AS_STRING(slot->key), data, (size_t)len) == 0) {
+            *found = s;
+            return pos;
+        }
+        pos = (pos + 1) & mask;
+    }
+}
+
+static int32_t
+find_key(Table *t, PyObject *key, size_t *pos_out)
+{
+    Py_hash_t hash = PyObject_Hash(key);
+    int32_t found;
+    size_t pos = probe(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash, &found);
+    if (pos_out)
+        *pos_out = pos;
+    return found;
+}
+
+/* Remove index[pos] and shift the rest of its run back so lookups never meet a hole. */
+static void
+index_remove(Table *t, size_t pos)
+{
+    size_t mask = t->index_mask, hole = pos, j = pos;
+    for (;;) {
+        j = (j + 1) & mask;
+        int32_t s = t->index[j];
+        if (s == NIL)
+            break;
+        size_t home = (size_t)t->slots[s].hash & mask;
+        /* The entry at j may move to the hole when its home is not in (hole, j] cyclically. */
+        int movable = (hole <= j) ? (home <= hole || home > j) : (home <= hole && home > j);
+        if (movable) {
+            t->index[hole] = s;
+            hole = j;
+        }
+    }
+    t->index[hole] = NIL;
+}
+
+static int
+index_resize(Table *t, size_t size)
+{
+    int32_t *index = PyMem_Malloc(size * sizeof(int32_t));
+    if (index == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(index, 0xff, size * sizeof(int32_t)); /* every entry NIL */
+    size_t mask = size - 1;
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next) {
+        size_t pos = (size_t)t->slots[s].hash & mask;
+        while (index[pos] != NIL)
+            pos = (pos + 1) & mask;
+        index[pos] = s;
+    }
+    PyMem_Free(t->index);
+    t->index = index;
+    t->index_mask = mask;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the LRU list */
+
+static inline void
+lru_unlink(Table *t, int32_t s)
+{
+    Slot *slot = &t->slots[s];
+    if (slot->prev != NIL)
+        t->slots[slot->prev].next = slot->next;
+    else
+        t->lru_head = slot->next;
+    if (slot->next != NIL)
+        t->slots[slot->next].prev = slot->prev;
+    else
+        t->lru_tail = slot->prev;
+}
+
+static inline void
+lru_append(Table *t, int32_t s)
+{
+    Slot *slot = &t->slots[s];
+    slot->prev = t->lru_tail;
+    slot->next = NIL;
+    if (t->lru_tail != NIL)
+        t->slots[t->lru_tail].next = s;
+    else
+        t->lru_head = s;
+    t->lru_tail = s;
+}
+
+static inline void
+lru_touch(Table *t, int32_t s)
+{
+    if (t->lru_tail != s) {
+        lru_unlink(t, s);
+        lru_append(t, s);
+    }
+}
+
+/* ---------------------------------------------------------------- entries */
+
+static inline long long
+entry_size(Table *t, PyObject *key, PyObject *value)
+{
+    return (long long)PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value) + t->overhead;
+}
+
+/* Append the key to the dirty list unless this slot is already listed in this epoch. */
+static inline int
+mark_dirty(Table *t, Slot *slot)
+{
+    if (slot->dirty_epoch == t->epoch)
+        return 0;
+    slot->dirty_epoch = t->epoch;
+    return PyList_Append(t->dirty, slot->key);
+}
+
+/* Room for one more entry: grow the slot array and the index as needed. */
+static int
+reserve_one(Table *t)
+{
+    if ((size_t)(t->count + 1) * 2 > t->index_mask + 1) {
+        if (index_resize(t, (t->index_mask + 1) * 2) < 0)
+            return -1;
+    }
+    if (t->free_head == NIL && t->slots_used == t->slots_cap) {
+        if (t->slots_cap >= INT32_MAX / 2) {
+            PyErr_SetString(PyExc_MemoryError, "L1 table is full");
+            return -1;
+        }
+        int32_t cap = t->slots_cap ? t->slots_cap * 2 : 64;
+        Slot *slots = PyMem_Realloc(t->slots, (size_t)cap * sizeof(Slot));
+        if (slots == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->slots = slots;
+        t->slots_cap = cap;
+    }
+    return 0;
+}
+
+/* A new entry at index position pos (from a probe that found nothing, with room reserved:
+ * the probe must have been done after reserve_one). Steals the key and value references. */
+static int32_t
+insert_new(Table *t, size_t pos, PyObject *key, PyObject *value, Py_hash_t hash, int64_t deadline)
+{
+    int32_t s;
+    if (t->free_head != NIL) {
+        s = t->free_head;
+        t->free_head = t->slots[s].next;
+    } else {
+        s = t->slots_used++;
+    }
+    Slot *slot = &t->slots[s];
+    slot->key = key;
+    slot->value = value;
+    slot->hash = hash;
+    slot->deadline = deadline;
+    slot->dirty_epoch = t->epoch - 1;
+    t->index[pos] = s;
+    lru_append(t, s);
+    t->count++;
+    if (deadline)
+        t->ttl_count++;
+    t->used_bytes += entry_size(t, key, value);
+    return s;
+}
+
+/* Drop slot s found at index position pos; marks it dirty first. Returns -1 only when the
+ * dirty list cannot grow (the entry is removed anyway). */
+static int
+remove_slot(Table *t, int32_t s, size_t pos)
+{
+    Slot *slot = &t->slots[s];
+    int rc = mark_dirty(t, slot);
+    index_remove(t, pos);
+    lru_unlink(t, s);
+    t->used_bytes -= entry_size(t, slot->key, slot->value);
+    t->count--;
+    if (slot->deadline)
+        t->ttl_count--;
+    PyObject *key = slot->key, *value = slot->value;
+    slot->key = slot->value = NULL;
+    slot->next = t->free_head;
+    t->free_head = s;
+    Py_DECREF(key);
+    Py_DECREF(value);
+    return rc;
+}
+
+static size_t
+position_of(Table *t, int32_t s)
+{
+    Slot *slot = &t->slots[s];
+    int32_t found;
+    return probe(t, PyBytes_AS_STRING(slot->key), PyBytes_GET_SIZE(slot->key), slot->hash, &found);
+}
+
+/* Evict least recently used entries until the budget holds; returns how many, -1 on error. */
+static long long
+evict_to_fit(Table *t)
+{
+    long long n = 0;
+    while (t->used_bytes > t->max_bytes && t->lru_head != NIL) {
+        int32_t s = t->lru_head;
+        if (remove_slot(t, s, position_of(t, s)) < 0)
+            return -1;
+        t->evicted++;
+        n++;
+    }
+    return n;
+}
+
+/* The slot of key if present and not past its deadline; an expired entry is removed here
+ * (counted in `expired`). NIL when absent; -2 on error. */
+static int32_t
+live_slot(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int64_t *now)
+{
+    int32_t s;
+    size_t pos = probe(t, data, len, hash, &s);
+    if (s == NIL)
+        return NIL;
+    int64_t deadline = t->slots[s].deadline;
+    if (deadline) {
+        if (*now == 0)
+            *now = now_ms();
+        if (deadline <= *now) {
+            t->expired++;
+            return remove_slot(t, s, pos) < 0 ? -2 : NIL;
+        }
+    }
+    return s;
+}
+
+/* Store value under key (bytes objects borrowed); the key becomes most recently used.
+ * key_data/key_len/hash describe the key; key_obj may be NULL, then a bytes object is made
+ * only if the key is new. Returns 0 or -1. */
+static int
+store(Table *t, const char *key_data, Py_ssize_t key_len, Py_hash_t hash, PyObject *key_obj,
+      PyObject *value, int64_t deadline)
+{
+    int32_t s;
+    size_t pos = probe(t, key_data, key_len, hash, &s);
+    if (s != NIL) {
+        Slot *slot = &t->slots[s];
+        if (mark_dirty(t, slot) < 0)
+            return -1;
+        PyObject *old = slot->value;
+        Py_INCREF(value);
+        slot->value = value;
+        t->used_bytes += PyBytes_GET_SIZE(value) - PyBytes_GET_SIZE(old);
+        Py_DECREF(old);
+        if (slot->deadline && !deadline)
+            t->ttl_count--;
+        else if (!slot->deadline && deadline)
+            t->ttl_count++;
+        slot->deadline = deadline;
+        lru_touch(t, s);
+    } else {
+        if ((size_t)(t->count + 1) * 2 > t->index_mask + 1 || (t->free_head == NIL && t->slots_used == t->slots_cap)) {
+            if (reserve_one(t) < 0)
+                return -1;
+            pos = probe(t, key_data, key_len, hash, &s);
+        }
+        PyObject *key;
+        if (key_obj != NULL) {
+            Py_INCREF(key_obj);
+            key = key_obj;
+        } else {
+            key = PyBytes_FromStringAndSize(key_data, key_len);
+            if (key == NULL)
+                return -1;
+        }
+        Py_INCREF(value);
+        s = insert_new(t, pos, key, value, hash, deadline);
+        if (mark_dirty(t, &t->slots[s]) < 0)
+            return -1;
+    }
+    if (t->used_bytes > t->max_bytes && evict_to_fit(t) < 0)
+        return -1;
+    return 0;
+}
+
+static int
+parse_deadline(PyObject *obj, int64_t *deadline)
+{
+    if (obj == NULL || obj == Py_None) {
+        *deadline = 0;
+        return 0;
+    }
+    long long value = PyLong_AsLongLong(obj);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (value <= 0) {
+        PyErr_SetString(PyExc_ValueError, "deadline must be a positive number of ms since the epoch");
+        return -1;
+    }
+    *deadline = value;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- Python methods */
+
+static PyObject *
+Table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Table *t = (Table *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    t->lru_head = t->lru_tail = t->free_head = NIL;
+    t->epoch = 1;
+    t->dirty = PyList_New(0);
+    if (t->dirty == NULL || index_resize(t, MIN_INDEX) < 0) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return (PyObject *)t;
+}
+
+static int
+Table_init(Table *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_bytes", "overhead", NULL};
+    long long max_bytes, overhead;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LL", kwlist, &max_bytes, &overhead))
+        return -1;
+    if (max_bytes < 0 || overhead < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes and overhead must be >= 0");
+        return -1;
+    }
+    if (t->initialised) {
+        PyErr_SetString(PyExc_RuntimeError, "Table is already initialised");
+        return -1;
+    }
+    t->initialised = 1;
+    t->max_bytes = max_bytes;
+    t->overhead = overhead;
+    return 0;
+}
+
+static void
+drop_all(Table *t)
+{
+    for (int32_t s = 0; s < t->slots_used; s++) {
+        Py_CLEAR(t->slots[s].key);
+        Py_CLEAR(t->slots[s].value);
+    }
+    t->slots_used = 0;
+    t->free_head = t->lru_head = t->lru_tail = NIL;
+    t->count = t->ttl_count = 0;
+    t->used_bytes = 0;
+}
+
+static void
+Table_dealloc(Table *t)
+{
+    if (t->slots != NULL)
+        drop_all(t);
+    PyMem_Free(t->slots);
+    PyMem_Free(t->index);
+    PyMem_Free(t->out);
+    Py_XDECREF(t->dirty);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t
+Table_len(Table *t)
+{
+    return t->count;
+}
+
+/* get(key) and get_with_deadline(key): a read with lazy expiry, LRU move and hit/miss. */
+static int32_t
+read_key(Table *t, PyObject *key)
+{
+    if (check_bytes(key, "key") < 0)
+        return -2;
+    int64_t now = 0;
+    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), PyObject_Hash(key), &now);
+    if (s == NIL)
+        t->misses++;
+    else if (s >= 0) {
+        t->hits++;
+        lru_touch(t, s);
+    }
+    return s;
+}
+
+static PyObject *
+Table_get(Table *t, PyObject *key)
+{
+    int32_t s = read_key(t, key);
+    if (s == -2)
+        return NULL;
+    if (s == NIL)
+        Py_RETURN_NONE;
+    return Py_NewRef(t->slots[s].value);
+}
+
+static PyObject *
+Table_get_with_deadline(Table *t, PyObject *key)
+{
+    int32_t s = read_key(t, key);
+    if (s == -2)
+        return NULL;
+    if (s == NIL)
+        Py_RETURN_NONE;
+    Slot *slot = &t->slots[s];
+    if (slot->deadline)
+        return Py_BuildValue("(OL)", slot->value, (long long)slot->deadline);
+    return Py_BuildValue("(OO)", slot->value, Py_None);
+}
+
+static PyObject *
+Table_deadline(Table *t, PyObject *key)
+{
+    if (check_bytes(key, "key") < 0)
+        return NULL;
+    int32_t s = find_key(t, key, NULL);
+    if (s == NIL || !t->slots[s].deadline)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(t->slots[s].deadline);
+}
+
+static PyObject *
+Table_contains(Table *t, PyObject *key)
+{
+    if (check_bytes(key, "key") < 0)
+        return NULL;
+    int64_t now = 0;
+    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), PyObject_Hash(key), &now);
+    if (s == -2)
+        return NULL;
+    return PyBool_FromLong(s != NIL);
+}
+
+static PyObject *
+Table_put(Table *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"key", "value", "deadline", NULL};
+    PyObject *key, *value, *deadline_obj = NULL;
+    int64_t deadline;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O", kwlist, &key, &value, &deadline_obj))
+        return NULL;
+    if (check_bytes(key, "key") < 0 || check_bytes(value, "value") < 0 || parse_deadline(deadline_obj, &deadline) < 0)
+        return NULL;
+    if (store(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), PyObject_Hash(key), key, value, deadline) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Table_set_deadline(Table *t, PyObject *args)
+{
+    PyObject *key, *deadline_obj;
+    int64_t deadline;
+    if (!PyArg_ParseTuple(args, "OO", &key, &deadline_obj))
+        return NULL;
+    if (check_bytes(key, "key") < 0 || parse_deadline(deadline_obj, &deadline) < 0)
+        return NULL;
+    int32_t s = find_key(t, key, NULL);
+    if (s == NIL)
+        Py_RETURN_FALSE;
+    Slot *slot = &t->slots[s];
+    if (mark_dirty(t, slot) < 0)
+        return NULL;
+    if (slot->deadline && !deadline)
+        t->ttl_count--;
+    else if (!slot->deadline && deadline)
+        t->ttl_count++;
+    slot->deadline = deadline;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+delete_key(Table *t, PyObject *key, int count_expired)
+{
+    if (check_bytes(key, "key") < 0)
+        return NULL;
+    size_t pos;
+    int32_t s = find_key(t, key, &pos);
+    if (s == NIL)
+        Py_RETURN_FALSE;
+    if (count_expired)
+        t->expired++;
+    if (remove_slot(t, s, pos) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+Table_delete(Table *t, PyObject *key)
+{
+    return delete_key(t, key, 0);
+}
+
+static PyObject *
+Table_expire(Table *t, PyObject *key)
+{
+    return delete_key(t, key, 1);
+}
+
+static PyObject *
+Table_evict(Table *t, PyObject *unused)
+{
+    long long n = evict_to_fit(t);
+    return n < 0 ? NULL : PyLong_FromLongLong(n);
+}
+
+static PyObject *
+Table_keys(Table *t, PyObject *unused)
+{
+    PyObject *keys = PyList_New(t->count);
+    if (keys == NULL)
+        return NULL;
+    Py_ssize_t i = 0;
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next)
+        PyList_SET_ITEM(keys, i++, Py_NewRef(t->slots[s].key));
+    return keys;
+}
+
+static PyObject *
+Table_ttl_items(Table *t, PyObject *unused)
+{
+    PyObject *items = PyList_New(0);
+    if (items == NULL)
+        return NULL;
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next) {
+        Slot *slot = &t->slots[s];
+        if (!slot->deadline)
+            continue;
+        PyObject *item = Py_BuildValue("(LO)", (long long)slot->deadline, slot->key);
+        if (item == NULL || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(items);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return items;
+}
+
+static PyObject *
+Table_clear(Table *t, PyObject *unused)
+{
+    drop_all(t);
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+    t->slots_cap = 0;
+    if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
+        return NULL;
+    t->epoch++;
+    if (index_resize(t, MIN_INDEX) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Table_clear_dirty(Table *t, PyObject *unused)
+{
+    if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
+        return NULL;
+    t->epoch++;
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- the reply buffer */
+
+static int
+out_reserve(Table *t, size_t *len, size_t extra)
+{
+    if (*len + extra <= t->out_cap)
+        return 0;
+    size_t cap = t->out_cap ? t->out_cap : 4096;
+    while (cap < *len + extra)
+        cap *= 2;
+    char *out = PyMem_Realloc(t->out, cap);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->out = out;
+    t->out_cap = cap;
+    return 0;
+}
+
+/* A reply or batch bigger than this is not kept for reuse (the next one reallocates). */
+#define OUT_KEEP (1 << 20)
+
+static void
+out_trim(Table *t)
+{
+    if (t->out_cap > OUT_KEEP) {
+        PyMem_Free(t->out);
+        t->out = NULL;
+        t->out_cap = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- encode */
+
+static void
+put_le(char *p, uint64_t value, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (char)(value >> (8 * i));
+}
+
+static PyObject *
+Table_encode(Table *t, PyObject *keys)
+{
+    PyObject *seq = PySequence_Fast(keys, "keys must be iterable");
+    if (seq == NULL)
+        return NULL;
+    size_t len = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = items[i];
+        if (check_bytes(key, "key") < 0)
+            goto error;
+        int32_t s = find_key(t, key, NULL);
+        Py_ssize_t key_len = PyBytes_GET_SIZE(key);
+        Py_ssize_t value_len = s == NIL ? 0 : PyBytes_GET_SIZE(t->slots[s].value);
+        if (out_reserve(t, &len, 16 + (size_t)key_len + (size_t)value_len) < 0)
+            goto error;
+        char *p = t->out + len;
+        put_le(p, (uint64_t)key_len, 4);
+        put_le(p + 4, s == NIL ? 0xffffffffu : (uint64_t)value_len, 4);
+        put_le(p + 8, s == NIL ? 0 : (uint64_t)t->slots[s].deadline, 8);
+        memcpy(p + 16, PyBytes_AS_STRING(key), (size_t)key_len);
+        if (s != NIL)
+            memcpy(p + 16 + key_len, PyBytes_AS_STRING(t->slots[s].value), (size_t)value_len);
+        len += 16 + (size_t)key_len + (size_t)value_len;
+    }
+    Py_DECREF(seq);
+    PyObject *blob = PyBytes_FromStringAndSize(t->out, (Py_ssize_t)len);
+    out_trim(t);
+    return blob;
+error:
+    Py_DECREF(seq);
+    out_trim(t);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- run: pipelined GET/SET */
+
+/* A canonical RESP length ("0" or digits without a leading zero, at most 18 of them) ending
+ * in CRLF, starting at p; returns the position after the CRLF or NULL. */
+static const char *
+parse_length(const char *p, const char *end, long long *value)
+{
+    const char *start = p;
+    long long v = 0;
+    while (p < end && *p >= '0' && *p <= '9') {
+        v = v * 10 + (*p - '0');
+        p++;
+        if (p - start > 18)
+            return NULL;
+    }
+    if (p == start || (*start == '0' && p - start > 1) || end - p < 2 || p[0] != '\r' || p[1] != '\n')
+        return NULL;
+    *value = v;
+    return p + 2;
+}
+
+/* One `$len\r\n<bytes>\r\n` item; returns the position after it or NULL. */
+static const char *
+parse_bulk(const char *p, const char *end, long long max_bulk, const char **data, Py_ssize_t *len)
+{
+    long long n;
+    if (p >= end || *p != '$' || (p = parse_length(p + 1, end, &n)) == NULL || n > max_bulk)
+        return NULL;
+    if (end - p < n + 2 || p[n] != '\r' || p[n + 1] != '\n')
+        return NULL;
+    *data = p;
+    *len = (Py_ssize_t)n;
+    return p + n + 2;
+}
+
+static inline int
+is_name(const char *data, Py_ssize_t len, const char *upper)
+{
+    return len == 3 && (data[0] & 0xdf) == upper[0] && (data[1] & 0xdf) == upper[1] && (data[2] & 0xdf) == upper[2];
+}
+
+static PyObject *
+Table_run(Table *t, PyObject *args)
+{
+    Py_buffer view;
+    int resp;
+    Py_ssize_t cap;
+    long long max_bulk;
+    if (!PyArg_ParseTuple(args, "y*inL", &view, &resp, &cap, &max_bulk))
+        return NULL;
+    const char *begin = view.buf, *end = begin + view.len, *p = begin;
+    const char *null_reply = resp == 3 ? "_\r\n" : "$-1\r\n";
+    size_t null_len = resp == 3 ? 3 : 5;
+    size_t len = 0;
+    Py_ssize_t count = 0;
+    PyObject *last = Py_None;
+    int64_t now = 0;
+
+    while (p < end && len <= (size_t)cap) {
+        long long argc;
+        const char *q, *name, *key, *value = NULL;
+        Py_ssize_t name_len, key_len, value_len = 0;
+        if (*p != '*' || (q = parse_length(p + 1, end, &argc)) == NULL || (argc != 2 && argc != 3))
+            break;
+        if ((q = parse_bulk(q, end, max_bulk, &name, &name_len)) == NULL
+                || (q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
+            break;
+        Py_hash_t hash;
+        if (argc == 2) {
+            if (!is_name(name, name_len, "GET"))
+                break;
+            hash = hash_buffer(key, key_len);
+            int32_t s = live_slot(t, key, key_len, hash, &now);
+            if (s == -2)
+                goto error;
+            if (s == NIL) {
+                t->misses++;
+                if (out_reserve(t, &len, null_len) < 0)
+                    goto error;
+                memcpy(t->out + len, null_reply, null_len);
+                len += null_len;
+            } else {
+                t->hits++;
+                lru_touch(t, s);
+                PyObject *v = t->slots[s].value;
+                Py_ssize_t n = PyBytes_GET_SIZE(v);
+                if (out_reserve(t, &len, (size_t)n + 32) < 0)
+                    goto error;
+                len += (size_t)sprintf(t->out + len, "$%zd\r\n", n);
+                memcpy(t->out + len, PyBytes_AS_STRING(v), (size_t)n);
+                len += (size_t)n;
+                t->out[len++] = '\r';
+                t->out[len++] = '\n';
+            }
+            last = NAME_GET;
+        } else {
+            if (!is_name(name, name_len, "SET") || (q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL)
+                break;
+            if ((long long)key_len + value_len + t->overhead > t->max_bytes)
+                break; /* refused with -OOM by the general path */
+            PyObject *v = PyBytes_FromStringAndSize(value, value_len);
+            if (v == NULL)
+                goto error;
+            hash = hash_buffer(key, key_len);
+            int rc = store(t, key, key_len, hash, NULL, v, 0);
+            Py_DECREF(v);
+            if (rc < 0)
+                goto error;
+            if (out_reserve(t, &len, 5) < 0)
+                goto error;
+            memcpy(t->out + len, "+OK\r\n", 5);
+            len += 5;
+            last = NAME_SET;
+        }
+        p = q;
+        count++;
+    }
+    PyBuffer_Release(&view);
+    PyObject *reply = PyBytes_FromStringAndSize(t->out, (Py_ssize_t)len);
+    out_trim(t);
+    if (reply == NULL)
+        return NULL;
+    return Py_BuildValue("(NnnO)", reply, (Py_ssize_t)(p - begin), count, last);
+error:
+    PyBuffer_Release(&view);
+    out_trim(t);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- attributes */
+
+static int
+Table_set_max_bytes(Table *t, PyObject *value, void *unused)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete max_bytes");
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
+        return -1;
+    }
+    t->max_bytes = v;
+    return 0;
+}
+
+static PyObject *
+Table_get_max_bytes(Table *t, void *unused)
+{
+    return PyLong_FromLongLong(t->max_bytes);
+}
+
+#define COUNTER(name) \
+    static PyObject *Table_get_##name(Table *t, void *unused) { return PyLong_FromLongLong((long long)t->name); }
+COUNTER(used_bytes)
+COUNTER(overhead)
+COUNTER(hits)
+COUNTER(misses)
+COUNTER(evicted)
+COUNTER(expired)
+COUNTER(ttl_count)
+
+static PyObject *
+Table_get_dirty(Table *t, void *unused)
+{
+    return Py_NewRef(t->dirty);
+}
+
+static PyGetSetDef Table_getset[] = {
+    {"max_bytes", (getter)Table_get_max_bytes, (setter)Table_set_max_bytes, "the byte budget", NULL},
+    {"used_bytes", (getter)Table_get_used_bytes, NULL, "key + value + overhead bytes of every entry", NULL},
+    {"overhead", (getter)Table_get_overhead, NULL, "bytes counted per entry on top of key and value", NULL},
+    {"hits", (getter)Table_get_hits, NULL, "reads that found their key", NULL},
+    {"misses", (getter)Table_get_misses, NULL, "reads that did not", NULL},
+    {"evicted", (getter)Table_get_evicted, NULL, "entries dropped to fit the budget", NULL},
+    {"expired", (getter)Table_get_expired, NULL, "entries dropped at their deadline", NULL},
+    {"ttl_count", (getter)Table_get_ttl_count, NULL, "entries with a deadline", NULL},
+    {"dirty", (getter)Table_get_dirty, NULL, "keys changed since clear_dirty() (a key may repeat)", NULL},
+    {NULL},
+};
+
+static PyMethodDef Table_methods[] = {
+    {"get", (PyCFunction)Table_get, METH_O, "get(key) -> value or None: a read (lazy expiry, LRU, hits)"},
+    {"get_with_deadline", (PyCFunction)Table_get_with_deadline, METH_O, "get(key) plus the deadline"},
+    {"deadline", (PyCFunction)Table_deadline, METH_O, "deadline(key) -> ms or None, no side effects"},
+    {"contains", (PyCFunction)Table_contains, METH_O, "contains(key) -> bool with lazy expiry"},
+    {"put", (PyCFunction)(void (*)(void))Table_put, METH_VARARGS | METH_KEYWORDS,
+     "put(key, value, deadline=None): store, most recently used, evict to fit"},
+    {"set_deadline", (PyCFunction)Table_set_deadline, METH_VARARGS, "set_deadline(key, ms or None) -> bool"},
+    {"delete", (PyCFunction)Table_delete, METH_O, "delete(key) -> bool"},
+    {"expire", (PyCFunction)Table_expire, METH_O, "expire(key) -> bool: delete counted as expired"},
+    {"evict", (PyCFunction)Table_evict, METH_NOARGS, "evict() -> entries dropped to fit max_bytes"},
+    {"keys", (PyCFunction)Table_keys, METH_NOARGS, "keys() -> list, least recently used first"},
+    {"ttl_items", (PyCFunction)Table_ttl_items, METH_NOARGS, "ttl_items() -> [(deadline, key)]"},
+    {"clear", (PyCFunction)Table_clear, METH_NOARGS, "drop every entry and the dirty list"},
+    {"clear_dirty", (PyCFunction)Table_clear_dirty, METH_NOARGS, "forget the dirty list"},
+    {"encode", (PyCFunction)Table_encode, METH_O, "encode(keys) -> packed entry-log records"},
+    {"run", (PyCFunction)Table_run, METH_VARARGS,
+     "run(data, resp, out_cap, max_bulk) -> (reply, consumed, count, last name)"},
+    {NULL},
+};
+
+static PySequenceMethods Table_as_sequence = {
+    .sq_length = (lenfunc)Table_len,
+};
+
+static PyTypeObject TableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "arca.archive._l1table.Table",
+    .tp_doc = "Every L1 entry in RAM: hash index, LRU list, deadlines, byte budget, dirty keys.",
+    .tp_basicsize = sizeof(Table),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Table_new,
+    .tp_init = (initproc)Table_init,
+    .tp_dealloc = (destructor)Table_dealloc,
+    .tp_methods = Table_methods,
+    .tp_getset = Table_getset,
+    .tp_as_sequence = &Table_as_sequence,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "arca.archive._l1table",
+    .m_doc = "The L1 table and the pipelined GET/SET path (see arca/archive/entries.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__l1table(void)
+{
+    if (PyType_Ready(&TableType) < 0)
+        return NULL;
+    NAME_GET = PyBytes_FromString("get");
+    NAME_SET = PyBytes_FromString("set");
+    if (NAME_GET == NULL || NAME_SET == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&TableType);
+    if (PyModule_AddObject(m, "Table", (PyObject *)&TableType) < 0) {
+        Py_DECREF(&TableType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
