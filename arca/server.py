@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 SHUTDOWN_GRACE_SECONDS = 5.0
-# How often the server looks for idle time: a period without any command lets it fold the
-# L1 entry log (see arca/archive/entry_log.py) in small slices.
+# How often the server looks for idle time: while no command arrives the archive folds its
+# L1 entry log in the background (see arca/archive/folder.py).
 IDLE_CHECK_SECONDS = 0.1
 # A batch of pipelined commands stops producing replies past this many bulk bytes and goes
 # on when the client has read them, so one read cannot make the server buffer gigabytes.
@@ -365,25 +365,10 @@ class ArcaServer:
 
     def _idle_check(self) -> None:
         processed = self.state.stats.commands_processed
-        idle = processed == self._seen_commands
+        self.archive.set_idle(processed == self._seen_commands)
         self._seen_commands = processed
-        if idle and self.archive.fold_backlog:
-            self._fold_while_idle()
         if not self.stopping:
             self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)  # type: ignore[union-attr]
-
-    def _fold_while_idle(self) -> None:
-        """Fold one slice of the entry log, then another after the loop has polled for input,
-        for as long as no command arrives."""
-        if self.stopping or self.state.stats.commands_processed != self._seen_commands:
-            return
-        try:
-            folded = self.archive.fold_step()
-        except Exception:
-            log.exception("folding the entry log failed; the log is kept and replayed at open")
-            return
-        if folded:
-            self.loop.call_soon(self._fold_while_idle)  # type: ignore[union-attr]
 
     # -- shutdown
 

@@ -17,6 +17,7 @@ from .config import ArchiveConfig
 from .corpus import DEFAULT_NAMESPACE, Corpus
 from .entries import Entries, Entry
 from .entry_log import DamagedBatch
+from .folder import LogFolder
 from .errors import ArchiveCorruptError
 from .journal import GroupCommit
 from .kvblocks import KVBlocks
@@ -43,6 +44,7 @@ class Archive:
         except BaseException:
             self._store.close()
             raise
+        self._folder = LogFolder(self._store, self._entries.log)
         # The hottest calls go straight to the part that serves them (one call frame less).
         self.get = self._entries.table.get
         self.put = self._entries.put
@@ -145,6 +147,7 @@ class Archive:
     def commit(self) -> None:
         self._entries.expire_due(200)
         self._journal.commit()
+        self._folder.log_grew()
 
     def compact(self) -> int:
         """Commit, then fold the whole L1 entry log into the keyed table (before copying the
@@ -158,11 +161,16 @@ class Archive:
         return self._entries.log.backlog
 
     def fold_step(self) -> int:
-        """Fold one small slice of the L1 entry log (a few ms); for idle time. Returns the
-        number of records folded, 0 when the log is empty."""
+        """Fold one small slice of the L1 entry log (a few ms) on the calling thread. Returns
+        the number of records folded, 0 when the log is empty."""
         if not self._entries.log.backlog:
             return 0
         return self._fold(self._entries.log.fold_slice)
+
+    def set_idle(self, idle: bool) -> None:
+        """Tell the archive whether its owner is idle: the L1 log is folded in the background
+        while it is (and whenever the log is over its bound). See folder.py."""
+        self._folder.set_idle(idle)
 
     def _fold(self, limit: int | None) -> int:
         try:
@@ -175,6 +183,7 @@ class Archive:
         if self._closed:
             return
         try:
+            self._folder.stop()
             self._journal.commit()
         finally:
             self._closed = True
@@ -215,6 +224,7 @@ class Archive:
                 "last_commit_time": journal.last_commit_unix,
                 "log_backlog_records": entries.log.backlog,
                 "log_folds": entries.log.folds,
+                "log_folding": self._folder.status,
             },
             "keyspace": _keyspace(len(entries), entries.expires_count),
             "arca": {

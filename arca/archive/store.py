@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -67,6 +68,7 @@ class Store:
 
     def __init__(self, config: ArchiveConfig) -> None:
         self.path = config.database_path
+        self.write_lock = threading.Lock()
         config.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = _acquire_lock(config.directory / "archive.lock")
         try:
@@ -123,14 +125,18 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction on `conn` (default: the main connection). Writers on other
+        threads' connections (the log folder) take turns through `write_lock` rather than
+        SQLite's busy polling, so a waiting commit starts as soon as the lock is free."""
         conn = conn or self.connection
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        with self.write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     def meta(self, name: str, default: int = 0) -> int:
         row = self.connection.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()

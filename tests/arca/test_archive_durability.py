@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 
 import pytest
@@ -36,7 +37,7 @@ def test_second_process_cannot_open_the_same_directory(tmp_path):
         assert result.returncode != 0 and "in use by another process" in result.stderr
 
 
-def test_log_compaction_keeps_last_write(tmp_path):
+def test_log_over_its_bound_is_folded_in_the_background_keeping_last_write(tmp_path):
     config = ArchiveConfig(directory=tmp_path)
     with Archive(config) as arc:
         arc._entries.log.fold_after = 10
@@ -46,7 +47,11 @@ def test_log_compaction_keeps_last_write(tmp_path):
                 arc.put(b"k%d" % i, b"r%d" % round_)
             arc.delete(b"k%d" % round_)
             arc.commit()
-        assert arc._entries.log.folds > 0
+        deadline = time.monotonic() + 10
+        while arc.fold_backlog > 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert arc._entries.log.folds > 0 and arc.fold_backlog <= 10
+        assert arc.info()["persistence"]["log_folding"] == "ok"
     with Archive(config) as arc:
         assert arc.dbsize() == 19 and arc.get(b"k4") is None
         assert all(arc.get(b"k%d" % i) == b"r4" for i in range(20) if i != 4)
