@@ -3,10 +3,14 @@
     .venv/bin/python bench/arca_vs_redis.py [--requests-p1 N] [--requests-p16 N] [--rounds R]
         [--tests set,get,...] [--modes commit,everysec] [--no-rss]
 
-Two configurations, each server on a free port of 127.0.0.1:
-  1. redis-server without persistence  vs  ARCA with durability=commit (every acked write
-     committed, group commit per event-loop tick);
-  2. redis-server appendonly yes + everysec  vs  ARCA with durability=everysec.
+Three configurations (`--modes`), each server on a free port of 127.0.0.1:
+  commit        ARCA durability=commit (every acked write committed, group commit per
+                event-loop tick)  vs  redis-server without persistence;
+  everysec      ARCA durability=everysec  vs  redis-server without persistence (what the
+                targets are stated against);
+  everysec-aof  ARCA durability=everysec  vs  redis-server appendonly yes + everysec (like
+                for like).
+The targets (ratios against redis-server without persistence) are checked at the end.
 For every test (ping, set, get, incr, mset) at -P 1 and -P 16, runs alternate between the two
 servers `--rounds` times and the best run of each is reported (the machine is shared, so the
 best run is the least disturbed one). Then ARCA's RSS holding 1M keys (redis-server's for
@@ -137,7 +141,22 @@ def load_average() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
-def run_table(title: str, arca: int, redis: int, args: argparse.Namespace) -> list[str]:
+# (mode, test, -P) -> the lowest acceptable ARCA/redis ratio (redis without persistence)
+TARGETS = {
+    ("commit", "GET", 1): 0.8, ("commit", "GET", 16): 0.4,
+    ("commit", "SET", 1): 0.5, ("commit", "SET", 16): 0.15,
+    ("everysec", "SET", 1): 0.8, ("everysec", "SET", 16): 0.8,
+}
+CONFIGURATIONS = {  # mode -> (title, ARCA durability, redis appendonly)
+    "commit": ("ARCA durability=commit vs redis without persistence", "commit", False),
+    "everysec": ("ARCA durability=everysec vs redis without persistence", "everysec", False),
+    "everysec-aof": ("ARCA durability=everysec vs redis appendonly yes + everysec", "everysec", True),
+}
+
+
+def run_table(title: str, arca: int, redis: int, args: argparse.Namespace) -> tuple[list[str], dict]:
+    """The table of one configuration, and {(test, -P): ratio}."""
+    ratios: dict[tuple[str, int], float] = {}
     lines = [f"{title}; {load_average()} at start",
              f"{'test':<12} {'-P':>3} {'ARCA ops/s':>12} {'redis ops/s':>12} {'ratio':>7}"]
     print(lines[0], lines[1], sep="\n", flush=True)
@@ -152,11 +171,22 @@ def run_table(title: str, arca: int, redis: int, args: argparse.Namespace) -> li
             for key in sorted(best["arca"]):
                 a, r = best["arca"][key], best["redis"].get(key, 0.0)
                 ratio = a / r if r else float("nan")
+                ratios[(key, pipeline)] = ratio
                 lines.append(f"{key:<12} {pipeline:>3} {a:>12,.0f} {r:>12,.0f} {ratio:>6.2f}x")
                 print(lines[-1], flush=True)
     lines.append(load_average() + " at end")
     print(lines[-1], flush=True)
-    return lines
+    return lines, ratios
+
+
+def check_targets(measured: dict[tuple[str, str, int], float]) -> list[str]:
+    lines = ["targets (ARCA/redis without persistence):"]
+    for (mode, test, pipeline), target in TARGETS.items():
+        ratio = measured.get((mode, test, pipeline))
+        if ratio is not None:
+            verdict = "met" if ratio >= target else "NOT met"
+            lines.append(f"  {mode:<9} {test} -P {pipeline:<2} {ratio:.2f}x (target {target:.2f}x): {verdict}")
+    return lines if len(lines) > 1 else []
 
 
 def main() -> int:
@@ -167,33 +197,35 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=1_000_000, help="keys for the RSS measurement")
     parser.add_argument("--tests", type=lambda text: text.split(","), default=list(TESTS),
                         help=f"comma-separated subset of {','.join(TESTS)}")
-    parser.add_argument("--modes", type=lambda text: text.split(","), default=["commit", "everysec"],
-                        help="ARCA durability modes to compare: commit, everysec")
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=list(CONFIGURATIONS),
+                        help=f"configurations to run: {','.join(CONFIGURATIONS)}")
     parser.add_argument("--no-rss", action="store_true", help="skip the RSS and ARCA.DRAFT measurements")
     args = parser.parse_args()
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if shutil.which(tool) is None:
             print(f"{tool} not found: apt-get install redis-server redis-tools", file=sys.stderr)
             return 2
+    unknown = set(args.modes) - set(CONFIGURATIONS)
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGURATIONS)}")
     report: list[str] = []
+    measured: dict[tuple[str, str, int], float] = {}
     with tempfile.TemporaryDirectory(prefix="arca-bench-") as tmp:
         base = Path(tmp)
-        configurations = (
-            ("ARCA durability=commit vs redis without persistence", "commit", False),
-            ("ARCA durability=everysec vs redis appendonly yes + everysec", "everysec", True),
-        )
-        for index, (title, durability, appendonly) in enumerate(configurations):
-            if durability not in args.modes:
-                continue
-            (base / f"a{index}").mkdir()
-            (base / f"r{index}").mkdir()
-            arca, arca_port = start_arca(base / f"a{index}", durability)
-            redis, redis_port = start_redis(base / f"r{index}", appendonly)
+        for mode in args.modes:
+            title, durability, appendonly = CONFIGURATIONS[mode]
+            (base / f"a-{mode}").mkdir()
+            (base / f"r-{mode}").mkdir()
+            arca, arca_port = start_arca(base / f"a-{mode}", durability)
+            redis, redis_port = start_redis(base / f"r-{mode}", appendonly)
             try:
-                report += run_table(title, arca_port, redis_port, args) + [""]
+                lines, ratios = run_table(title, arca_port, redis_port, args)
+                report += lines + [""]
+                measured.update({(mode, test, pipeline): ratio for (test, pipeline), ratio in ratios.items()})
             finally:
                 stop(arca)
                 stop(redis)
+        report += check_targets(measured)
         if args.no_rss:
             print("\n" + "\n".join(report))
             return 0
