@@ -806,6 +806,11 @@ Table_run(Table *t, PyObject *args)
     long long max_bulk;
     if (!PyArg_ParseTuple(args, "y*inL", &view, &resp, &cap, &max_bulk))
         return NULL;
+    if (cap < 0 || max_bulk < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "out_cap and max_bulk must be >= 0");
+        return NULL;
+    }
     const char *begin = view.buf, *end = begin + view.len, *p = begin;
     const char *null_reply = resp == 3 ? "_\r\n" : "$-1\r\n";
     size_t null_len = resp == 3 ? 3 : 5;
