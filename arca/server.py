@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 SHUTDOWN_GRACE_SECONDS = 5.0
+# A commit that finds the write lock held by the log folder is retried this much later.
+COMMIT_RETRY_SECONDS = 0.001
 # How often the server looks for idle time: while no command arrives the archive folds its
 # L1 entry log in the background (see arca/archive/folder.py).
 IDLE_CHECK_SECONDS = 0.1
@@ -331,12 +333,16 @@ class ArcaServer:
         else:
             conn.send(out)
 
-    def _commit(self) -> bool:
+    def _commit(self, wait: bool = False) -> bool | None:
+        """Commit pending writes: True when done (or nothing was pending), False when the
+        commit failed, None when the log folder holds the write lock (retry shortly: the
+        event loop never blocks on it, it goes on serving and the retry commits more)."""
         if not self.archive.pending_writes:
             return True
         started = time.perf_counter()
         try:
-            self.archive.commit()
+            if not self.archive.commit(wait=wait):
+                return None
         except Exception:
             log.exception("commit failed; the writes of this tick are not acknowledged")
             return False
@@ -345,9 +351,12 @@ class ArcaServer:
         stats.commit_seconds += time.perf_counter() - started
         return True
 
-    def _commit_tick(self) -> None:
+    def _commit_tick(self, wait: bool = False) -> None:
+        committed = self._commit(wait)
+        if committed is None:
+            self.loop.call_later(COMMIT_RETRY_SECONDS, self._commit_tick)  # type: ignore[union-attr]
+            return
         self._commit_scheduled = False
-        committed = self._commit()
         waiting, self._waiting = self._waiting, []
         for conn in waiting:
             if committed:
@@ -357,9 +366,9 @@ class ArcaServer:
                 conn.transport.abort()  # never acknowledge a write that did not commit
 
     def _every_second(self) -> None:
-        self._commit()
+        delay = 1.0 if self._commit() is not None else COMMIT_RETRY_SECONDS
         if not self.stopping:
-            self._timer = self.loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
+            self._timer = self.loop.call_later(delay, self._every_second)  # type: ignore[union-attr]
 
     # -- idle-time maintenance
 
@@ -382,7 +391,7 @@ class ArcaServer:
                 timer.cancel()
         if self._server is not None:
             self._server.close()
-        self._commit_tick()
+        self._commit_tick(wait=True)
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.closing = True
@@ -393,4 +402,4 @@ class ArcaServer:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.abort()
-        self._commit()
+        self._commit(wait=True)

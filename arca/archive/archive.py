@@ -144,10 +144,15 @@ class Archive:
         the cheapest test (the server asks after every batch of replies)."""
         return self._journal.pending_queues
 
-    def commit(self) -> None:
+    def commit(self, wait: bool = True) -> bool:
+        """Make every write so far durable (one transaction). With wait=False, returns False
+        at once, having written nothing, while the log folder holds the write lock (a server
+        retries shortly rather than stall its event loop); raises ArchiveError on failure."""
         self._entries.expire_due(200)
-        self._journal.commit()
+        if not self._journal.commit(wait):
+            return False
         self._folder.log_grew()
+        return True
 
     def compact(self) -> int:
         """Commit, then fold the whole L1 entry log into the keyed table (before copying the

@@ -12,7 +12,7 @@ Folding moves the oldest batches into `entries` (one row per key, last write win
 deletes them, about `fold_slice` records per transaction. It is not part of the write
 path: the log folder thread (folder.py) folds while the owner is idle, and at any time
 once the log holds more than `fold_after` records (writes with no idle time at all), which
-bounds the log (replaying 1M records at open takes about a second). Folding is the
+bounds the log (replaying 4M records at open takes a few seconds). Folding is the
 expensive part: random keys dirty most pages of the keyed table, so a slice of 1024
 records over 100k keys costs 10-25 ms (measured), which is why it is kept off the thread
 serving clients. Opening reads `entries` in write order and then replays the log batches.
@@ -69,7 +69,7 @@ def decode_batch(blob: bytes) -> Iterator[tuple[bytes, "bytes | None", "int | No
 
 
 class EntryLog:
-    def __init__(self, fold_after: int = 1_000_000, fold_slice: int = 1024) -> None:
+    def __init__(self, fold_after: int = 4_000_000, fold_slice: int = 1024) -> None:
         self.fold_after = fold_after
         self.fold_slice = fold_slice
         self.backlog = 0  # records in the log, not yet folded into `entries`

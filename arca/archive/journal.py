@@ -14,7 +14,7 @@ import time
 from typing import Protocol, Sequence
 
 from .errors import ArchiveError
-from .store import Store
+from .store import Store, WriteLockBusy
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +48,19 @@ class GroupCommit:
     def pending_writes(self) -> int:
         return sum(part.pending_writes for part in self._parts)
 
-    def commit(self) -> None:
+    def commit(self, wait: bool = True) -> bool:
+        """Write every pending change in one transaction. False (nothing written) when
+        wait=False and another thread holds the write lock; raises ArchiveError on failure."""
         parts = [part for part in self._parts if part.pending_writes]
         if not parts:
-            return
+            return True
         started = time.perf_counter()
         try:
-            with self._store.transaction() as conn:
+            with self._store.transaction(wait=wait) as conn:
                 for part in parts:
                     part.write_pending(conn)
+        except WriteLockBusy:
+            return False
         except sqlite3.Error as error:
             self.failures += 1
             raise ArchiveError(f"commit to {self._store.path} failed: {error}") from error
@@ -65,3 +69,4 @@ class GroupCommit:
         self.commits += 1
         self.last_commit_us = int((time.perf_counter() - started) * 1e6)
         self.last_commit_unix = int(time.time())
+        return True

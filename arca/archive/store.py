@@ -63,6 +63,10 @@ def is_corruption(error: sqlite3.Error) -> bool:
     return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
+class WriteLockBusy(Exception):
+    """Another thread (the log folder) is writing; try again shortly."""
+
+
 class Store:
     """The open database and its lock; owners run their SQL through `connection`."""
 
@@ -124,12 +128,15 @@ class Store:
             log.info("archive %s: schema migrated to version %d", self.path, step + 1)
 
     @contextlib.contextmanager
-    def transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+    def transaction(self, conn: sqlite3.Connection | None = None, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
         """A write transaction on `conn` (default: the main connection). Writers on other
         threads' connections (the log folder) take turns through `write_lock` rather than
-        SQLite's busy polling, so a waiting commit starts as soon as the lock is free."""
+        SQLite's busy polling, so a waiting commit starts as soon as the lock is free. With
+        wait=False a held lock raises `WriteLockBusy` at once instead of waiting."""
         conn = conn or self.connection
-        with self.write_lock:
+        if not self.write_lock.acquire(blocking=wait):
+            raise WriteLockBusy()
+        try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -137,6 +144,8 @@ class Store:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+        finally:
+            self.write_lock.release()
 
     def meta(self, name: str, default: int = 0) -> int:
         row = self.connection.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()

@@ -184,3 +184,39 @@ def test_version_1_row_log_is_migrated(tmp_path):
         conn.execute("PRAGMA user_version=1")
     with Archive(config) as arc:
         assert sorted(arc.keys()) == [b"b", b"c"] and arc.get_entry(b"c").expire_at_ms == 10**13
+
+
+def test_commits_go_on_while_the_log_is_folded_in_the_background(tmp_path):
+    """Commits on this thread and folds on the folder's take turns on the write lock; after
+    reopening, every key has its last value whatever slice each write went through."""
+    config = ArchiveConfig(directory=tmp_path)
+    with Archive(config) as arc:
+        arc._entries.log.fold_after = 50
+        arc._entries.log.fold_slice = 40
+        expected: dict[bytes, bytes] = {}
+        for round_ in range(60):
+            for i in range(round_ % 7, 300, 7):
+                arc.put(b"k%d" % i, b"r%d" % round_)
+                expected[b"k%d" % i] = b"r%d" % round_
+            arc.delete(b"k%d" % round_)
+            expected.pop(b"k%d" % round_, None)
+            arc.commit()
+        assert arc._entries.log.folds > 0
+    with Archive(config) as arc:
+        assert {key: arc.get(key) for key in arc.keys()} == expected
+
+
+def test_wal_is_checkpointed_off_the_committing_thread(tmp_path):
+    config = ArchiveConfig(directory=tmp_path, max_bytes=256 * 1024 * 1024)
+    with Archive(config) as arc:
+        value = os.urandom(64 * 1024)
+        for i in range(400):  # 25 MiB through the WAL, past the checkpoint threshold
+            arc.put(b"k%d" % i, value)
+            if i % 40 == 39:
+                arc.commit()
+        deadline = time.monotonic() + 10
+        while arc.info()["persistence"]["wal_checkpoints"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert arc.info()["persistence"]["wal_checkpoints"] >= 1
+    with Archive(config) as arc:
+        assert arc.dbsize() == 400 and arc.get(b"k399") == value

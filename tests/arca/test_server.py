@@ -287,3 +287,27 @@ def test_a_pipelined_run_of_sets_refuses_only_the_one_over_the_budget(arca_facto
         assert recv_exactly(sock, expected) == expected
         sock.sendall(b"GET a\r\nGET big\r\nGET c\r\n")
         assert recv_exactly(sock, b"$1\r\n1\r\n$-1\r\n$1\r\n3\r\n") == b"$1\r\n1\r\n$-1\r\n$1\r\n3\r\n"
+
+
+def test_a_commit_never_blocks_the_event_loop_on_the_write_lock(arca):
+    """While another thread holds the database's write lock (the log folder folding), a
+    SET's reply waits for its commit, but the event loop goes on running: more commands are
+    applied meanwhile, and once the lock is free the retried commit acknowledges them all."""
+    lock = arca.archive._store.write_lock
+    with arca.connect() as writer, arca.connect() as other:
+        assert lock.acquire(timeout=5)
+        try:
+            writer.sendall(b"SET held v\r\n")
+            other.sendall(b"SET second w\r\n")
+            writer.settimeout(0.3)
+            with pytest.raises(socket.timeout):
+                writer.recv(16)  # not acknowledged: its commit cannot run yet
+            # The loop is not stuck in the commit: it runs this and has applied both writes.
+            assert arca.call(lambda: (arca.archive.get(b"held"), arca.archive.get(b"second"))) == (b"v", b"w")
+            assert arca.call(lambda: arca.archive.pending_writes) == 2
+        finally:
+            lock.release()
+        writer.settimeout(5)
+        assert recv_exactly(writer, b"+OK\r\n") == b"+OK\r\n"
+        assert recv_exactly(other, b"+OK\r\n") == b"+OK\r\n"
+    assert arca.call(lambda: arca.archive.pending_writes) == 0
