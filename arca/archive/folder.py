@@ -25,6 +25,8 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+# Page cache of the folder's connection, KiB.
+CACHE_KIB = 16384
 # After a failed fold (a full disk, say) the folder waits this long before trying again.
 RETRY_SECONDS = 1.0
 # After each slice the folder leaves the write lock free this long for a waiting commit...
@@ -66,6 +68,13 @@ class LogFolder:
         conn = sqlite3.connect(self._store.path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA wal_autocheckpoint=0")
+            # A fold moves records inside one transaction: losing the last folds to a power
+            # cut loses nothing (their log batches come back with them), so no fsync per
+            # fold (SQLite's default, FULL, halves the fold rate).
+            conn.execute("PRAGMA synchronous=NORMAL")
+            # Folding touches pages all over the keyed table: the main connection's page
+            # cache size rather than SQLite's 2 MiB default.
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             while not self._stopping:
                 self._wake.wait(0.5)
                 self._wake.clear()
