@@ -28,10 +28,8 @@ log = logging.getLogger(__name__)
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 SHUTDOWN_GRACE_SECONDS = 5.0
-# A commit that finds the write lock held by the log folder is retried this much later.
-COMMIT_RETRY_SECONDS = 0.001
-# How often the server looks for idle time: while no command arrives the archive folds its
-# L1 entry log in the background (see arca/archive/folder.py).
+# How often the server looks for idle time: a period without any command lets the archive
+# rewrite its L1 log in small steps (see arca/archive/entry_log.py).
 IDLE_CHECK_SECONDS = 0.1
 # A batch of pipelined commands stops producing replies past this many bulk bytes and goes
 # on when the client has read them, so one read cannot make the server buffer gigabytes.
@@ -333,16 +331,12 @@ class ArcaServer:
         else:
             conn.send(out)
 
-    def _commit(self, wait: bool = False) -> bool | None:
-        """Commit pending writes: True when done (or nothing was pending), False when the
-        commit failed, None when the log folder holds the write lock (retry shortly: the
-        event loop never blocks on it, it goes on serving and the retry commits more)."""
+    def _commit(self) -> bool:
         if not self.archive.pending_writes:
             return True
         started = time.perf_counter()
         try:
-            if not self.archive.commit(wait=wait):
-                return None
+            self.archive.commit()
         except Exception:
             log.exception("commit failed; the writes of this tick are not acknowledged")
             return False
@@ -351,12 +345,9 @@ class ArcaServer:
         stats.commit_seconds += time.perf_counter() - started
         return True
 
-    def _commit_tick(self, wait: bool = False) -> None:
-        committed = self._commit(wait)
-        if committed is None:
-            self.loop.call_later(COMMIT_RETRY_SECONDS, self._commit_tick)  # type: ignore[union-attr]
-            return
+    def _commit_tick(self) -> None:
         self._commit_scheduled = False
+        committed = self._commit()
         waiting, self._waiting = self._waiting, []
         for conn in waiting:
             if committed:
@@ -366,18 +357,33 @@ class ArcaServer:
                 conn.transport.abort()  # never acknowledge a write that did not commit
 
     def _every_second(self) -> None:
-        delay = 1.0 if self._commit() is not None else COMMIT_RETRY_SECONDS
+        self._commit()
         if not self.stopping:
-            self._timer = self.loop.call_later(delay, self._every_second)  # type: ignore[union-attr]
+            self._timer = self.loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
 
     # -- idle-time maintenance
 
     def _idle_check(self) -> None:
         processed = self.state.stats.commands_processed
-        self.archive.set_idle(processed == self._seen_commands)
+        idle = processed == self._seen_commands
         self._seen_commands = processed
+        if idle and self.archive.maintenance_due():
+            self._maintain_while_idle()
         if not self.stopping:
             self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)  # type: ignore[union-attr]
+
+    def _maintain_while_idle(self) -> None:
+        """One step of archive maintenance (rewriting the L1 log, a few ms), then another
+        after the loop has polled for input, for as long as no command arrives."""
+        if self.stopping or self.state.stats.commands_processed != self._seen_commands:
+            return
+        try:
+            more = self.archive.maintenance_step()
+        except Exception:
+            log.exception("archive maintenance failed; it is retried when the server is idle again")
+            return
+        if more:
+            self.loop.call_soon(self._maintain_while_idle)  # type: ignore[union-attr]
 
     # -- shutdown
 
@@ -391,7 +397,7 @@ class ArcaServer:
                 timer.cancel()
         if self._server is not None:
             self._server.close()
-        self._commit_tick(wait=True)
+        self._commit_tick()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.closing = True
@@ -402,4 +408,4 @@ class ArcaServer:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.abort()
-        self._commit(wait=True)
+        self._commit()

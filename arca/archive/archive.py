@@ -10,15 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import sqlite3
 import sys
 from typing import Iterator, Sequence
 
 from .config import ArchiveConfig
 from .corpus import DEFAULT_NAMESPACE, Corpus
 from .entries import Entries, Entry
-from .entry_log import DamagedBatch
-from .folder import LogFolder
-from .errors import ArchiveCorruptError
+from .errors import ArchiveCorruptError, ArchiveError
 from .journal import GroupCommit
 from .kvblocks import KVBlocks
 from .store import Store
@@ -44,7 +43,6 @@ class Archive:
         except BaseException:
             self._store.close()
             raise
-        self._folder = LogFolder(self._store, self._entries.log)
         # The hottest calls go straight to the part that serves them (one call frame less).
         self.get = self._entries.table.get
         self.put = self._entries.put
@@ -144,51 +142,42 @@ class Archive:
         the cheapest test (the server asks after every batch of replies)."""
         return self._journal.pending_queues
 
-    def commit(self, wait: bool = True) -> bool:
-        """Make every write so far durable (one transaction). With wait=False, returns False
-        at once, having written nothing, while the log folder holds the write lock (a server
-        retries shortly rather than stall its event loop); raises ArchiveError on failure."""
+    def commit(self) -> None:
         self._entries.expire_due(200)
-        if not self._journal.commit(wait):
-            return False
-        self._folder.log_grew()
-        return True
+        self._journal.commit()
 
     def compact(self) -> int:
-        """Commit, then fold the whole L1 entry log into the keyed table (before copying the
-        file, say); returns the number of log records folded."""
+        """Commit, then rewrite the whole L1 log so it holds each live key once (before
+        copying the file, say); returns the number of log records it held before."""
         self.commit()
-        return self._fold(None)
+        return self._maintain(self._entries.compact)
 
     @property
-    def fold_backlog(self) -> int:
-        """L1 log records not yet folded into the keyed table (see entry_log.py)."""
-        return self._entries.log.backlog
+    def log_records(self) -> int:
+        """Records in the L1 log (see entry_log.py)."""
+        return self._entries.log.records
 
-    def fold_step(self) -> int:
-        """Fold one small slice of the L1 entry log (a few ms) on the calling thread. Returns
-        the number of records folded, 0 when the log is empty."""
-        if not self._entries.log.backlog:
-            return 0
-        return self._fold(self._entries.log.fold_slice)
+    def maintenance_due(self) -> bool:
+        """Whether idle time should go to maintenance_step (a rewrite of the L1 log)."""
+        return self._entries.maintenance_due()
 
-    def set_idle(self, idle: bool) -> None:
-        """Tell the archive whether its owner is idle: the L1 log is folded in the background
-        while it is (and whenever the log is over its bound). See folder.py."""
-        self._folder.set_idle(idle)
+    def maintenance_step(self) -> bool:
+        """One small step of log maintenance (a few ms), for idle time; True while there is
+        more to do."""
+        return bool(self._maintain(self._entries.maintenance_step))
 
-    def _fold(self, limit: int | None) -> int:
+    def _maintain(self, step) -> int:
         try:
             with self._store.transaction() as conn:
-                return self._entries.log.fold(conn, limit)
-        except DamagedBatch as exc:
-            raise ArchiveCorruptError(self._store.path, f"L1 log batch {exc.args[0]} fails its checksum") from None
+                return step(conn)
+        except sqlite3.Error as error:
+            self._entries.rolled_back()
+            raise ArchiveError(f"L1 log maintenance in {self._store.path} failed: {error}") from error
 
     def close(self) -> None:
         if self._closed:
             return
         try:
-            self._folder.stop()
             self._journal.commit()
         finally:
             self._closed = True
@@ -227,9 +216,9 @@ class Archive:
                 "commit_failures": journal.failures,
                 "last_commit_us": journal.last_commit_us,
                 "last_commit_time": journal.last_commit_unix,
-                "log_backlog_records": entries.log.backlog,
-                "log_folds": entries.log.folds,
-                "log_folding": self._folder.status,
+                "log_records": entries.log.records,
+                "log_rewrites": entries.log.rewrites,
+                "log_rewriting": int(entries.log.rewriting),
             },
             "keyspace": _keyspace(len(entries), entries.expires_count),
             "arca": {

@@ -139,6 +139,9 @@ class Corpus:
         self._pending.clear()
         self._evicted.clear()
 
+    def rolled_back(self) -> None:
+        pass  # the pending streams stay pending and go with the next commit
+
     def load(self, conn: sqlite3.Connection, path: Path, next_id: int) -> None:
         grouped: dict[bytes, tuple[list[int], list[np.ndarray]]] = {}
         damaged, last_id = [], 0

@@ -182,11 +182,41 @@ class Entries:
         return (self.table.dirty, self._flushes)
 
     def write_pending(self, conn: sqlite3.Connection) -> None:
-        self.log.append(conn, self.table.dirty, self.table.encode, flushed=bool(self._flushes))
+        log, table = self.log, self.table
+        log.append(conn, table.dirty, table.encode, flushed=bool(self._flushes))
+        if log.rewrite_due(len(table), idle=False):
+            log.start_rewrite(conn, table.keys())
+            log.rewrite_step(conn, table.encode)
 
     def committed(self) -> None:
         self.table.clear_dirty()
         self._flushes.clear()
+
+    def rolled_back(self) -> None:
+        self.log.rolled_back()
+
+    # -- log maintenance (see entry_log.py) -------------------------------------------------
+
+    def maintenance_due(self) -> bool:
+        """Whether an idle owner should call maintenance_step (a log rewrite to run)."""
+        return self.log.rewriting or self.log.rewrite_due(len(self.table), idle=True)
+
+    def maintenance_step(self, conn: sqlite3.Connection) -> bool:
+        """One slice of log rewrite inside the caller's transaction; True while there is more
+        to do. (Pending writes may be logged later: every record is a key's state when it
+        was written and replay keeps the last, so the order of the two does not matter.)"""
+        if self.log.rewrite_due(len(self.table), idle=True):
+            self.log.start_rewrite(conn, self.table.keys())
+        return self.log.rewrite_step(conn, self.table.encode)
+
+    def compact(self, conn: sqlite3.Connection) -> int:
+        """Rewrite the whole log now (inside the caller's transaction); returns the records
+        it held before."""
+        before = self.log.records
+        self.log.start_rewrite(conn, self.table.keys())
+        while self.log.rewrite_step(conn, self.table.encode, 1 << 20):
+            pass
+        return before
 
     def load(self, conn: sqlite3.Connection, path: Path) -> None:
         """Read every stored entry in write order; a row failing its checksum is corruption."""

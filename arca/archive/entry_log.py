@@ -1,21 +1,29 @@
-"""How L1 entries reach the disk: one packed log batch per commit, folded into a keyed table later.
+"""How L1 entries reach the disk: one packed log batch per commit, and log rewrites.
 
 A commit appends the dirty keys as one row of `entries_batches`: a blob of packed records
 (key length u32, value length i32 with -1 for a deletion, expire_at i64 with 0 for none,
-then the key and value bytes; packed by the L1 table's `encode`) plus one CRC32 over the blob. Packing costs ~0.3 us per
-record where binding one SQLite row per record cost ~4-5 us (measured: 800 writes commit in
-~0.25 ms against ~3.5 ms), so a commit costs about one small row whatever it holds. Commits
-with more than `BATCH_RECORDS` records are split into several rows so that no fold has to
-take a huge batch at once.
+then the key and value bytes; packed by the L1 table's `encode`) plus one CRC32 over the
+blob. Packing costs ~0.3 us per record where binding one SQLite row per record cost ~4-5 us
+(measured: 800 writes commit in ~0.25 ms against ~3.5 ms), so a commit costs about one
+small row whatever it holds. Commits of more than `BATCH_RECORDS` records are split into
+several rows. Opening reads the legacy keyed table `entries` (version 1 files; empty once
+a rewrite has run) and then replays the batches in order, later records winning.
 
-Folding moves the oldest batches into `entries` (one row per key, last write wins) and
-deletes them, about `fold_slice` records per transaction. It is not part of the write
-path: the log folder thread (folder.py) folds while the owner is idle, and at any time
-once the log holds more than `fold_after` records (writes with no idle time at all), which
-bounds the log (replaying 4M records at open takes a few seconds). Folding is the
-expensive part: random keys dirty most pages of the keyed table, so a slice of 1024
-records over 100k keys costs 10-25 ms (measured), which is why it is kept off the thread
-serving clients. Opening reads `entries` in write order and then replays the log batches.
+Rewrites keep the log bounded, the way Redis rewrites its AOF, without ever stopping the
+writer. Once the log holds more than twice as many records as there are live keys, and
+more than `rewrite_after_idle` (10k) records while the owner is idle or `rewrite_after`
+(1M) under load, a rewrite starts: it snapshots the list of live keys, and each commit from
+then on also re-logs the current state of the next keys of that list (at least
+`REWRITE_SLICE` of them and twice as many as the commit's own records, so a rewrite
+outpaces the writes), as does every maintenance step while the owner is idle. A key's
+re-logged record is its state at that moment and everything after it is logged after
+it, so replay stays exact however slices and commits interleave. When the last slice is
+written, every batch older than the rewrite's start (and the legacy table) is deleted in
+the same transaction: each key live at the start has been re-logged since, each key
+deleted before it is simply absent. A rewrite costs about 1-2 us per live key, all of it
+sequential appends (folding records into a keyed table cost 13-25 us per record in random
+B-tree writes); under load the log stays within about three times the live keys (or
+the 1M-record threshold), and idle time compacts it to about the live keys.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ _HEADER_SIZE = _HEADER.size
 _INSERT_BATCH = "INSERT INTO entries_batches (records, count, crc) VALUES (?, ?, ?)"
 _UPSERT = "INSERT OR REPLACE INTO entries (key, value, expire_at, crc) VALUES (?, ?, ?, ?)"
 _DELETE = "DELETE FROM entries WHERE key = ?"
+
+Encoder = Callable[[Sequence[bytes]], bytes]  # keys -> their current state as packed records
 
 # (key, value or None for a deletion, expire_at or None, crc or None when the batch was checked)
 Row = tuple[bytes, "bytes | None", "int | None", "int | None"]
@@ -68,62 +78,102 @@ def decode_batch(blob: bytes) -> Iterator[tuple[bytes, "bytes | None", "int | No
         pos += value_len
 
 
-class EntryLog:
-    def __init__(self, fold_after: int = 4_000_000, fold_slice: int = 1024) -> None:
-        self.fold_after = fold_after
-        self.fold_slice = fold_slice
-        self.backlog = 0  # records in the log, not yet folded into `entries`
-        self.folds = 0
+REWRITE_SLICE = 1024
 
-    def append(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Callable[[Sequence[bytes]], bytes],
-               *, flushed: bool) -> None:
-        """Log the current state of `keys` (packed by `encode`, the L1 table's encoder)."""
+
+class EntryLog:
+    def __init__(self, rewrite_after: int = 1_000_000, rewrite_after_idle: int = 10_000) -> None:
+        self.rewrite_after = rewrite_after  # records before a rewrite starts under load...
+        self.rewrite_after_idle = rewrite_after_idle  # ...and while the owner is idle
+        self.records = 0  # records in the log batches
+        self.rewrites = 0  # rewrites completed
+        self._rewrite: _Rewrite | None = None
+
+    @property
+    def rewriting(self) -> bool:
+        return self._rewrite is not None
+
+    def rewrite_due(self, live_count: int, idle: bool) -> bool:
+        """Whether to start a rewrite: the log holds over twice the live keys, and more than
+        the threshold for an idle or a busy owner."""
+        threshold = self.rewrite_after_idle if idle else self.rewrite_after
+        return self._rewrite is None and self.records > max(threshold, 2 * live_count)
+
+    def append(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder, *, flushed: bool) -> None:
+        """Log the current state of `keys` (packed by `encode`, the L1 table's encoder), and
+        advance a running rewrite by twice as many keys (at least REWRITE_SLICE)."""
         if flushed:
             conn.execute("DELETE FROM entries")
             conn.execute("DELETE FROM entries_batches")
-            self.backlog = 0
+            self.records = 0
+            self._rewrite = None  # what it was rewriting is gone
         count = len(keys)
         for start in range(0, count, BATCH_RECORDS):
-            chunk = keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys
-            blob = encode(chunk)
-            conn.execute(_INSERT_BATCH, (blob, len(chunk), zlib.crc32(blob)))
-        self.backlog += count
+            self._insert(conn, keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys, encode)
+        if self._rewrite is not None:
+            self.rewrite_step(conn, encode, max(REWRITE_SLICE, 2 * count))
 
-    def fold(self, conn: sqlite3.Connection, limit: int | None = None) -> int:
-        """Fold the oldest batches (at least one, about `limit` records; all when None) into
-        `entries`; returns the number of records folded."""
-        latest: dict[bytes, tuple] = {}
-        folded = last_seq = 0
-        for seq, blob, count, crc in conn.execute(
-                "SELECT seq, records, count, crc FROM entries_batches ORDER BY seq"):
-            if zlib.crc32(blob) != crc:
-                raise DamagedBatch(seq)
-            for key, value, expire_at in decode_batch(blob):
-                latest.pop(key, None)
-                latest[key] = (value, expire_at, None)
-            folded += count
-            last_seq = seq
-            if limit is not None and folded >= limit:
-                break
-        if not last_seq:
-            return 0
-        _apply(conn, latest)
-        conn.execute("DELETE FROM entries_batches WHERE seq <= ?", (last_seq,))
-        self.backlog = max(0, self.backlog - folded)
-        self.folds += 1
-        return folded
+    def start_rewrite(self, conn: sqlite3.Connection, live_keys: list[bytes]) -> None:
+        """Start re-logging `live_keys` (every key now live), unless a rewrite is running."""
+        if self._rewrite is None:
+            newest = conn.execute("SELECT coalesce(max(seq), 0) FROM entries_batches").fetchone()[0]
+            self._rewrite = _Rewrite(live_keys, newest + 1, self.records)
+
+    def rewrite_step(self, conn: sqlite3.Connection, encode: Encoder, max_keys: int | None = None) -> bool:
+        """Re-log the current state of up to `max_keys` (default REWRITE_SLICE) more keys of
+        the running rewrite, finishing it when none are left; True while it has more to do."""
+        rewrite = self._rewrite
+        if rewrite is None:
+            return False
+        max_keys = max_keys or REWRITE_SLICE
+        keys = rewrite.keys
+        end = min(rewrite.position + max_keys, len(keys))
+        for start in range(rewrite.position, end, BATCH_RECORDS):
+            self._insert(conn, keys[start:min(start + BATCH_RECORDS, end)], encode)
+        rewrite.position = end
+        if end < len(keys):
+            return True
+        conn.execute("DELETE FROM entries_batches WHERE seq < ?", (rewrite.start_seq,))
+        conn.execute("DELETE FROM entries")
+        self.records -= rewrite.records_before
+        self._rewrite = None
+        self.rewrites += 1
+        return False
+
+    def _insert(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder) -> None:
+        blob = encode(keys)
+        conn.execute(_INSERT_BATCH, (blob, len(keys), zlib.crc32(blob)))
+        self.records += len(keys)
+
+    def rolled_back(self) -> None:
+        """The transaction of the last append or rewrite step did not commit: a running
+        rewrite must not go on from positions that were never written (the next one starts
+        afresh). `records` may count a little high until the next open."""
+        self._rewrite = None
 
     def read(self, conn: sqlite3.Connection) -> Iterator[Row]:
-        """Every stored row in write order: the table, then the log (later rows win)."""
+        """Every stored row in write order: the legacy table, then the log (later rows win)."""
         yield from conn.execute("SELECT key, value, expire_at, crc FROM entries ORDER BY rowid")
-        self.backlog = 0
+        self.records = 0
         for seq, blob, count, crc in conn.execute(
                 "SELECT seq, records, count, crc FROM entries_batches ORDER BY seq"):
             if zlib.crc32(blob) != crc:
                 raise DamagedBatch(seq)
-            self.backlog += count
+            self.records += count
             for key, value, expire_at in decode_batch(blob):
                 yield key, value, expire_at, None
+
+
+class _Rewrite:
+    """A rewrite in progress: the keys to re-log, how far it got, where it started."""
+
+    __slots__ = ("keys", "position", "start_seq", "records_before")
+
+    def __init__(self, keys: list[bytes], start_seq: int, records_before: int) -> None:
+        self.keys = keys
+        self.position = 0
+        self.start_seq = start_seq  # batches with a smaller seq predate the rewrite
+        self.records_before = records_before  # records in those batches
 
 
 def _apply(conn: sqlite3.Connection, latest: dict[bytes, tuple]) -> None:

@@ -14,7 +14,7 @@ import time
 from typing import Protocol, Sequence
 
 from .errors import ArchiveError
-from .store import Store, WriteLockBusy
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ class Journaled(Protocol):
 
     def committed(self) -> None: ...
 
+    def rolled_back(self) -> None:
+        """The transaction that wrote this part's pending writes did not commit."""
+        ...
+
 
 class GroupCommit:
     def __init__(self, store: Store, parts: Sequence[Journaled]) -> None:
@@ -48,20 +52,19 @@ class GroupCommit:
     def pending_writes(self) -> int:
         return sum(part.pending_writes for part in self._parts)
 
-    def commit(self, wait: bool = True) -> bool:
-        """Write every pending change in one transaction. False (nothing written) when
-        wait=False and another thread holds the write lock; raises ArchiveError on failure."""
+    def commit(self) -> None:
+        """Write every pending change in one transaction; raises ArchiveError on failure."""
         parts = [part for part in self._parts if part.pending_writes]
         if not parts:
-            return True
+            return
         started = time.perf_counter()
         try:
-            with self._store.transaction(wait=wait) as conn:
+            with self._store.transaction() as conn:
                 for part in parts:
                     part.write_pending(conn)
-        except WriteLockBusy:
-            return False
         except sqlite3.Error as error:
+            for part in parts:
+                part.rolled_back()
             self.failures += 1
             raise ArchiveError(f"commit to {self._store.path} failed: {error}") from error
         for part in parts:
@@ -69,4 +72,3 @@ class GroupCommit:
         self.commits += 1
         self.last_commit_us = int((time.perf_counter() - started) * 1e6)
         self.last_commit_unix = int(time.time())
-        return True

@@ -96,6 +96,9 @@ class KVBlocks:
         self._pending.clear()
         self._deleted.clear()
 
+    def rolled_back(self) -> None:
+        pass  # the pending blocks stay pending and go with the next commit
+
     def load(self, conn: sqlite3.Connection) -> None:
         for key, size in conn.execute("SELECT key, size FROM kv_blocks ORDER BY rowid"):
             self._sizes[bytes(key)] = size

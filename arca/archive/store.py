@@ -14,7 +14,6 @@ import fcntl
 import logging
 import os
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -63,16 +62,11 @@ def is_corruption(error: sqlite3.Error) -> bool:
     return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
-class WriteLockBusy(Exception):
-    """Another thread (the log folder) is writing; try again shortly."""
-
-
 class Store:
     """The open database and its lock; owners run their SQL through `connection`."""
 
     def __init__(self, config: ArchiveConfig) -> None:
         self.path = config.database_path
-        self.write_lock = threading.Lock()
         config.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = _acquire_lock(config.directory / "archive.lock")
         try:
@@ -128,24 +122,15 @@ class Store:
             log.info("archive %s: schema migrated to version %d", self.path, step + 1)
 
     @contextlib.contextmanager
-    def transaction(self, conn: sqlite3.Connection | None = None, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
-        """A write transaction on `conn` (default: the main connection). Writers on other
-        threads' connections (the log folder) take turns through `write_lock` rather than
-        SQLite's busy polling, so a waiting commit starts as soon as the lock is free. With
-        wait=False a held lock raises `WriteLockBusy` at once instead of waiting."""
+    def transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
         conn = conn or self.connection
-        if not self.write_lock.acquire(blocking=wait):
-            raise WriteLockBusy()
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            self.write_lock.release()
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def meta(self, name: str, default: int = 0) -> int:
         row = self.connection.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()

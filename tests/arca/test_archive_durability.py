@@ -37,34 +37,40 @@ def test_second_process_cannot_open_the_same_directory(tmp_path):
         assert result.returncode != 0 and "in use by another process" in result.stderr
 
 
-def test_log_over_its_bound_is_folded_in_the_background_keeping_last_write(tmp_path):
+def test_log_rewrite_under_load_keeps_the_last_write_and_bounds_the_log(tmp_path):
+    """Commits alone (no idle time) start and carry a rewrite once the log is over its
+    threshold and twice the live keys; it ends by dropping every older batch."""
     config = ArchiveConfig(directory=tmp_path)
+    expected: dict[bytes, bytes] = {}
     with Archive(config) as arc:
-        arc._entries.log.fold_after = 10
-        arc._entries.log.fold_slice = 7
-        for round_ in range(5):
-            for i in range(20):
+        arc._entries.log.rewrite_after = 100
+        for round_ in range(40):
+            for i in range(round_ % 7, 300, 7):  # about 43 records a commit over 300 keys
                 arc.put(b"k%d" % i, b"r%d" % round_)
+                expected[b"k%d" % i] = b"r%d" % round_
             arc.delete(b"k%d" % round_)
+            expected.pop(b"k%d" % round_, None)
             arc.commit()
-        deadline = time.monotonic() + 10
-        while arc.fold_backlog > 10 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert arc._entries.log.folds > 0 and arc.fold_backlog <= 10
-        assert arc.info()["persistence"]["log_folding"] == "ok"
+            assert arc.log_records <= 3 * 300 + 2 * 1024
+        log = arc._entries.log
+        assert log.rewrites >= 1 and arc.info()["persistence"]["log_rewrites"] == log.rewrites
     with Archive(config) as arc:
-        assert arc.dbsize() == 19 and arc.get(b"k4") is None
-        assert all(arc.get(b"k%d" % i) == b"r4" for i in range(20) if i != 4)
+        assert {key: arc.get(key) for key in arc.keys()} == expected
 
 
 WRITER = textwrap.dedent("""
     import sys
-    from arca.archive import Archive, ArchiveConfig
+    from arca.archive import Archive, ArchiveConfig, entry_log
     arc = Archive(ArchiveConfig(directory=sys.argv[1], durability=sys.argv[2]))
+    # Log rewrites all the time, each spread over several commits: SIGKILL lands in one.
+    arc._entries.log.rewrite_after = 50
+    entry_log.REWRITE_SLICE = 16
     i = 0
     while True:
         for _ in range(7):
             arc.put(b"key:%d" % i, b"value:%d" % i)
+            for j in range(3):  # overwrites: the log outgrows twice the live keys
+                arc.put(b"hot:%d" % ((3 * i + j) % 13), b"%d" % i)
             i += 1
         arc.observe(b"ns", (i).to_bytes(4, "little") * 3)
         arc.commit()
@@ -86,6 +92,7 @@ def test_sigkill_loses_no_committed_write(tmp_path, durability):
     with Archive(ArchiveConfig(directory=tmp_path)) as arc:
         missing = [i for i in range(acknowledged) if arc.get(b"key:%d" % i) != b"value:%d" % i]
         assert missing == []
+        assert all(int(arc.get(b"hot:%d" % k)) >= acknowledged - 8 for k in range(13))
         streams = arc.since(b"ns", 0, 10_000)
         assert len(streams) >= acknowledged // 7
 
@@ -137,37 +144,46 @@ def test_newer_schema_is_refused(tmp_path):
         Archive(config)
 
 
-def test_compact_folds_the_log(tmp_path):
+def test_compact_rewrites_the_log_to_the_live_keys(tmp_path):
     config = ArchiveConfig(directory=tmp_path)
     with Archive(config) as arc:
-        for i in range(10):
-            arc.put(b"k%d" % i, b"v")
+        for round_ in range(3):
+            for i in range(10):
+                arc.put(b"k%d" % i, b"v%d" % round_)
+            arc.commit()
         arc.delete(b"k3")
-        assert arc.compact() == 10
-        assert arc.compact() == 0
+        assert arc.compact() == 31  # 30 writes and the deletion
+        assert arc.log_records == 9
+        assert arc.compact() == 9 and arc.log_records == 9
     with Archive(config) as arc:
-        assert arc.dbsize() == 9 and not arc.exists(b"k3")
+        assert arc.dbsize() == 9 and not arc.exists(b"k3") and arc.get(b"k9") == b"v2"
 
 
-def test_fold_step_folds_in_slices_and_keeps_every_write(tmp_path):
+def test_idle_maintenance_rewrites_in_steps_while_writes_go_on(tmp_path):
+    """Maintenance steps (idle time) and commits interleave: every key keeps its last write,
+    TTLs included, and the finished rewrite leaves about one record per live key."""
     config = ArchiveConfig(directory=tmp_path)
     with Archive(config) as arc:
-        arc._entries.log.fold_slice = 30
+        arc._entries.log.rewrite_after_idle = 100
         for round_ in range(4):
-            for i in range(25):
+            for i in range(6000):
                 arc.put(b"k%d" % i, b"r%d" % round_, None if i % 2 else 10**13 + i)
             arc.commit()
-        arc.delete(b"k0")
-        arc.commit()
-        assert arc.fold_backlog == 101
-        steps = []
-        while folded := arc.fold_step():
-            steps.append(folded)
-        assert steps == [50, 50, 1] and arc.fold_backlog == 0
+        assert arc.maintenance_due()
+        steps = 0
+        while arc.maintenance_step():
+            steps += 1
+            arc.put(b"k%d" % steps, b"during")  # writes between the steps
+            arc.delete(b"k%d" % (1000 + steps))
+            arc.commit()
+        # Each step and each commit after it re-logged 1024 keys: 6000 keys took three of each.
+        assert steps == 3 and not arc.maintenance_due() and arc._entries.log.rewrites == 1
+        assert arc.log_records <= 6000 + 4 * steps
+        expected = {key: arc.get_entry(key) for key in arc.keys()}
     with Archive(config) as arc:
-        assert arc.dbsize() == 24 and arc.get(b"k0") is None
-        assert arc.get_entry(b"k2").expire_at_ms == 10**13 + 2 and arc.get_entry(b"k3").expire_at_ms is None
-        assert all(arc.get(b"k%d" % i) == b"r3" for i in range(1, 25))
+        assert {key: arc.get_entry(key) for key in arc.keys()} == expected
+        assert arc.get(b"k1") == b"during" and arc.get(b"k1001") is None
+        assert arc.get_entry(b"k10").expire_at_ms == 10**13 + 10 and arc.get_entry(b"k11").expire_at_ms is None
 
 
 def test_version_1_row_log_is_migrated(tmp_path):
@@ -184,26 +200,6 @@ def test_version_1_row_log_is_migrated(tmp_path):
         conn.execute("PRAGMA user_version=1")
     with Archive(config) as arc:
         assert sorted(arc.keys()) == [b"b", b"c"] and arc.get_entry(b"c").expire_at_ms == 10**13
-
-
-def test_commits_go_on_while_the_log_is_folded_in_the_background(tmp_path):
-    """Commits on this thread and folds on the folder's take turns on the write lock; after
-    reopening, every key has its last value whatever slice each write went through."""
-    config = ArchiveConfig(directory=tmp_path)
-    with Archive(config) as arc:
-        arc._entries.log.fold_after = 50
-        arc._entries.log.fold_slice = 40
-        expected: dict[bytes, bytes] = {}
-        for round_ in range(60):
-            for i in range(round_ % 7, 300, 7):
-                arc.put(b"k%d" % i, b"r%d" % round_)
-                expected[b"k%d" % i] = b"r%d" % round_
-            arc.delete(b"k%d" % round_)
-            expected.pop(b"k%d" % round_, None)
-            arc.commit()
-        assert arc._entries.log.folds > 0
-    with Archive(config) as arc:
-        assert {key: arc.get(key) for key in arc.keys()} == expected
 
 
 def test_wal_is_checkpointed_off_the_committing_thread(tmp_path):
