@@ -3,7 +3,7 @@
 Both implementations are async facades that never raise: a failure is logged, counted in
 `counters` (read by /metrics) and answered like a miss, so a broken archive only removes
 the speed-up. `EmbeddedArchive` runs `arca.archive.Archive` on one thread the node owns
-and commits after every write. `RemoteArchive` speaks to ARCA with redis.asyncio (hiredis
+and commits after every write (then, when one is due, takes one step of L1 log rewrite). `RemoteArchive` speaks to ARCA with redis.asyncio (hiredis
 parser, a bounded pool, short timeouts) behind a circuit breaker (`node.archive_breaker`).
 """
 
@@ -66,9 +66,12 @@ class EmbeddedArchive:
             return default
 
         def run() -> T:
-            result = work(self._archive)
-            if writes and self._archive.pending_writes:
-                self._archive.commit()
+            archive = self._archive
+            result = work(archive)
+            if writes and archive.pending_writes:
+                archive.commit()
+                if archive.maintenance_due():  # one slice of L1 log rewrite, a few ms
+                    archive.maintenance_step()
             return result
 
         try:

@@ -43,6 +43,27 @@ async def test_embedded_round_trip(tmp_path):
         await reopened.close()
 
 
+async def test_embedded_archive_keeps_its_l1_log_short(tmp_path):
+    """A node writes one L1 record per commit and has no idle-time hook: after the commits,
+    the embedded archive takes the log-rewrite steps itself, so the log stays near the live
+    keys instead of growing with every write."""
+    archive = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=64 << 20))
+    try:
+        inner = archive._archive
+        inner._entries.log.rewrite_after_idle = 200
+        for i in range(3000):
+            await archive.set(b"answer:%d" % (i % 50), b"v%d" % i)
+        assert inner.info()["persistence"]["log_rewrites"] >= 1
+        assert inner.log_records <= 200 + 2 * 1024
+    finally:
+        await archive.close()
+    reopened = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=64 << 20))
+    try:
+        assert [await reopened.get(b"answer:%d" % k) for k in range(50)] == [b"v%d" % (2950 + k) for k in range(50)]
+    finally:
+        await reopened.close()
+
+
 async def test_embedded_failure_is_a_counted_miss(tmp_path):
     archive = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=1024))
     try:
