@@ -364,6 +364,7 @@ class ArcaServer:
     # -- idle-time maintenance
 
     def _idle_check(self) -> None:
+        self.state.stats.sample_ops(time.monotonic())
         processed = self.state.stats.commands_processed
         idle = processed == self._seen_commands
         self._seen_commands = processed

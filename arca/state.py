@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,6 +66,20 @@ class ServerStats:
     protocol_errors: int = 0
     commits: int = 0
     commit_seconds: float = 0.0
+    # (monotonic time, commands_processed) every 100 ms over the last 1.6 s, as Redis samples
+    # instantaneous_ops_per_sec.
+    ops_samples: deque = field(default_factory=lambda: deque(maxlen=16))
+
+    def sample_ops(self, now: float) -> None:
+        self.ops_samples.append((now, self.commands_processed))
+
+    @property
+    def ops_per_sec(self) -> int:
+        """Commands per second over the sampled window (0 until two samples exist)."""
+        if len(self.ops_samples) < 2:
+            return 0
+        (start, first), (end, last) = self.ops_samples[0], self.ops_samples[-1]
+        return round((last - first) / (end - start)) if end > start else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,7 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
         "stats": {
             "total_connections_received": stats.connections_received,
             "total_commands_processed": stats.commands_processed,
+            "instantaneous_ops_per_sec": stats.ops_per_sec,
             "rejected_connections": stats.rejected_connections,
             "total_protocol_errors": stats.protocol_errors,
             "keyspace_hits": archive.get("arca", {}).get("keyspace_hits", 0),

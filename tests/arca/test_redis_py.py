@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
@@ -102,5 +103,24 @@ def test_lru_eviction_under_the_budget(arca_factory):
         assert int(client.info("memory")["evicted_keys"]) > 0
         with pytest.raises(redis.exceptions.OutOfMemoryError, match="used memory"):
             client.set("huge", b"y" * (2 << 20))
+    finally:
+        client.close()
+
+
+def test_instantaneous_ops_per_sec_follows_the_load(arca):
+    """INFO stats samples the command count every 100 ms over 1.6 s, as Redis does, so
+    monitoring tools reading instantaneous_ops_per_sec see the load."""
+    client = redis.Redis(host=arca.host, port=arca.port)
+    try:
+        deadline = time.monotonic() + 1.2
+        with client.pipeline(transaction=False) as pipe:
+            while time.monotonic() < deadline:
+                for i in range(200):
+                    pipe.set(b"k%d" % i, b"v")
+                pipe.execute()
+        busy = int(client.info("stats")["instantaneous_ops_per_sec"])
+        assert busy > 1000
+        time.sleep(2.0)  # a window with nothing but the INFO below
+        assert int(client.info("stats")["instantaneous_ops_per_sec"]) < busy / 10
     finally:
         client.close()
