@@ -62,7 +62,7 @@ class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
     __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog",
-                 "write_paused", "reading_paused", "eof", "strict_limits", "run_plain", "max_bulk")
+                 "write_paused", "reading_paused", "eof", "strict_limits", "run_plain", "max_bulk", "max_items")
 
     def __init__(self, server: ArcaServer) -> None:
         self.server = server
@@ -77,6 +77,7 @@ class Connection(asyncio.Protocol):
         self.eof = False  # the client half-closed: close once everything is answered
         self.run_plain = server.archive.run_plain
         self.max_bulk = server.options.limits.max_bulk_len
+        self.max_items = server.options.limits.max_multibulk_len
 
     # -- asyncio callbacks
 
@@ -141,9 +142,11 @@ class Connection(asyncio.Protocol):
         client = self.client
         if (client.multi is None and client.authenticated and not self.strict_limits
                 and self.backlog is None and self.decoder.idle):
-            # The plain path: the read's leading `GET key` / `SET key value` commands run in
-            # the archive's L1 table straight from the bytes (no argv lists, no dispatch).
-            reply, consumed, count, last = self.run_plain(data, client.resp, OUTPUT_BATCH_BYTES, self.max_bulk)
+            # The plain path: the read's leading plain commands (GET, SET key value, MGET,
+            # PING) run in the archive's L1 table straight from the bytes (no argv lists, no
+            # dispatch).
+            reply, consumed, count, last = self.run_plain(data, client.resp, OUTPUT_BATCH_BYTES, self.max_bulk,
+                                                          self.max_items)
             if count:
                 client.last_command = last
                 client.last_active = time.monotonic()

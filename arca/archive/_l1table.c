@@ -60,7 +60,7 @@ typedef struct {
     size_t out_cap;
 } Table;
 
-static PyObject *NAME_GET, *NAME_SET;
+static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET;
 
 /* ---------------------------------------------------------------- time and hashing */
 
@@ -766,10 +766,10 @@ parse_length(const char *p, const char *end, long long *value)
     const char *start = p;
     long long v = 0;
     while (p < end && *p >= '0' && *p <= '9') {
+        if (p - start == 18)
+            return NULL; /* a 19th digit: refused before it could overflow */
         v = v * 10 + (*p - '0');
         p++;
-        if (p - start > 18)
-            return NULL;
     }
     if (p == start || (*start == '0' && p - start > 1) || end - p < 2 || p[0] != '\r' || p[1] != '\n')
         return NULL;
@@ -791,24 +791,69 @@ parse_bulk(const char *p, const char *end, long long max_bulk, const char **data
     return p + n + 2;
 }
 
+/* A three- or four-letter command name, any case (upper is the upper-case name). */
 static inline int
 is_name(const char *data, Py_ssize_t len, const char *upper)
 {
     return len == 3 && (data[0] & 0xdf) == upper[0] && (data[1] & 0xdf) == upper[1] && (data[2] & 0xdf) == upper[2];
 }
 
+static inline int
+is_name4(const char *data, Py_ssize_t len, const char *upper)
+{
+    return len == 4 && (data[0] & 0xdf) == upper[0] && (data[1] & 0xdf) == upper[1]
+        && (data[2] & 0xdf) == upper[2] && (data[3] & 0xdf) == upper[3];
+}
+
+/* Append the reply to a read of slot s (NIL: a miss) to the reply buffer. */
+static int
+reply_value(Table *t, size_t *len, int32_t s, const char *null_reply, size_t null_len)
+{
+    if (s == NIL) {
+        t->misses++;
+        if (out_reserve(t, len, null_len) < 0)
+            return -1;
+        memcpy(t->out + *len, null_reply, null_len);
+        *len += null_len;
+        return 0;
+    }
+    t->hits++;
+    lru_touch(t, s);
+    PyObject *v = t->slots[s].value;
+    Py_ssize_t n = PyBytes_GET_SIZE(v);
+    if (out_reserve(t, len, (size_t)n + 32) < 0)
+        return -1;
+    *len += (size_t)sprintf(t->out + *len, "$%zd\r\n", n);
+    memcpy(t->out + *len, PyBytes_AS_STRING(v), (size_t)n);
+    *len += (size_t)n;
+    t->out[(*len)++] = '\r';
+    t->out[(*len)++] = '\n';
+    return 0;
+}
+
+static int
+reply_bytes(Table *t, size_t *len, const char *text, size_t n)
+{
+    if (out_reserve(t, len, n) < 0)
+        return -1;
+    memcpy(t->out + *len, text, n);
+    *len += n;
+    return 0;
+}
+
+/* The plain commands run() serves; anything else ends its run. */
 static PyObject *
 Table_run(Table *t, PyObject *args)
 {
     Py_buffer view;
     int resp;
-    Py_ssize_t cap;
+    Py_ssize_t cap, max_items = 1024 * 1024;
     long long max_bulk;
-    if (!PyArg_ParseTuple(args, "y*inL", &view, &resp, &cap, &max_bulk))
+    if (!PyArg_ParseTuple(args, "y*inL|n", &view, &resp, &cap, &max_bulk, &max_items))
         return NULL;
-    if (cap < 0 || max_bulk < 0) {
+    if (cap < 0 || max_bulk < 0 || max_items < 1) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "out_cap and max_bulk must be >= 0");
+        PyErr_SetString(PyExc_ValueError, "out_cap and max_bulk must be >= 0, max_items >= 1");
         return NULL;
     }
     const char *begin = view.buf, *end = begin + view.len, *p = begin;
@@ -821,59 +866,57 @@ Table_run(Table *t, PyObject *args)
 
     while (p < end && len <= (size_t)cap) {
         long long argc;
-        const char *q, *name, *key, *value = NULL;
-        Py_ssize_t name_len, key_len, value_len = 0;
-        if (*p != '*' || (q = parse_length(p + 1, end, &argc)) == NULL || (argc != 2 && argc != 3))
+        const char *q, *name, *key, *value;
+        Py_ssize_t name_len, key_len, value_len;
+        if (*p != '*' || (q = parse_length(p + 1, end, &argc)) == NULL || argc < 1 || argc > max_items
+                || (q = parse_bulk(q, end, max_bulk, &name, &name_len)) == NULL)
             break;
-        if ((q = parse_bulk(q, end, max_bulk, &name, &name_len)) == NULL
-                || (q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
-            break;
-        Py_hash_t hash;
-        if (argc == 2) {
-            if (!is_name(name, name_len, "GET"))
+        if (argc == 1) {
+            if (!is_name4(name, name_len, "PING"))
                 break;
-            hash = hash_buffer(key, key_len);
-            int32_t s = live_slot(t, key, key_len, hash, &now);
-            if (s == -2)
+            if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
                 goto error;
-            if (s == NIL) {
-                t->misses++;
-                if (out_reserve(t, &len, null_len) < 0)
-                    goto error;
-                memcpy(t->out + len, null_reply, null_len);
-                len += null_len;
-            } else {
-                t->hits++;
-                lru_touch(t, s);
-                PyObject *v = t->slots[s].value;
-                Py_ssize_t n = PyBytes_GET_SIZE(v);
-                if (out_reserve(t, &len, (size_t)n + 32) < 0)
-                    goto error;
-                len += (size_t)sprintf(t->out + len, "$%zd\r\n", n);
-                memcpy(t->out + len, PyBytes_AS_STRING(v), (size_t)n);
-                len += (size_t)n;
-                t->out[len++] = '\r';
-                t->out[len++] = '\n';
-            }
+            last = NAME_PING;
+        } else if (argc == 2 && is_name(name, name_len, "GET")) {
+            if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
+                break;
+            int32_t s = live_slot(t, key, key_len, hash_buffer(key, key_len), &now);
+            if (s == -2 || reply_value(t, &len, s, null_reply, null_len) < 0)
+                goto error;
             last = NAME_GET;
-        } else {
-            if (!is_name(name, name_len, "SET") || (q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL)
+        } else if (argc == 3 && is_name(name, name_len, "SET")) {
+            if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL
+                    || (q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL)
                 break;
             if ((long long)key_len + value_len + t->overhead > t->max_bytes)
                 break; /* refused with -OOM by the general path */
             PyObject *v = PyBytes_FromStringAndSize(value, value_len);
             if (v == NULL)
                 goto error;
-            hash = hash_buffer(key, key_len);
-            int rc = store(t, key, key_len, hash, NULL, v, 0);
+            int rc = store(t, key, key_len, hash_buffer(key, key_len), NULL, v, 0);
             Py_DECREF(v);
-            if (rc < 0)
+            if (rc < 0 || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
-            if (out_reserve(t, &len, 5) < 0)
-                goto error;
-            memcpy(t->out + len, "+OK\r\n", 5);
-            len += 5;
             last = NAME_SET;
+        } else if (argc >= 2 && is_name4(name, name_len, "MGET")) {
+            /* The whole command must be there before any key is read. */
+            const char *keys = q;
+            for (long long i = 1; i < argc && q != NULL; i++)
+                q = parse_bulk(q, end, max_bulk, &key, &key_len);
+            if (q == NULL)
+                break;
+            if (out_reserve(t, &len, 24) < 0)
+                goto error;
+            len += (size_t)sprintf(t->out + len, "*%lld\r\n", argc - 1);
+            for (const char *k = keys; k < q;) {
+                k = parse_bulk(k, end, max_bulk, &key, &key_len);
+                int32_t s = live_slot(t, key, key_len, hash_buffer(key, key_len), &now);
+                if (s == -2 || reply_value(t, &len, s, null_reply, null_len) < 0)
+                    goto error;
+            }
+            last = NAME_MGET;
+        } else {
+            break;
         }
         p = q;
         count++;
@@ -962,7 +1005,7 @@ static PyMethodDef Table_methods[] = {
     {"clear_dirty", (PyCFunction)Table_clear_dirty, METH_NOARGS, "forget the dirty list"},
     {"encode", (PyCFunction)Table_encode, METH_O, "encode(keys) -> packed entry-log records"},
     {"run", (PyCFunction)Table_run, METH_VARARGS,
-     "run(data, resp, out_cap, max_bulk) -> (reply, consumed, count, last name)"},
+     "run(data, resp, out_cap, max_bulk[, max_items]) -> (reply, consumed, count, last name)"},
     {NULL},
 };
 
@@ -998,7 +1041,9 @@ PyInit__l1table(void)
         return NULL;
     NAME_GET = PyBytes_FromString("get");
     NAME_SET = PyBytes_FromString("set");
-    if (NAME_GET == NULL || NAME_SET == NULL)
+    NAME_PING = PyBytes_FromString("ping");
+    NAME_MGET = PyBytes_FromString("mget");
+    if (NAME_GET == NULL || NAME_SET == NULL || NAME_PING == NULL || NAME_MGET == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

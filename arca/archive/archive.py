@@ -47,7 +47,7 @@ class Archive:
         self.get = self._entries.table.get
         self.put = self._entries.put
         self.get_with_deadline = self._entries.table.get_with_deadline
-        self.run_plain = self._entries.run_plain
+        self.run_plain = self._entries.table.run
         log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
                  len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
 
@@ -70,11 +70,12 @@ class Archive:
         """Set every (key, value) without a TTL; nothing is set when one is over the budget."""
         self._entries.put_many(pairs)
 
-    def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int) -> tuple[bytes, int, int, bytes | None]:
-        """Answer the leading pipelined `GET key` / `SET key value` commands of a read (RESP
-        bytes) in one call: (replies, bytes consumed, commands run, last command name).
-        Stops at anything else; see Entries.run_plain."""
-        return self._entries.run_plain(data, resp, out_cap, max_bulk)
+    def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int,
+                  max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
+        """Answer the leading pipelined plain commands of a read (RESP bytes: GET, SET key
+        value, MGET, PING) in one call: (replies, bytes consumed, commands run, last command
+        name). Stops at anything else; see Entries.run_plain."""
+        return self._entries.run_plain(data, resp, out_cap, max_bulk, max_items)
 
     def delete(self, key: bytes) -> bool:
         return self._entries.delete(key)

@@ -127,11 +127,13 @@ class Entries:
         for key, value in pairs:
             put(key, value)
 
-    def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int) -> tuple[bytes, int, int, bytes | None]:
-        """Serve the leading pipelined `GET key` / `SET key value` commands of a read straight
-        from the table: (replies, bytes consumed, commands run, name of the last one).
-        It stops at anything else, which the general path then decodes and answers."""
-        return self.table.run(data, resp, out_cap, max_bulk)
+    def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int,
+                  max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
+        """Serve the leading pipelined plain commands of a read (`GET key`, `SET key value`,
+        `MGET key...`, `PING`) straight from the table: (replies, bytes consumed, commands
+        run, name of the last one). It stops at anything else, which the general path then
+        decodes and answers."""
+        return self.table.run(data, resp, out_cap, max_bulk, max_items)
 
     def _too_big(self, size: int) -> ArchiveOOMError:
         return ArchiveOOMError(

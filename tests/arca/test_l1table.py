@@ -152,22 +152,29 @@ class Model:
                 parts.append(RECORD.pack(len(key), len(value), deadline or 0) + key + value)
         return b"".join(parts)
 
-    def run(self, data: bytes, resp: int, out_cap: int, max_bulk: int):
+    def run(self, data: bytes, resp: int, out_cap: int, max_bulk: int, max_items: int = 1 << 20):
         reply = bytearray()
         consumed = count = 0
         last = None
+
+        def read(key: bytes) -> bytes:
+            value = self.get(key)
+            if value is None:
+                return b"_\r\n" if resp == 3 else b"$-1\r\n"
+            return b"$%d\r\n%s\r\n" % (len(value), value)
+
         while True:
-            parsed = parse_command(data, consumed, max_bulk)
+            parsed = parse_command(data, consumed, max_bulk, max_items)
             if parsed is None:
                 break
             argv, end = parsed
             name = argv[0].lower()
-            if name == b"get" and len(argv) == 2:
-                value = self.get(argv[1])
-                if value is None:
-                    reply += b"_\r\n" if resp == 3 else b"$-1\r\n"
-                else:
-                    reply += b"$%d\r\n%s\r\n" % (len(value), value)
+            if name == b"ping" and len(argv) == 1:
+                reply += b"+PONG\r\n"
+            elif name == b"get" and len(argv) == 2:
+                reply += read(argv[1])
+            elif name == b"mget" and len(argv) >= 2:
+                reply += b"*%d\r\n" % (len(argv) - 1) + b"".join(read(key) for key in argv[1:])
             elif name == b"set" and len(argv) == 3:
                 if self._size(argv[1], argv[2]) > self.max_bytes:
                     break
@@ -197,12 +204,12 @@ def _read_length(data: bytes, pos: int):
     return int(digits), end + 2
 
 
-def parse_command(data: bytes, pos: int, max_bulk: int):
-    """A complete canonical multibulk of 2 or 3 bulks at `pos`: (argv, end) or None."""
+def parse_command(data: bytes, pos: int, max_bulk: int, max_items: int = 1 << 20):
+    """A complete canonical multibulk of 1 to max_items bulks at `pos`: (argv, end) or None."""
     if data[pos:pos + 1] != b"*":
         return None
     read = _read_length(data, pos + 1)
-    if read is None or read[0] not in (2, 3):
+    if read is None or not 1 <= read[0] <= max_items:
         return None
     n, pos = read
     argv = []
@@ -269,7 +276,8 @@ DEADLINES = st.one_of(
     st.integers(min_value=1, max_value=1_000_000),                    # long past
     st.integers(min_value=FUTURE, max_value=FUTURE + 10**12),         # far future
 )
-NAMES = {b"get": [b"GET", b"get", b"Get", b"gEt"], b"set": [b"SET", b"set", b"Set", b"sEt"]}
+NAMES = {b"get": [b"GET", b"get", b"Get", b"gEt"], b"set": [b"SET", b"set", b"Set", b"sEt"],
+         b"mget": [b"MGET", b"mget", b"mGet"], b"ping": [b"PING", b"ping"]}
 
 
 @st.composite
@@ -277,9 +285,13 @@ def pipelines(draw):
     """A RESP byte stream: GET/SET commands, sometimes with things that must stop run()."""
     parts = []
     for _ in range(draw(st.integers(min_value=0, max_value=8))):
-        kind = draw(st.sampled_from(["get", "get", "set", "set", "stop", "junk"]))
+        kind = draw(st.sampled_from(["get", "get", "set", "set", "mget", "ping", "stop", "junk"]))
         if kind == "get":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"get"])), draw(KEYS)))
+        elif kind == "mget":
+            parts.append(multibulk(draw(st.sampled_from(NAMES[b"mget"])), *draw(st.lists(KEYS, min_size=1, max_size=4))))
+        elif kind == "ping":
+            parts.append(multibulk(draw(st.sampled_from(NAMES[b"ping"]))))
         elif kind == "set":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"set"])), draw(KEYS), draw(VALUES)))
         elif kind == "stop":
@@ -296,7 +308,8 @@ STOPPERS = [
     b"PING\r\n",                                         # inline
     b"GET a\r\n",                                        # inline GET
     multibulk(b"DEL", b"a"),
-    multibulk(b"PING"),
+    multibulk(b"PING", b"hello"),                        # PING with a message
+    multibulk(b"MGET"),                                  # MGET without keys
     multibulk(b"GET", b"a", b"b"),
     multibulk(b"SET", b"a"),
     multibulk(b"SET", b"a", b"b", b"EX"),
@@ -1088,3 +1101,36 @@ def test_encode_wants_an_iterable():
         t.encode(5)
     with pytest.raises(TypeError):
         t.encode(None)
+
+
+# --------------------------------------------------------------------------- MGET and PING
+
+def test_mget_answers_an_array_counting_each_key():
+    t = Table(1 << 20, 0)
+    t.put(b"a", b"1")
+    t.put(b"b", b"22")
+    data = multibulk(b"MGET", b"a", b"zz", b"b") + multibulk(b"ping")
+    for resp, null in ((2, b"$-1\r\n"), (3, b"_\r\n")):
+        reply, consumed, count, last = t.run(data, resp, 1 << 20, 1 << 20)
+        assert reply == b"*3\r\n$1\r\n1\r\n" + null + b"$2\r\n22\r\n+PONG\r\n"
+        assert (consumed, count, last) == (len(data), 2, b"ping")
+    assert (t.hits, t.misses) == (4, 2)
+    assert t.keys() == [b"a", b"b"]  # each read counts as use, in order
+
+
+def test_an_incomplete_mget_stops_before_reading_any_key():
+    t = Table(1 << 20, 0)
+    t.put(b"a", b"1")
+    whole = multibulk(b"MGET", b"a", b"a", b"a")
+    for cut in range(1, len(whole)):
+        assert t.run(whole[:cut], 2, 1 << 20, 1 << 20) == (b"", 0, 0, None)
+    assert (t.hits, t.misses) == (0, 0)
+
+
+def test_max_items_stops_a_longer_command():
+    t = Table(1 << 20, 0)
+    data = multibulk(b"MGET", b"a", b"b", b"c")
+    assert t.run(data, 2, 1 << 20, 1 << 20, 4)[2] == 1
+    assert t.run(data, 2, 1 << 20, 1 << 20, 3)[:3] == (b"", 0, 0)
+    with pytest.raises(ValueError):
+        t.run(data, 2, 1 << 20, 1 << 20, 0)

@@ -1,5 +1,5 @@
-"""The live server's plain GET/SET path (the L1 table answering straight from the read
-buffer) mixed with everything else: generated pipelines of GET, SET and other commands,
+"""The live server's plain path (GET, SET, MGET and PING answered by the L1 table straight
+from the read buffer) mixed with everything else: generated pipelines of GET, SET and other commands,
 split at generated points, answered exactly as a dict model says, in both durability
 modes; big replies that cut a batch short; RESP3 nulls; MULTI and AUTH turning it off."""
 
@@ -15,14 +15,17 @@ from arca_harness import start_server
 
 KEYS = st.sampled_from([b"a", b"b", b"k:1", b"\r\n", b"", b"\xff\x00"])
 VALUES = st.binary(max_size=24)
-NAMES = {"get": st.sampled_from([b"GET", b"get", b"Get"]), "set": st.sampled_from([b"SET", b"set", b"sEt"])}
+NAMES = {"get": st.sampled_from([b"GET", b"get", b"Get"]), "set": st.sampled_from([b"SET", b"set", b"sEt"]),
+         "mget": st.sampled_from([b"MGET", b"mget"]), "ping": st.sampled_from([b"PING", b"ping"])}
 OPS = st.one_of(
     st.tuples(st.just("get"), NAMES["get"], KEYS),
+    st.tuples(st.just("mget"), NAMES["mget"], st.lists(KEYS, min_size=1, max_size=5)),
+    st.tuples(st.just("ping"), NAMES["ping"]),
+    st.tuples(st.just("ping_message"), st.just(b"PING"), VALUES),
     st.tuples(st.just("set"), NAMES["set"], KEYS, VALUES),
     st.tuples(st.just("del"), st.just(b"DEL"), KEYS),
     st.tuples(st.just("append"), st.just(b"APPEND"), KEYS, VALUES),
     st.tuples(st.just("exists"), st.just(b"EXISTS"), KEYS),
-    st.tuples(st.just("ping"), st.just(b"PING")),
     st.tuples(st.just("inline_get"), KEYS.filter(lambda k: k.isalnum() or k == b"k:1")),
 )
 
@@ -57,9 +60,15 @@ def request_and_replies(ops: list[tuple], model: dict[bytes, bytes]) -> tuple[by
         elif kind == "exists":
             request.append(multibulk([op[1], op[2]]))
             replies.append(b":%d\r\n" % (op[2] in model))
+        elif kind == "mget":
+            request.append(multibulk([op[1], *op[2]]))
+            replies.append(b"*%d\r\n" % len(op[2]) + b"".join(bulk(model.get(key)) for key in op[2]))
         elif kind == "ping":
             request.append(multibulk([op[1]]))
             replies.append(b"+PONG\r\n")
+        elif kind == "ping_message":
+            request.append(multibulk([op[1], op[2]]))
+            replies.append(bulk(op[2]))
         else:  # an inline GET between multibulk commands
             request.append(b"GET " + op[1] + b"\r\n")
             replies.append(bulk(model.get(op[1])))
