@@ -26,6 +26,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
 #include <time.h>
 
 #define NIL (-1)
@@ -60,7 +61,8 @@ typedef struct {
     size_t out_cap;
 } Table;
 
-static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET;
+static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET, *NAME_MSET, *NAME_INCR, *NAME_DECR, *NAME_INCRBY,
+    *NAME_DECRBY;
 
 /* ---------------------------------------------------------------- time and hashing */
 
@@ -791,18 +793,43 @@ parse_bulk(const char *p, const char *end, long long max_bulk, const char **data
     return p + n + 2;
 }
 
-/* A three- or four-letter command name, any case (upper is the upper-case name). */
+/* Whether data[0:len] is the command name `upper` (upper case, ASCII letters), any case. */
 static inline int
-is_name(const char *data, Py_ssize_t len, const char *upper)
+name_is(const char *data, Py_ssize_t len, const char *upper)
 {
-    return len == 3 && (data[0] & 0xdf) == upper[0] && (data[1] & 0xdf) == upper[1] && (data[2] & 0xdf) == upper[2];
+    Py_ssize_t i = 0;
+    for (; upper[i]; i++)
+        if (i >= len || (data[i] & 0xdf) != upper[i])
+            return 0;
+    return i == len;
 }
 
-static inline int
-is_name4(const char *data, Py_ssize_t len, const char *upper)
+/* A signed 64-bit integer written as Redis's string2ll accepts it (optional '-', digits, no
+ * leading zero, no "-0", in range); 0 when it is not one. */
+static int
+parse_ll(const char *data, Py_ssize_t len, long long *out)
 {
-    return len == 4 && (data[0] & 0xdf) == upper[0] && (data[1] & 0xdf) == upper[1]
-        && (data[2] & 0xdf) == upper[2] && (data[3] & 0xdf) == upper[3];
+    if (len < 1 || len > 20)
+        return 0;
+    Py_ssize_t i = data[0] == '-' && len > 1;
+    if (data[i] == '0' && len > 1)
+        return 0;
+    unsigned long long v = 0;
+    for (Py_ssize_t j = i; j < len; j++) {
+        if (data[j] < '0' || data[j] > '9' || v > (ULLONG_MAX - 9) / 10)
+            return 0;
+        v = v * 10 + (unsigned long long)(data[j] - '0');
+    }
+    if (i) {
+        if (v > (unsigned long long)LLONG_MAX + 1)
+            return 0;
+        *out = v == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)v;
+    } else {
+        if (v > (unsigned long long)LLONG_MAX)
+            return 0;
+        *out = (long long)v;
+    }
+    return 1;
 }
 
 /* Append the reply to a read of slot s (NIL: a miss) to the reply buffer. */
@@ -872,19 +899,19 @@ Table_run(Table *t, PyObject *args)
                 || (q = parse_bulk(q, end, max_bulk, &name, &name_len)) == NULL)
             break;
         if (argc == 1) {
-            if (!is_name4(name, name_len, "PING"))
+            if (!name_is(name, name_len, "PING"))
                 break;
             if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
                 goto error;
             last = NAME_PING;
-        } else if (argc == 2 && is_name(name, name_len, "GET")) {
+        } else if (argc == 2 && name_is(name, name_len, "GET")) {
             if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
                 break;
             int32_t s = live_slot(t, key, key_len, hash_buffer(key, key_len), &now);
             if (s == -2 || reply_value(t, &len, s, null_reply, null_len) < 0)
                 goto error;
             last = NAME_GET;
-        } else if (argc == 3 && is_name(name, name_len, "SET")) {
+        } else if (argc == 3 && name_is(name, name_len, "SET")) {
             if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL
                     || (q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL)
                 break;
@@ -898,7 +925,73 @@ Table_run(Table *t, PyObject *args)
             if (rc < 0 || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_SET;
-        } else if (argc >= 2 && is_name4(name, name_len, "MGET")) {
+        } else if ((argc == 2 && (name_is(name, name_len, "INCR") || name_is(name, name_len, "DECR")))
+                   || (argc == 3 && (name_is(name, name_len, "INCRBY") || name_is(name, name_len, "DECRBY")))) {
+            long long delta = (name[0] & 0xdf) == 'I' ? 1 : -1, result;
+            if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
+                break;
+            if (argc == 3) {
+                long long amount;
+                if ((q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL
+                        || !parse_ll(value, value_len, &amount) || (delta < 0 && amount == LLONG_MIN))
+                    break; /* the error replies come from the general path */
+                delta *= amount;
+            }
+            Py_hash_t hash = hash_buffer(key, key_len);
+            int32_t s = live_slot(t, key, key_len, hash, &now);
+            if (s == -2)
+                goto error;
+            long long current = 0;
+            int64_t deadline = 0;
+            if (s != NIL) {
+                PyObject *old = t->slots[s].value;
+                if (!parse_ll(PyBytes_AS_STRING(old), PyBytes_GET_SIZE(old), &current))
+                    break; /* not an integer: -ERR from the general path (which counts the read) */
+                deadline = t->slots[s].deadline;
+            }
+            if (__builtin_add_overflow(current, delta, &result) || key_len + 20 + t->overhead > t->max_bytes)
+                break;
+            if (s == NIL)
+                t->misses++;
+            else
+                t->hits++;
+            char digits[24];
+            int n = sprintf(digits, "%lld", result);
+            PyObject *v = PyBytes_FromStringAndSize(digits, n);
+            if (v == NULL)
+                goto error;
+            int rc = store(t, key, key_len, hash, NULL, v, deadline);
+            Py_DECREF(v);
+            if (rc < 0 || out_reserve(t, &len, 32) < 0)
+                goto error;
+            len += (size_t)sprintf(t->out + len, ":%lld\r\n", result);
+            last = (name[0] & 0xdf) == 'I' ? (argc == 2 ? NAME_INCR : NAME_INCRBY) : (argc == 2 ? NAME_DECR : NAME_DECRBY);
+        } else if (argc >= 3 && argc % 2 == 1 && name_is(name, name_len, "MSET")) {
+            /* All or nothing: the whole command is there and every pair fits the budget. */
+            const char *pairs = q;
+            for (long long i = 1; i < argc && q != NULL; i += 2) {
+                if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) != NULL
+                        && (q = parse_bulk(q, end, max_bulk, &value, &value_len)) != NULL
+                        && (long long)key_len + value_len + t->overhead > t->max_bytes)
+                    q = NULL;
+            }
+            if (q == NULL)
+                break;
+            for (const char *k = pairs; k < q;) {
+                k = parse_bulk(k, end, max_bulk, &key, &key_len);
+                k = parse_bulk(k, end, max_bulk, &value, &value_len);
+                PyObject *v = PyBytes_FromStringAndSize(value, value_len);
+                if (v == NULL)
+                    goto error;
+                int rc = store(t, key, key_len, hash_buffer(key, key_len), NULL, v, 0);
+                Py_DECREF(v);
+                if (rc < 0)
+                    goto error;
+            }
+            if (reply_bytes(t, &len, "+OK\r\n", 5) < 0)
+                goto error;
+            last = NAME_MSET;
+        } else if (argc >= 2 && name_is(name, name_len, "MGET")) {
             /* The whole command must be there before any key is read. */
             const char *keys = q;
             for (long long i = 1; i < argc && q != NULL; i++)
@@ -1043,7 +1136,13 @@ PyInit__l1table(void)
     NAME_SET = PyBytes_FromString("set");
     NAME_PING = PyBytes_FromString("ping");
     NAME_MGET = PyBytes_FromString("mget");
-    if (NAME_GET == NULL || NAME_SET == NULL || NAME_PING == NULL || NAME_MGET == NULL)
+    NAME_MSET = PyBytes_FromString("mset");
+    NAME_INCR = PyBytes_FromString("incr");
+    NAME_DECR = PyBytes_FromString("decr");
+    NAME_INCRBY = PyBytes_FromString("incrby");
+    NAME_DECRBY = PyBytes_FromString("decrby");
+    if (NAME_GET == NULL || NAME_SET == NULL || NAME_PING == NULL || NAME_MGET == NULL || NAME_MSET == NULL
+            || NAME_INCR == NULL || NAME_DECR == NULL || NAME_INCRBY == NULL || NAME_DECRBY == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

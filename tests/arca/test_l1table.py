@@ -152,6 +152,28 @@ class Model:
                 parts.append(RECORD.pack(len(key), len(value), deadline or 0) + key + value)
         return b"".join(parts)
 
+    def _add(self, argv: list[bytes], name: bytes) -> int | None:
+        """INCR/DECR/INCRBY/DECRBY as the spec gives them; None where the table must stop."""
+        delta = 1 if name.startswith(b"incr") else -1
+        if len(argv) == 3:
+            amount = strict_int(argv[2])
+            if amount is None or (delta < 0 and amount == -(2**63)):
+                return None
+            delta *= amount
+        key = argv[1]
+        current, deadline = 0, None
+        if self._lazy_expire(key):
+            current = strict_int(self.entries[key][0])
+            if current is None:
+                return None
+            deadline = self.entries[key][1]
+        result = current + delta
+        if not -(2**63) <= result < 2**63 or len(key) + 20 + self.overhead > self.max_bytes:
+            return None
+        self.get(key)  # counted as one read, like the general path
+        self.put(key, b"%d" % result, deadline)
+        return result
+
     def run(self, data: bytes, resp: int, out_cap: int, max_bulk: int, max_items: int = 1 << 20):
         reply = bytearray()
         consumed = count = 0
@@ -175,6 +197,18 @@ class Model:
                 reply += read(argv[1])
             elif name == b"mget" and len(argv) >= 2:
                 reply += b"*%d\r\n" % (len(argv) - 1) + b"".join(read(key) for key in argv[1:])
+            elif (name in (b"incr", b"decr") and len(argv) == 2) or (name in (b"incrby", b"decrby") and len(argv) == 3):
+                result = self._add(argv, name)
+                if result is None:
+                    break  # left for the general path, which answers the error
+                reply += b":%d\r\n" % result
+            elif name == b"mset" and len(argv) >= 3 and len(argv) % 2 == 1:
+                pairs = list(zip(argv[1::2], argv[2::2]))
+                if any(self._size(key, value) > self.max_bytes for key, value in pairs):
+                    break
+                for key, value in pairs:
+                    self.put(key, value)
+                reply += b"+OK\r\n"
             elif name == b"set" and len(argv) == 3:
                 if self._size(argv[1], argv[2]) > self.max_bytes:
                     break
@@ -186,6 +220,15 @@ class Model:
             if len(reply) > out_cap:
                 break
         return bytes(reply), consumed, count, last
+
+
+def strict_int(text: bytes) -> int | None:
+    """Redis's string2ll: a signed 64-bit integer spelled canonically, else None."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if -(2**63) <= value < 2**63 and b"%d" % value == text else None
 
 
 def now_ms() -> int:
@@ -277,7 +320,10 @@ DEADLINES = st.one_of(
     st.integers(min_value=FUTURE, max_value=FUTURE + 10**12),         # far future
 )
 NAMES = {b"get": [b"GET", b"get", b"Get", b"gEt"], b"set": [b"SET", b"set", b"Set", b"sEt"],
-         b"mget": [b"MGET", b"mget", b"mGet"], b"ping": [b"PING", b"ping"]}
+         b"mget": [b"MGET", b"mget", b"mGet"], b"ping": [b"PING", b"ping"], b"mset": [b"MSET", b"mset"],
+         b"incr": [b"INCR", b"incr", b"DECR", b"decr"], b"incrby": [b"INCRBY", b"incrBy", b"DECRBY", b"decrby"]}
+NUMBERS = st.sampled_from([b"0", b"1", b"-1", b"42", b"9223372036854775807", b"-9223372036854775808",
+                           b"007", b"-0", b"+1", b" 1", b"1.5", b"x", b""])
 
 
 @st.composite
@@ -285,13 +331,23 @@ def pipelines(draw):
     """A RESP byte stream: GET/SET commands, sometimes with things that must stop run()."""
     parts = []
     for _ in range(draw(st.integers(min_value=0, max_value=8))):
-        kind = draw(st.sampled_from(["get", "get", "set", "set", "mget", "ping", "stop", "junk"]))
+        kind = draw(st.sampled_from(["get", "get", "set", "set", "mget", "ping", "mset", "incr", "incrby",
+                                     "setnum", "stop", "junk"]))
         if kind == "get":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"get"])), draw(KEYS)))
         elif kind == "mget":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"mget"])), *draw(st.lists(KEYS, min_size=1, max_size=4))))
         elif kind == "ping":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"ping"]))))
+        elif kind == "mset":
+            pairs = draw(st.lists(st.tuples(KEYS, VALUES), min_size=1, max_size=3))
+            parts.append(multibulk(draw(st.sampled_from(NAMES[b"mset"])), *[x for pair in pairs for x in pair]))
+        elif kind == "incr":
+            parts.append(multibulk(draw(st.sampled_from(NAMES[b"incr"])), draw(KEYS)))
+        elif kind == "incrby":
+            parts.append(multibulk(draw(st.sampled_from(NAMES[b"incrby"])), draw(KEYS), draw(NUMBERS)))
+        elif kind == "setnum":
+            parts.append(multibulk(b"SET", draw(KEYS), draw(NUMBERS)))
         elif kind == "set":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"set"])), draw(KEYS), draw(VALUES)))
         elif kind == "stop":
@@ -310,6 +366,10 @@ STOPPERS = [
     multibulk(b"DEL", b"a"),
     multibulk(b"PING", b"hello"),                        # PING with a message
     multibulk(b"MGET"),                                  # MGET without keys
+    multibulk(b"MSET", b"a"),                            # MSET without a value
+    multibulk(b"MSET", b"a", b"1", b"b"),                # MSET with an odd argument count
+    multibulk(b"INCR", b"a", b"b"),
+    multibulk(b"INCRBY", b"a"),
     multibulk(b"GET", b"a", b"b"),
     multibulk(b"SET", b"a"),
     multibulk(b"SET", b"a", b"b", b"EX"),

@@ -22,6 +22,10 @@ OPS = st.one_of(
     st.tuples(st.just("mget"), NAMES["mget"], st.lists(KEYS, min_size=1, max_size=5)),
     st.tuples(st.just("ping"), NAMES["ping"]),
     st.tuples(st.just("ping_message"), st.just(b"PING"), VALUES),
+    st.tuples(st.just("incrby"), st.sampled_from([b"INCRBY", b"decrby"]), KEYS, st.sampled_from([b"1", b"-7", b"x", b"007"])),
+    st.tuples(st.just("incr"), st.sampled_from([b"INCR", b"decr"]), KEYS),
+    st.tuples(st.just("setnum"), st.just(b"SET"), KEYS, st.sampled_from([b"5", b"-3", b"9223372036854775807"])),
+    st.tuples(st.just("mset"), st.just(b"MSET"), st.lists(st.tuples(KEYS, VALUES), min_size=1, max_size=3)),
     st.tuples(st.just("set"), NAMES["set"], KEYS, VALUES),
     st.tuples(st.just("del"), st.just(b"DEL"), KEYS),
     st.tuples(st.just("append"), st.just(b"APPEND"), KEYS, VALUES),
@@ -66,6 +70,17 @@ def request_and_replies(ops: list[tuple], model: dict[bytes, bytes]) -> tuple[by
         elif kind == "ping":
             request.append(multibulk([op[1]]))
             replies.append(b"+PONG\r\n")
+        elif kind in ("incr", "incrby"):
+            request.append(multibulk(list(op[1:])))
+            replies.append(_add(model, op))
+        elif kind == "setnum":
+            request.append(multibulk([op[1], op[2], op[3]]))
+            model[op[2]] = op[3]
+            replies.append(b"+OK\r\n")
+        elif kind == "mset":
+            request.append(multibulk([op[1], *[x for pair in op[2] for x in pair]]))
+            model.update(op[2])
+            replies.append(b"+OK\r\n")
         elif kind == "ping_message":
             request.append(multibulk([op[1], op[2]]))
             replies.append(bulk(op[2]))
@@ -73,6 +88,31 @@ def request_and_replies(ops: list[tuple], model: dict[bytes, bytes]) -> tuple[by
             request.append(b"GET " + op[1] + b"\r\n")
             replies.append(bulk(model.get(op[1])))
     return b"".join(request), b"".join(replies)
+
+
+NOT_INTEGER = b"-ERR value is not an integer or out of range\r\n"
+
+
+def _strict_int(text: bytes) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if -(2**63) <= value < 2**63 and b"%d" % value == text else None
+
+
+def _add(model: dict[bytes, bytes], op: tuple) -> bytes:
+    """INCR/DECR/INCRBY/DECRBY on the dict model: the reply Redis gives."""
+    sign = 1 if op[1].lower().startswith(b"incr") else -1
+    amount = _strict_int(op[3]) if op[0] == "incrby" else 1
+    current = _strict_int(model[op[2]]) if op[2] in model else 0
+    if amount is None or current is None:
+        return NOT_INTEGER
+    result = current + sign * amount
+    if not -(2**63) <= result < 2**63:
+        return b"-ERR increment or decrement would overflow\r\n"
+    model[op[2]] = b"%d" % result
+    return b":%d\r\n" % result
 
 
 def recv_exactly(sock: socket.socket, size: int) -> bytes:
