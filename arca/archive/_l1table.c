@@ -895,7 +895,20 @@ Table_run(Table *t, PyObject *args)
         long long argc;
         const char *q, *name, *key, *value;
         Py_ssize_t name_len, key_len, value_len;
-        if (*p != '*' || (q = parse_length(p + 1, end, &argc)) == NULL || argc < 1 || argc > max_items
+        if (*p != '*') {
+            /* An inline command: only a bare `PING` line (what health checks and
+             * redis-benchmark send); any other inline line is left to the general parser. */
+            if (end - p >= 5 && name_is(p, 4, "PING") && (p[4] == '\n' || (p[4] == '\r' && end - p >= 6 && p[5] == '\n'))) {
+                if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
+                    goto error;
+                p += p[4] == '\n' ? 5 : 6;
+                count++;
+                last = NAME_PING;
+                continue;
+            }
+            break;
+        }
+        if ((q = parse_length(p + 1, end, &argc)) == NULL || argc < 1 || argc > max_items
                 || (q = parse_bulk(q, end, max_bulk, &name, &name_len)) == NULL)
             break;
         if (argc == 1) {

@@ -186,6 +186,14 @@ class Model:
             return b"$%d\r\n%s\r\n" % (len(value), value)
 
         while True:
+            if len(reply) > out_cap:
+                break
+            line_end = data.find(b"\n", consumed)
+            if data[consumed:consumed + 1] != b"*" and line_end >= 0 and \
+                    data[consumed:line_end].removesuffix(b"\r").lower() == b"ping" and line_end - consumed in (4, 5):
+                reply += b"+PONG\r\n"
+                consumed, count, last = line_end + 1, count + 1, b"ping"
+                continue
             parsed = parse_command(data, consumed, max_bulk, max_items)
             if parsed is None:
                 break
@@ -332,13 +340,15 @@ def pipelines(draw):
     parts = []
     for _ in range(draw(st.integers(min_value=0, max_value=8))):
         kind = draw(st.sampled_from(["get", "get", "set", "set", "mget", "ping", "mset", "incr", "incrby",
-                                     "setnum", "stop", "junk"]))
+                                     "setnum", "inline_ping", "stop", "junk"]))
         if kind == "get":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"get"])), draw(KEYS)))
         elif kind == "mget":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"mget"])), *draw(st.lists(KEYS, min_size=1, max_size=4))))
         elif kind == "ping":
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"ping"]))))
+        elif kind == "inline_ping":
+            parts.append(draw(st.sampled_from([b"PING\r\n", b"ping\n", b"PiNg\r\n"])))
         elif kind == "mset":
             pairs = draw(st.lists(st.tuples(KEYS, VALUES), min_size=1, max_size=3))
             parts.append(multibulk(draw(st.sampled_from(NAMES[b"mset"])), *[x for pair in pairs for x in pair]))
@@ -361,7 +371,8 @@ def pipelines(draw):
 
 
 STOPPERS = [
-    b"PING\r\n",                                         # inline
+    b"PING x\r\n",                                       # inline, other than a bare PING
+    b" PING\r\n",
     b"GET a\r\n",                                        # inline GET
     multibulk(b"DEL", b"a"),
     multibulk(b"PING", b"hello"),                        # PING with a message
@@ -771,7 +782,7 @@ def test_run_binary_values_and_empty():
 
 
 @pytest.mark.parametrize("stopper", [
-    pytest.param(b"PING\r\n", id="inline"),
+    pytest.param(b"PING hello\r\n", id="inline"),
     pytest.param(b"GET a\r\n", id="inline-get"),
     pytest.param(multibulk(b"DEL", b"a"), id="del"),
     pytest.param(multibulk(b"GET", b"a", b"b"), id="get-3-items"),
@@ -905,7 +916,7 @@ def test_run_out_cap():
 
 def test_run_out_cap_and_stoppers_together():
     t = Table(10_000, 0)
-    data = SET_A + b"PING\r\n"
+    data = SET_A + b"PING x\r\n"
     assert run(t, data, out_cap=0) == (b"+OK\r\n", len(SET_A), 1, b"set")
     data = SET_A + SET_A[:-1]
     assert run(t, data, out_cap=100) == (b"+OK\r\n", len(SET_A), 1, b"set")

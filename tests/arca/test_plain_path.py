@@ -22,6 +22,7 @@ OPS = st.one_of(
     st.tuples(st.just("mget"), NAMES["mget"], st.lists(KEYS, min_size=1, max_size=5)),
     st.tuples(st.just("ping"), NAMES["ping"]),
     st.tuples(st.just("ping_message"), st.just(b"PING"), VALUES),
+    st.tuples(st.just("inline_ping"), st.sampled_from([b"PING\r\n", b"ping\n"])),
     st.tuples(st.just("incrby"), st.sampled_from([b"INCRBY", b"decrby"]), KEYS, st.sampled_from([b"1", b"-7", b"x", b"007"])),
     st.tuples(st.just("incr"), st.sampled_from([b"INCR", b"decr"]), KEYS),
     st.tuples(st.just("setnum"), st.just(b"SET"), KEYS, st.sampled_from([b"5", b"-3", b"9223372036854775807"])),
@@ -81,6 +82,9 @@ def request_and_replies(ops: list[tuple], model: dict[bytes, bytes]) -> tuple[by
             request.append(multibulk([op[1], *[x for pair in op[2] for x in pair]]))
             model.update(op[2])
             replies.append(b"+OK\r\n")
+        elif kind == "inline_ping":
+            request.append(op[1])
+            replies.append(b"+PONG\r\n")
         elif kind == "ping_message":
             request.append(multibulk([op[1], op[2]]))
             replies.append(bulk(op[2]))
