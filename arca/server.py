@@ -143,8 +143,8 @@ class Connection(asyncio.Protocol):
         if (client.multi is None and client.authenticated and not self.strict_limits
                 and self.backlog is None and self.decoder.idle):
             # The plain path: the read's leading plain commands (GET, SET key value, MGET,
-            # PING) run in the archive's L1 table straight from the bytes (no argv lists, no
-            # dispatch).
+            # MSET, INCR and the like, PING) run in the archive's L1 table straight from the
+            # bytes (no argv lists, no dispatch).
             reply, consumed, count, last = self.run_plain(data, client.resp, OUTPUT_BATCH_BYTES, self.max_bulk,
                                                           self.max_items)
             if count:

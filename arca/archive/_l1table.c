@@ -1,5 +1,5 @@
 /* The L1 table: every L1 entry in RAM, with its LRU order, deadline, byte accounting and
- * dirty mark, and the pipelined GET/SET path that serves a read of plain commands without
+ * dirty mark, and the pipelined plain path that serves a read of plain commands without
  * building a Python object per command.
  *
  * Why C. With 100k random keys a Python OrderedDict costs four or five hash probes per SET
@@ -758,7 +758,13 @@ error:
     return NULL;
 }
 
-/* ---------------------------------------------------------------- run: pipelined GET/SET */
+/* ---------------------------------------------------------------- run: the plain path
+ *
+ * The commands served here: GET, SET key value, MGET, MSET, INCR, DECR, INCRBY, DECRBY,
+ * PING (multibulk, or a bare inline PING line). Each one has exactly the effects and
+ * reply of the general path (arca/commands/); whatever would answer an error (a
+ * non-integer, an overflow, a value over the budget) or is anything else ends the run,
+ * and the general path takes over from that command. */
 
 /* A canonical RESP length ("0" or digits without a leading zero, at most 18 of them) ending
  * in CRLF, starting at p; returns the position after the CRLF or NULL. */
@@ -1136,7 +1142,7 @@ static PyTypeObject TableType = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "arca.archive._l1table",
-    .m_doc = "The L1 table and the pipelined GET/SET path (see arca/archive/entries.py).",
+    .m_doc = "The L1 table and the pipelined plain-command path (see arca/archive/entries.py).",
     .m_size = -1,
 };
 

@@ -73,7 +73,7 @@ class Archive:
     def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int,
                   max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
         """Answer the leading pipelined plain commands of a read (RESP bytes: GET, SET key
-        value, MGET, PING) in one call: (replies, bytes consumed, commands run, last command
+        value, MGET, MSET, INCR and the like, PING) in one call: (replies, bytes consumed, commands run, last command
         name). Stops at anything else; see Entries.run_plain."""
         return self._entries.run_plain(data, resp, out_cap, max_bulk, max_items)
 
