@@ -229,6 +229,14 @@ mark_dirty(Table *t, Slot *slot)
     return PyList_Append(t->dirty, slot->key);
 }
 
+/* Give a stored entry a deadline (0: none), keeping ttl_count. */
+static inline void
+set_deadline(Table *t, Slot *slot, int64_t deadline)
+{
+    t->ttl_count += (deadline != 0) - (slot->deadline != 0);
+    slot->deadline = deadline;
+}
+
 /* Room for one more entry: grow the slot array and the index as needed. */
 static int
 reserve_one(Table *t)
@@ -365,11 +373,7 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, Py_hash_t hash, PyObje
         slot->value = value;
         t->used_bytes += PyBytes_GET_SIZE(value) - PyBytes_GET_SIZE(old);
         Py_DECREF(old);
-        if (slot->deadline && !deadline)
-            t->ttl_count--;
-        else if (!slot->deadline && deadline)
-            t->ttl_count++;
-        slot->deadline = deadline;
+        set_deadline(t, slot, deadline);
         lru_touch(t, s);
     } else {
         if ((size_t)(t->count + 1) * 2 > t->index_mask + 1 || (t->free_head == NIL && t->slots_used == t->slots_cap)) {
@@ -579,11 +583,7 @@ Table_set_deadline(Table *t, PyObject *args)
     Slot *slot = &t->slots[s];
     if (mark_dirty(t, slot) < 0)
         return NULL;
-    if (slot->deadline && !deadline)
-        t->ttl_count--;
-    else if (!slot->deadline && deadline)
-        t->ttl_count++;
-    slot->deadline = deadline;
+    set_deadline(t, slot, deadline);
     Py_RETURN_TRUE;
 }
 

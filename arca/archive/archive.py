@@ -74,8 +74,9 @@ class Archive:
                   max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
         """Answer the leading pipelined plain commands of a read (RESP bytes: GET, SET key
         value, MGET, MSET, INCR and the like, PING) in one call: (replies, bytes consumed, commands run, last command
-        name). Stops at anything else; see Entries.run_plain."""
-        return self._entries.run_plain(data, resp, out_cap, max_bulk, max_items)
+        name). Stops at anything else and at anything that would answer an error; see
+        _l1table.c."""
+        return self._entries.table.run(data, resp, out_cap, max_bulk, max_items)
 
     def delete(self, key: bytes) -> bool:
         return self._entries.delete(key)

@@ -127,14 +127,6 @@ class Entries:
         for key, value in pairs:
             put(key, value)
 
-    def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int,
-                  max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
-        """Serve the leading pipelined plain commands of a read (GET, SET key value, MGET,
-        MSET, INCR, DECR, INCRBY, DECRBY, PING; see _l1table.c) straight from the table:
-        (replies, bytes consumed, commands run, name of the last one). It stops at anything else, which the general path then
-        decodes and answers."""
-        return self.table.run(data, resp, out_cap, max_bulk, max_items)
-
     def _too_big(self, size: int) -> ArchiveOOMError:
         return ArchiveOOMError(
             f"command not allowed when used memory > 'maxmemory': an entry of {size} bytes "
