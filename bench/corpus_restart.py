@@ -7,8 +7,10 @@
    a vectorized numpy scan for the tail's last 3-gram (the C++ original's lookup).
 3. L1: put/get per call against a plain dict; one commit of 50 writes (append log) against
    50 upserts into the keyed table per commit.
+4. L1 log: --l1-writes random writes over 100k keys in commits of 1000, with log rewrites
+   (the default) and with rewrites switched off: time, log records, file size, reopen time.
 
-    .venv/bin/python bench/corpus_restart.py [--tokens N] [--draft-tokens N]
+    .venv/bin/python bench/corpus_restart.py [--tokens N] [--draft-tokens N] [--l1-writes N]
 """
 
 from __future__ import annotations
@@ -140,6 +142,36 @@ def l1_costs() -> None:
           f"50 upserts into the keyed table {upsert:.0f} us | ratio {upsert / commit:.1f}x")
 
 
+def l1_log(writes: int, keys: int = 100_000, per_commit: int = 1000) -> None:
+    results = {}
+    for label, rewrite_after in (("rewrites", None), ("no rewrites", 10**15)):
+        rng = random.Random(3)
+        with tempfile.TemporaryDirectory() as tmp:
+            config = ArchiveConfig(directory=Path(tmp))
+            with Archive(config) as arc:
+                if rewrite_after is not None:
+                    arc._entries.log.rewrite_after = rewrite_after
+                started = time.perf_counter()
+                for done in range(0, writes, per_commit):
+                    for _ in range(per_commit):
+                        arc.put(b"key:%09d" % rng.randrange(keys), b"value-%012d" % done)
+                    arc.commit()
+                elapsed = time.perf_counter() - started
+                records = arc.log_records
+            size = sum(f.stat().st_size for f in Path(tmp).glob("archive.db*"))
+            started = time.perf_counter()
+            with Archive(config) as arc:
+                reopen = time.perf_counter() - started
+                assert len(arc._entries) == keys
+            results[label] = (elapsed, records, size, reopen)
+            print(f"l1 log   {label:<11}: {writes:,} writes over {keys:,} keys in {elapsed:.2f} s "
+                  f"({elapsed / writes * 1e6:.2f} us each) | log {records:,} records, files "
+                  f"{size / 2**20:.0f} MiB | reopen {reopen:.2f} s")
+    (t1, r1, s1, o1), (t0, r0, s0, o0) = results["rewrites"], results["no rewrites"]
+    print(f"l1 log   rewrites: write time {t1 / t0:.2f}x, log {r0 / r1:.1f}x shorter, files "
+          f"{s0 / s1:.1f}x smaller, reopen {o0 / o1:.1f}x faster")
+
+
 def keyed_upsert_commit(keys: list[bytes], ticks: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         conn = sqlite3.connect(Path(tmp) / "keyed.db", isolation_level=None)
@@ -166,8 +198,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--draft-tokens", type=int, default=1_000_000)
+    parser.add_argument("--l1-writes", type=int, default=3_000_000)
     args = parser.parse_args()
     l1_costs()
+    l1_log(args.l1_writes)
     draft_latency(args.draft_tokens)
     restart(args.tokens)
 
