@@ -838,6 +838,36 @@ parse_ll(const char *data, Py_ssize_t len, long long *out)
     return 1;
 }
 
+/* The decimal digits of v at out (no terminator); returns how many. sprintf cost about 15%
+ * of the server's CPU on pipelined GETs. */
+static size_t
+format_ll(char *out, long long v)
+{
+    char digits[20];
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    size_t n = 0, len = 0;
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        out[len++] = '-';
+    while (n)
+        out[len++] = digits[--n];
+    return len;
+}
+
+/* `<prefix><v>\r\n` at out (at most 23 bytes); returns its length. */
+static size_t
+format_line(char *out, char prefix, long long v)
+{
+    out[0] = prefix;
+    size_t len = 1 + format_ll(out + 1, v);
+    out[len++] = '\r';
+    out[len++] = '\n';
+    return len;
+}
+
 /* Append the reply to a read of slot s (NIL: a miss) to the reply buffer. */
 static int
 reply_value(Table *t, size_t *len, int32_t s, const char *null_reply, size_t null_len)
@@ -856,7 +886,7 @@ reply_value(Table *t, size_t *len, int32_t s, const char *null_reply, size_t nul
     Py_ssize_t n = PyBytes_GET_SIZE(v);
     if (out_reserve(t, len, (size_t)n + 32) < 0)
         return -1;
-    *len += (size_t)sprintf(t->out + *len, "$%zd\r\n", n);
+    *len += format_line(t->out + *len, '$', n);
     memcpy(t->out + *len, PyBytes_AS_STRING(v), (size_t)n);
     *len += (size_t)n;
     t->out[(*len)++] = '\r';
@@ -975,15 +1005,15 @@ Table_run(Table *t, PyObject *args)
             else
                 t->hits++;
             char digits[24];
-            int n = sprintf(digits, "%lld", result);
-            PyObject *v = PyBytes_FromStringAndSize(digits, n);
+            size_t n = format_ll(digits, result);
+            PyObject *v = PyBytes_FromStringAndSize(digits, (Py_ssize_t)n);
             if (v == NULL)
                 goto error;
             int rc = store(t, key, key_len, hash, NULL, v, deadline);
             Py_DECREF(v);
             if (rc < 0 || out_reserve(t, &len, 32) < 0)
                 goto error;
-            len += (size_t)sprintf(t->out + len, ":%lld\r\n", result);
+            len += format_line(t->out + len, ':', result);
             last = (name[0] & 0xdf) == 'I' ? (argc == 2 ? NAME_INCR : NAME_INCRBY) : (argc == 2 ? NAME_DECR : NAME_DECRBY);
         } else if (argc >= 3 && argc % 2 == 1 && name_is(name, name_len, "MSET")) {
             /* All or nothing: the whole command is there and every pair fits the budget. */
@@ -1019,7 +1049,7 @@ Table_run(Table *t, PyObject *args)
                 break;
             if (out_reserve(t, &len, 24) < 0)
                 goto error;
-            len += (size_t)sprintf(t->out + len, "*%lld\r\n", argc - 1);
+            len += format_line(t->out + len, '*', argc - 1);
             for (const char *k = keys; k < q;) {
                 k = parse_bulk(k, end, max_bulk, &key, &key_len);
                 int32_t s = live_slot(t, key, key_len, hash_buffer(key, key_len), &now);
