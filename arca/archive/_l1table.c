@@ -237,13 +237,16 @@ set_deadline(Table *t, Slot *slot, int64_t deadline)
     slot->deadline = deadline;
 }
 
-/* Room for one more entry: grow the slot array and the index as needed. */
+/* Room for one more entry: grow the slot array and the index as needed. Returns 1 when
+ * the index was rebuilt (positions from an earlier probe are stale), 0, or -1 on error. */
 static int
 reserve_one(Table *t)
 {
+    int rebuilt = 0;
     if ((size_t)(t->count + 1) * 2 > t->index_mask + 1) {
         if (index_resize(t, (t->index_mask + 1) * 2) < 0)
             return -1;
+        rebuilt = 1;
     }
     if (t->free_head == NIL && t->slots_used == t->slots_cap) {
         if (t->slots_cap >= INT32_MAX / 2) {
@@ -259,11 +262,11 @@ reserve_one(Table *t)
         t->slots = slots;
         t->slots_cap = cap;
     }
-    return 0;
+    return rebuilt;
 }
 
-/* A new entry at index position pos (from a probe that found nothing, with room reserved:
- * the probe must have been done after reserve_one). Steals the key and value references. */
+/* A new entry at index position pos (from a probe that found nothing, still valid after
+ * reserve_one). Steals the key and value references. */
 static int32_t
 insert_new(Table *t, size_t pos, PyObject *key, PyObject *value, Py_hash_t hash, int64_t deadline)
 {
@@ -376,11 +379,11 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, Py_hash_t hash, PyObje
         set_deadline(t, slot, deadline);
         lru_touch(t, s);
     } else {
-        if ((size_t)(t->count + 1) * 2 > t->index_mask + 1 || (t->free_head == NIL && t->slots_used == t->slots_cap)) {
-            if (reserve_one(t) < 0)
-                return -1;
+        int rebuilt = reserve_one(t);
+        if (rebuilt < 0)
+            return -1;
+        if (rebuilt)
             pos = probe(t, key_data, key_len, hash, &s);
-        }
         PyObject *key;
         if (key_obj != NULL) {
             Py_INCREF(key_obj);

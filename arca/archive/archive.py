@@ -73,9 +73,9 @@ class Archive:
     def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int,
                   max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
         """Answer the leading pipelined plain commands of a read (RESP bytes: GET, SET key
-        value, MGET, MSET, INCR and the like, PING) in one call: (replies, bytes consumed, commands run, last command
-        name). Stops at anything else and at anything that would answer an error; see
-        _l1table.c."""
+        value, MGET, MSET, INCR and the like, PING) in one call: (replies, bytes consumed,
+        commands run, last command name). Stops at anything else and at anything that would
+        answer an error; see _l1table.c."""
         return self._entries.table.run(data, resp, out_cap, max_bulk, max_items)
 
     def delete(self, key: bytes) -> bool:
@@ -195,17 +195,18 @@ class Archive:
 
     def info(self) -> InfoSections:
         entries, journal = self._entries, self._journal
+        table = entries.table  # the L1 counters
         db_bytes, wal_bytes = self._store.file_sizes()
         maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {
             "memory": {
                 "used_memory_rss": _rss_bytes(),
                 "used_memory_peak": maxrss_kb * 1024 if sys.platform != "darwin" else maxrss_kb,
-                "l1_used_bytes": entries.used_bytes,
-                "maxmemory": entries.max_bytes,
+                "l1_used_bytes": table.used_bytes,
+                "maxmemory": table.max_bytes,
                 "maxmemory_policy": "allkeys-lru",
-                "evicted_keys": entries.evicted,
-                "expired_keys": entries.expired,
+                "evicted_keys": table.evicted,
+                "expired_keys": table.expired,
             },
             "persistence": {
                 "durability": self.config.durability,
@@ -222,10 +223,10 @@ class Archive:
                 "log_rewrites": entries.log.rewrites,
                 "log_rewriting": int(entries.log.rewriting),
             },
-            "keyspace": _keyspace(len(entries), entries.expires_count),
+            "keyspace": _keyspace(len(table), table.ttl_count),
             "arca": {
-                "keyspace_hits": entries.hits,
-                "keyspace_misses": entries.misses,
+                "keyspace_hits": table.hits,
+                "keyspace_misses": table.misses,
                 **self._corpus.stats(),
                 **self._kv.stats(),
             },

@@ -46,36 +46,6 @@ class Entries:
         self._scans = ScanCursors()
         self.log = EntryLog()
 
-    # -- counters --------------------------------------------------------------------------
-
-    @property
-    def max_bytes(self) -> int:
-        return self.table.max_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        return self.table.used_bytes
-
-    @property
-    def hits(self) -> int:
-        return self.table.hits
-
-    @property
-    def misses(self) -> int:
-        return self.table.misses
-
-    @property
-    def evicted(self) -> int:
-        return self.table.evicted
-
-    @property
-    def expired(self) -> int:
-        return self.table.expired
-
-    @property
-    def expires_count(self) -> int:
-        return self.table.ttl_count
-
     def __len__(self) -> int:
         return len(self.table)
 
@@ -176,11 +146,11 @@ class Entries:
         return (self.table.dirty, self._flushes)
 
     def write_pending(self, conn: sqlite3.Connection) -> None:
-        log, table = self.log, self.table
-        log.append(conn, table.dirty, table.encode, flushed=bool(self._flushes))
-        if log.rewrite_due(len(table), idle=False):
-            log.start_rewrite(conn, table.keys())
-            log.rewrite_step(conn, table.encode)
+        dirty = self.table.dirty
+        records = len(dirty)
+        self.log.append(conn, dirty, self.table.encode, flushed=bool(self._flushes))
+        # A commit carries a rewrite twice as far as its own records, so rewrites outpace writes.
+        self._advance_rewrite(conn, idle=False, max_keys=max(self.log.rewrite_slice, 2 * records))
 
     def committed(self) -> None:
         self.table.clear_dirty()
@@ -199,9 +169,14 @@ class Entries:
         """One slice of log rewrite inside the caller's transaction; True while there is more
         to do. (Pending writes may be logged later: every record is a key's state when it
         was written and replay keeps the last, so the order of the two does not matter.)"""
-        if self.log.rewrite_due(len(self.table), idle=True):
+        return self._advance_rewrite(conn, idle=True, max_keys=self.log.rewrite_slice)
+
+    def _advance_rewrite(self, conn: sqlite3.Connection, *, idle: bool, max_keys: int) -> bool:
+        """Start a rewrite when one is due, then re-log up to `max_keys` keys of the running
+        one; True while it has more to do."""
+        if self.log.rewrite_due(len(self.table), idle):
             self.log.start_rewrite(conn, self.table.keys())
-        return self.log.rewrite_step(conn, self.table.encode)
+        return self.log.rewrite_step(conn, self.table.encode, max_keys)
 
     def compact(self, conn: sqlite3.Connection) -> int:
         """Rewrite the whole log now (inside the caller's transaction); returns the records

@@ -14,7 +14,7 @@ writer. Once the log holds more than twice as many records as there are live key
 more than `rewrite_after_idle` (10k) records while the owner is idle or `rewrite_after`
 (1M) under load, a rewrite starts: it snapshots the list of live keys, and each commit from
 then on also re-logs the current state of the next keys of that list (at least
-`REWRITE_SLICE` of them and twice as many as the commit's own records, so a rewrite
+`rewrite_slice` (1024) of them and twice as many as the commit's own records, so a rewrite
 outpaces the writes), as does every maintenance step while the owner is idle. A key's
 re-logged record is its state at that moment and everything after it is logged after
 it, so replay stays exact however slices and commits interleave. When the last slice is
@@ -82,9 +82,11 @@ REWRITE_SLICE = 1024
 
 
 class EntryLog:
-    def __init__(self, rewrite_after: int = 1_000_000, rewrite_after_idle: int = 10_000) -> None:
+    def __init__(self, rewrite_after: int = 1_000_000, rewrite_after_idle: int = 10_000,
+                 rewrite_slice: int = REWRITE_SLICE) -> None:
         self.rewrite_after = rewrite_after  # records before a rewrite starts under load...
         self.rewrite_after_idle = rewrite_after_idle  # ...and while the owner is idle
+        self.rewrite_slice = rewrite_slice  # keys re-logged per step, at least
         self.records = 0  # records in the log batches
         self.rewrites = 0  # rewrites completed
         self._rewrite: _Rewrite | None = None
@@ -100,8 +102,7 @@ class EntryLog:
         return self._rewrite is None and self.records > max(threshold, 2 * live_count)
 
     def append(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder, *, flushed: bool) -> None:
-        """Log the current state of `keys` (packed by `encode`, the L1 table's encoder), and
-        advance a running rewrite by twice as many keys (at least REWRITE_SLICE)."""
+        """Log the current state of `keys` (packed by `encode`, the L1 table's encoder)."""
         if flushed:
             conn.execute("DELETE FROM entries")
             conn.execute("DELETE FROM entries_batches")
@@ -110,8 +111,6 @@ class EntryLog:
         count = len(keys)
         for start in range(0, count, BATCH_RECORDS):
             self._insert(conn, keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys, encode)
-        if self._rewrite is not None:
-            self.rewrite_step(conn, encode, max(REWRITE_SLICE, 2 * count))
 
     def start_rewrite(self, conn: sqlite3.Connection, live_keys: list[bytes]) -> None:
         """Start re-logging `live_keys` (every key now live), unless a rewrite is running."""
@@ -120,12 +119,12 @@ class EntryLog:
             self._rewrite = _Rewrite(live_keys, newest + 1, self.records)
 
     def rewrite_step(self, conn: sqlite3.Connection, encode: Encoder, max_keys: int | None = None) -> bool:
-        """Re-log the current state of up to `max_keys` (default REWRITE_SLICE) more keys of
+        """Re-log the current state of up to `max_keys` (default `rewrite_slice`) more keys of
         the running rewrite, finishing it when none are left; True while it has more to do."""
         rewrite = self._rewrite
         if rewrite is None:
             return False
-        max_keys = max_keys or REWRITE_SLICE
+        max_keys = max_keys or self.rewrite_slice
         keys = rewrite.keys
         end = min(rewrite.position + max_keys, len(keys))
         for start in range(rewrite.position, end, BATCH_RECORDS):

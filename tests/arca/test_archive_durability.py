@@ -60,11 +60,11 @@ def test_log_rewrite_under_load_keeps_the_last_write_and_bounds_the_log(tmp_path
 
 WRITER = textwrap.dedent("""
     import sys
-    from arca.archive import Archive, ArchiveConfig, entry_log
+    from arca.archive import Archive, ArchiveConfig
     arc = Archive(ArchiveConfig(directory=sys.argv[1], durability=sys.argv[2]))
     # Log rewrites all the time, each spread over several commits: SIGKILL lands in one.
     arc._entries.log.rewrite_after = 50
-    entry_log.REWRITE_SLICE = 16
+    arc._entries.log.rewrite_slice = 16
     i = 0
     while True:
         for _ in range(7):
