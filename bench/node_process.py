@@ -33,8 +33,7 @@ def free_port() -> int:
 def node_process(model: str, *extra: str, ctx: int = 2048, parallel: int = 4) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="reame-bench-") as home:
-        env = {**os.environ, "REAME_HOME": home, "REAME_CACHE_ENABLED": "false",
-               "REAME_SPECULATIVE_ENABLED": "false"}
+        env = {**os.environ, "REAME_HOME": home, "REAME_CACHE_ENABLED": "false"}
         log = open(Path(home) / "node.log", "wb")
         process = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "run", model, "--serve", "--port", str(port), "--ctx", str(ctx),

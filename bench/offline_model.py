@@ -13,6 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def default_model() -> Path:
     sys.path.insert(0, str(ROOT))
     from node.config import home_dir
-    from node.engine.models import resolve_model
+    from node.models.catalog import resolve_model
 
     return resolve_model("gemma3-270m", home_dir(os.environ), progress=False).path

@@ -61,10 +61,10 @@ def questions(count: int) -> list[str]:
 
 
 async def run_phase(args: argparse.Namespace) -> dict:
-    from node.archive_client import RemoteArchive
+    from node.archive.client import RemoteArchive
     from node.cache import FleetTier, PrefixCache, PrefixCacheConfig, engine_identity
     from node.engine.engine import Engine, EngineConfig
-    from node.engine.fingerprint import model_fingerprint
+    from node.models.fingerprint import model_fingerprint
     from node.engine.types import GenerationRequest, SamplingParams
 
     cache = fleet = archive = None

@@ -11,7 +11,7 @@ import sys
 from typing import Any, TextIO
 
 from node.engine.errors import EngineError
-from node.engine.templates import ChatTemplate
+from node.models.templates import ChatTemplate
 from node.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
 
 PROMPT = "> "
@@ -26,8 +26,8 @@ def load_engine(settings: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-    from node.engine.loader import open_engine
-    from node.engine.models import resolve_model
+    from node.models.loader import open_engine
+    from node.models.catalog import resolve_model
 
     resolved = resolve_model(settings.model.path, settings.home)  # downloads before the bar
     console = Console(stderr=True)

@@ -4,7 +4,7 @@
 `run` answers one prompt (streamed to stdout through the chat template), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
 `warm` prefills documents known in advance into the prefix cache directory a node will use
-(node/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
+(node/sessions/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
 Expected failures (unknown model, bad config, no network, a prompt too long) end in one line
 on stderr and exit code 1, never a traceback.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from node.config import home_dir, load_settings
-from node.engine.models import CATALOG, ModelError, local_models, models_dir
-from node.engine.templates import ChatTemplate, TemplateError
+from node.models.catalog import CATALOG, ModelError, local_models, models_dir
+from node.models.templates import ChatTemplate, TemplateError
 from shared.config import ConfigError
 from shared.logs import configure_logging
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.serve:
         from node.api.runner import run_node
-        from node.engine.models import resolve_model
+        from node.models.catalog import resolve_model
 
         resolve_model(settings.model.path, settings.home)  # fail fast; a download shows its bar here
         return run_node(settings)
@@ -192,11 +192,13 @@ def cmd_warm(argv: Sequence[str]) -> int:
 async def warm_documents(engine: Any, settings: Any, documents: list[tuple[Path, str]], form: str) -> int:
     import asyncio
 
-    from node.archive_client import RemoteArchive, open_archive
+    from node.archive.client import RemoteArchive, open_archive
     from node.cache.fleet import FleetTier
-    from node.template_cuts import rendered_tokens, shared_prefix
-    from node.warm import warm
+    from node.serving.prompts import rendered_tokens
+    from node.sessions.cuts import shared_prefix
+    from node.sessions.warm import warm
 
+    loop = asyncio.get_running_loop()
     cache = engine.config.prefix_cache
     template = None if form == "prompt" else ChatTemplate.for_engine(engine)
     archive = fleet = None
@@ -211,7 +213,7 @@ async def warm_documents(engine: Any, settings: Any, documents: list[tuple[Path,
                 tokens = tuple(engine.tokenize(text, add_bos=True, special=True))
             else:
                 tokens = rendered_tokens(engine, shared_prefix(template, [{"role": form, "content": text}]))
-            result = await warm(engine, cache, tokens, fleet=fleet)
+            result = await warm(lambda request: engine.submit(request, loop), cache, tokens, fleet=fleet)
             print(f"{path}: {result.tokens} tokens, {result.cached_tokens} were cached, "
                   f"{result.stored_tokens} stored, {result.seconds:.2f} s", flush=True)
         await asyncio.to_thread(cache.flush)

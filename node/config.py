@@ -16,7 +16,6 @@ from typing import Any, Callable, Mapping
 from shared.config import ConfigError, Option, render_ini, resolve
 
 KV_TYPES = ("auto", "f16", "q8_0", "q4_0")
-SPECULATION_MODES = ("lookup", "model")
 
 
 def _opt(section: str, key: str, type_: type, default: Any, doc: str,
@@ -38,12 +37,6 @@ OPTIONS: tuple[Option, ...] = (
     _opt("memory", "kv_cache_type", str, "auto",
          "KV cache element type: f16, q8_0 or q4_0; auto = f16 when it fits in RAM, else smaller.",
          KV_TYPES),
-    _opt("speculative", "enabled", bool, True, "Speculative decoding (output is unchanged)."),
-    _opt("speculative", "mode", str, "lookup",
-         "lookup = drafts from the prompt, the archive and list forms; model = a draft model.",
-         SPECULATION_MODES),
-    _opt("speculative", "draft_model_path", str, "", "Draft model (alias or GGUF) for mode = model."),
-    _opt("speculative", "draft_tokens", int, 8, "Initial draft length (adapts between 2 and 32)."),
     _opt("cache", "enabled", bool, True, "Prefix KV cache: reuse the KV of prompts seen before."),
     _opt("cache", "directory", str, "", "Prefix cache directory; empty = <home>/cache."),
     _opt("cache", "ram_mb", int, 256, "RAM tier of the prefix cache, in MB."),
@@ -136,21 +129,12 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class SpeculativeSettings:
-    enabled: bool
-    mode: str
-    draft_model_path: str | None
-    draft_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
 class NodeSettings:
     model: ModelSettings
     memory: MemorySettings
     server: ServerSettings
     arca: ArcaSettings
     cache: CacheSettings
-    speculative: SpeculativeSettings
     home: Path
     config_file: Path | None = None
 
@@ -186,7 +170,6 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "model.threads": _at_least(0),
     "model.batch": _at_least(1),
     "model.ubatch": _at_least(1),
-    "speculative.draft_tokens": _at_least(1),
     "cache.ram_mb": _at_least(0),
     "cache.max_size_mb": _at_least(0),
     "cache.block_tokens": _at_least(1),
@@ -251,7 +234,6 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
     server = section("server")
     arca = section("arca")
     cache = section("cache")
-    speculative = section("speculative")
     return NodeSettings(
         model=ModelSettings(**section("model")),
         memory=MemorySettings(**section("memory")),
@@ -261,8 +243,6 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
                              "password": optional(arca["password"]),
                              "directory": directory(arca["directory"], "arca")}),
         cache=CacheSettings(**{**cache, "directory": directory(cache["directory"], "cache")}),
-        speculative=SpeculativeSettings(**{
-            **speculative, "draft_model_path": optional(speculative["draft_model_path"])}),
         home=home,
         config_file=file,
     )

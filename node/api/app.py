@@ -19,20 +19,23 @@ import hmac
 import logging
 import time
 from functools import partial
-from typing import Any, AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from node.api.errors import Handler, Unauthorized, error_middleware
-from node.api.metrics import CacheStats, LiveStats, Metrics
 from node.api.cache_routes import setup_cache_routes
+from node.api.errors import Handler, Unauthorized, error_middleware
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
-from node.archive_client import ArchiveClient, RemoteArchive, open_archive
+from node.archive.client import ArchiveClient, RemoteArchive, open_archive
 from node.cache.fleet import FleetConfig, FleetTier
-from node.served_model import describe_model
-from node.sessions import SessionStore
-from node.service import CompletionService, ServiceOptions
+from node.cache.prefix_cache import PrefixCache
+from node.config import NodeSettings
+from node.serving.engine_client import EngineClient
+from node.serving.metrics import CacheStats, LiveStats, Metrics
+from node.serving.model import describe_model
+from node.serving.service import CompletionService, ServiceOptions
+from node.sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -81,7 +84,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return response
 
 
-def auth_middleware(api_key: str):
+def auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
@@ -91,16 +94,16 @@ def auth_middleware(api_key: str):
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):
-            raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'",
-                               headers={"WWW-Authenticate": "Bearer"})
+            raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'")
         return await handler(request)
 
     return check_key
 
 
-def create_app(settings: Any, *, engine: Any = None, archive: ArchiveClient | None = None) -> web.Application:
+def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
+               archive: ArchiveClient | None = None) -> web.Application:
     server = settings.server
-    middlewares = [metrics_middleware]
+    middlewares: list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]] = [metrics_middleware]
     if server.enable_cors:
         middlewares.append(cors_middleware)
     middlewares.append(error_middleware)
@@ -114,25 +117,27 @@ def create_app(settings: Any, *, engine: Any = None, archive: ArchiveClient | No
     return app
 
 
-async def node_resources(app: web.Application, *, engine: Any, archive: ArchiveClient | None) -> AsyncIterator[None]:
+async def node_resources(app: web.Application, *, engine: EngineClient | None,
+                         archive: ArchiveClient | None) -> AsyncIterator[None]:
     """Open what the node needs (engine, archive), publish its state, close it at the end."""
     settings = app[SETTINGS]
     loop = asyncio.get_running_loop()
     own_engine, own_archive = engine is None, archive is None
-    cache = fleet = service = None
-    if own_engine:
-        from node.engine.loader import open_engine
+    fleet: FleetTier | None = None
+    if engine is None:
+        from node.models.loader import open_engine
 
         engine = await loop.run_in_executor(None, open_engine, settings)
-    cache = getattr(engine.config, "prefix_cache", None)
+    hook = engine.config.prefix_cache  # the node's prefix cache, when the engine was built with one
+    cache = hook if isinstance(hook, PrefixCache) else None
     try:
-        if own_archive:
+        if archive is None:
             archive = await loop.run_in_executor(None, open_archive, settings)
             if isinstance(archive, RemoteArchive):
                 await archive.start()
         model = await loop.run_in_executor(None, describe_model, engine, settings)
         metrics = Metrics()
-        metrics.watch(LiveStats(engine.stats, lambda: archive.counters.errors, archive.state))
+        metrics.watch(LiveStats(engine.stats, partial(_errors, archive), archive.state))
         if cache is not None:
             remote = archive.state() != "embedded"
             fleet = FleetTier(cache, archive, FleetConfig(push=remote, fetch=remote))
@@ -154,3 +159,7 @@ async def node_resources(app: web.Application, *, engine: Any, archive: ArchiveC
                 await loop.run_in_executor(None, cache.close)
         if own_archive and archive is not None:
             await archive.close()
+
+
+def _errors(archive: ArchiveClient) -> dict[str, int]:
+    return archive.counters.errors

@@ -1,7 +1,7 @@
 """Routes over the prefix KV cache: warm-ahead and chat sessions.
 
 `POST /v1/warm` prefills `prompt` (a string, read as a completion prompt) or `messages`
-(cut where later requests diverge, node/template_cuts.py) into the prefix cache and answers
+(cut where later requests diverge, node/sessions/cuts.py) into the prefix cache and answers
 with the tokens warmed, the tokens the cache already held, the tokens it holds now and the
 time taken. Sessions: `POST /v1/sessions` creates one; chat requests carrying its id (the
 `session` field or the `X-Reame-Session` header, handled in routes.py) continue it;
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from node.api.errors import InvalidRequest
 from node.api.routes import check_model, json_response, make_plan, read_json
 from node.api.schemas import Fields, parse_messages
 from node.api.state import STATE, NodeState
-from node.template_cuts import CutError, shared_prefix
+from node.serving.errors import InvalidRequest
+from node.sessions.cuts import CutError, shared_prefix
+from node.sessions.turns import SessionTurns
 
 
 def warm_tokens(state: NodeState, body: object) -> tuple[int, ...]:
@@ -32,10 +33,10 @@ def warm_tokens(state: NodeState, body: object) -> tuple[int, ...]:
         prompt = fields.string("prompt")
         if not prompt:
             raise fields.fail("prompt", "must be a non-empty string")
-        return tuple(service.engine.tokenize(prompt, add_bos=True, special=True))
+        return service.prompts.completion(prompt)
     messages = [message.as_dict() for message in parse_messages(fields)]
     try:
-        return service.text_tokens(shared_prefix(service.model.template, messages))
+        return service.prompts.rendered(shared_prefix(service.model.template, messages))
     except (ValueError, CutError) as exc:
         raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
 
@@ -52,7 +53,7 @@ async def warm(request: web.Request) -> web.Response:
     return json_response({"object": "warm", "model": state.model.model_id, **result.as_dict()})
 
 
-def _turns(request: web.Request):
+def _turns(request: web.Request) -> SessionTurns:
     turns = request.app[STATE].service.turns
     if turns is None:
         raise InvalidRequest("Sessions are not enabled on this node")

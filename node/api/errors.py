@@ -1,156 +1,106 @@
-"""The node's HTTP error hierarchy and the one middleware that writes OpenAI's error envelope.
+"""Failures in OpenAI's words: the one mapping from a typed error to an HTTP answer.
 
-Handlers and the service raise typed `ApiError`s; aiohttp's own HTTP exceptions (unknown
-path, wrong method, body over the size limit) and engine errors are mapped by type here.
-Every error body has the shape `{"error": {"message", "type", "code", "param"}}`. An
-unexpected exception is logged with its traceback and answered 500; the server keeps
-serving.
+`error_reply(exc)` is the only place a failure becomes a status and an error object
+`{"error": {"message", "type", "code", "param"}}`. Two writers use it: `error_middleware`,
+for every failure of a handler before a response started, and the SSE error event of a
+stream that already has its 200 (node/api/sse.py). Types are mapped, never messages:
+the serving layer's errors (node/serving/errors.py), sessions' and warm-ahead's own
+failures, aiohttp's HTTP exceptions (unknown path, wrong method, body over the size
+limit) and `Unauthorized`, the one failure only HTTP knows. Anything else is logged with
+its traceback and answered 500; the server keeps serving.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping
 
 import orjson
 from aiohttp import web
 
+from node.serving.errors import (
+    GenerationFailed, InvalidRequest, NotFound, Overloaded, ServingError,
+)
+from node.sessions.store import SessionNotFound
+from node.sessions.warm import WarmFailed
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+UNEXPECTED = "The server failed to process the request"
 
 
-class ApiError(Exception):
-    """An error with an HTTP status and the fields of OpenAI's error object."""
+class Unauthorized(ServingError):
+    """No or a wrong Bearer key (401)."""
 
-    status = 500
-    error_type = "server_error"
-    default_code: str | None = None
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code if code is not None else self.default_code
-        self.param = param
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "code": self.code,
-                "param": self.param,
-            }
-        }
-
-
-class InvalidRequest(ApiError):
-    """The request is malformed: wrong JSON, wrong type, value out of range (400)."""
-
-    status = 400
-    error_type = "invalid_request_error"
-
-
-class UnsupportedFeature(InvalidRequest):
-    """A real OpenAI feature this node does not offer (tools, images, ...) (400)."""
-
-    default_code = "unsupported_feature"
-
-
-class ContextLengthExceeded(InvalidRequest):
-    default_code = "context_length_exceeded"
-
-
-class Unauthorized(ApiError):
-    status = 401
-    error_type = "authentication_error"
     default_code = "invalid_api_key"
 
 
-class NotFound(ApiError):
-    status = 404
-    error_type = "invalid_request_error"
-    default_code = "not_found"
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    status: int
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    unexpected: bool = False  # not a typed failure: the caller logs its traceback
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
 
-class ModelNotFound(NotFound):
-    default_code = "model_not_found"
+# ServingError subclass -> (status, OpenAI error type); the most specific class wins.
+STATUSES: Mapping[type[ServingError], tuple[int, str]] = {
+    InvalidRequest: (400, "invalid_request_error"),
+    Unauthorized: (401, "authentication_error"),
+    NotFound: (404, "invalid_request_error"),
+    Overloaded: (503, "server_error"),
+    GenerationFailed: (500, "server_error"),
+    ServingError: (500, "server_error"),
+}
 
 
-class MethodNotAllowed(ApiError):
-    status = 405
-    error_type = "invalid_request_error"
-    default_code = "method_not_allowed"
+def error_reply(exc: BaseException, request: web.Request | None = None, *,
+                unexpected: str = UNEXPECTED) -> ErrorReply:
+    """The status, type, code, message (and headers) a client gets for `exc`."""
+    if isinstance(exc, ServingError):
+        status, kind = next(STATUSES[cls] for cls in type(exc).__mro__ if cls in STATUSES)
+        headers: dict[str, str] = {}
+        if isinstance(exc, Overloaded):
+            headers["Retry-After"] = str(exc.retry_after_s)
+        elif isinstance(exc, Unauthorized):
+            headers["WWW-Authenticate"] = "Bearer"
+        return ErrorReply(status, kind, exc.code, exc.message, exc.param, headers)
+    if isinstance(exc, SessionNotFound):
+        return ErrorReply(404, "invalid_request_error", "session_not_found", str(exc), "session")
+    if isinstance(exc, WarmFailed):
+        return ErrorReply(503, "server_error", "overloaded", str(exc), headers={"Retry-After": "1"})
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        return _http_reply(exc, request)
+    return ErrorReply(500, "server_error", "internal_error", unexpected, unexpected=True)
 
 
-class PayloadTooLarge(ApiError):
-    status = 413
-    error_type = "invalid_request_error"
-    default_code = "request_too_large"
-
-
-class Overloaded(ApiError):
-    """Every slot and queue place is taken; the client should retry later (503)."""
-
-    status = 503
-    error_type = "server_error"
-    default_code = "overloaded"
-
-    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
-
-
-class InternalError(ApiError):
-    status = 500
-    error_type = "server_error"
-    default_code = "internal_error"
-
-
-def error_response(error: ApiError) -> web.Response:
-    return web.Response(
-        status=error.status,
-        body=orjson.dumps(error.body()),
-        content_type="application/json",
-        headers=error.headers,
-    )
-
-
-def from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
+def _http_reply(exc: web.HTTPException, request: web.Request | None) -> ErrorReply:
     """aiohttp raised it (routing, body size): the same failure in OpenAI's words."""
+    method, path = (request.method, request.path) if request is not None else ("?", "?")
     if isinstance(exc, web.HTTPNotFound):
-        return NotFound(f"Unknown path: {request.method} {request.path}")
+        return ErrorReply(404, "invalid_request_error", "not_found", f"Unknown path: {method} {path}")
     if isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
-        return MethodNotAllowed(
-            f"Method {request.method} is not allowed on {request.path}; use {allowed}",
-            headers={"Allow": allowed},
-        )
+        return ErrorReply(405, "invalid_request_error", "method_not_allowed",
+                          f"Method {method} is not allowed on {path}; use {allowed}", headers={"Allow": allowed})
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return PayloadTooLarge(exc.text or "Request body is larger than the limit")
-    error = ApiError(exc.reason or "HTTP error")
-    error.status = exc.status
-    error.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
-    return error
+        return ErrorReply(413, "invalid_request_error", "request_too_large",
+                          exc.text or "Request body is larger than the limit")
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return ErrorReply(exc.status, kind, None, exc.reason or "HTTP error")
 
 
-def from_domain_error(exc: Exception) -> ApiError | None:
-    """The node's own typed failures outside the API layer, in OpenAI's words."""
-    from node.sessions import SessionNotFound
-    from node.warm import WarmFailed
-
-    if isinstance(exc, SessionNotFound):
-        return NotFound(str(exc), param="session", code="session_not_found")
-    if isinstance(exc, WarmFailed):
-        return Overloaded(str(exc), retry_after_s=1)
-    return None
+def error_response(reply: ErrorReply) -> web.Response:
+    return web.Response(status=reply.status, body=orjson.dumps(reply.body()), content_type="application/json",
+                        headers=dict(reply.headers))
 
 
 @web.middleware
@@ -158,15 +108,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Turns every failure of a handler into one OpenAI error response."""
     try:
         return await handler(request)
-    except ApiError as exc:
-        return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(from_http_exception(exc, request))
+        return error_response(error_reply(exc, request))
     except Exception as exc:
-        mapped = from_domain_error(exc)
-        if mapped is not None:
-            return error_response(mapped)
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(InternalError("The server failed to process the request"))
+        reply = error_reply(exc, request)
+        if reply.unexpected:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(reply)

@@ -18,13 +18,14 @@ from typing import Callable, TypeVar
 import orjson
 from aiohttp import web
 
-from node.api.errors import ApiError, InternalError, InvalidRequest, ModelNotFound, NotFound, Overloaded
-from node.api.metrics import CONTENT_TYPE
+from node.api.errors import error_reply
 from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity
 from node.api.sse import EventStream
 from node.api.state import STATE, NodeState
-from node.service import Plan
+from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
+from node.serving.metrics import CONTENT_TYPE
+from node.serving.service import Plan
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
@@ -130,11 +131,11 @@ async def stream_answer(request: web.Request, plan: Plan, result, identity: Iden
     except ConnectionResetError:
         log.info("client went away during a stream; its generation is cancelled")
     except Exception as exc:
-        if not isinstance(exc, ApiError):
+        reply = error_reply(exc, request, unexpected="The generation failed")
+        if reply.unexpected:
             log.exception("stream failed after it started")
-            exc = InternalError("The generation failed")
         try:
-            await stream.fail(exc)
+            await stream.fail(reply)
         except ConnectionResetError:
             pass  # nobody is left to tell
     return stream.response

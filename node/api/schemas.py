@@ -1,4 +1,4 @@
-"""OpenAI request bodies, type-checked field by field into frozen request objects.
+"""OpenAI request bodies, type-checked field by field into the serving layer's frozen requests.
 
 Every field is checked for its JSON type and range; a failure is an `InvalidRequest` naming
 the field (`param`). Real OpenAI features this node does not offer (tools, images, audio,
@@ -9,11 +9,11 @@ Nothing here knows the model: token ids are range-checked by the service.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
-from node.api.errors import InvalidRequest, UnsupportedFeature
 from node.engine.types import SamplingParams
+from node.serving.errors import InvalidRequest, UnsupportedFeature
+from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest, GenerationOptions
 
 MAX_PROMPTS = 16
 MAX_CHOICES = 16
@@ -40,48 +40,6 @@ UNSUPPORTED_FIELDS = {
     "web_search_options": "web search",
 }
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationOptions:
-    """What both endpoints share: how much to generate, how to sample, how to answer."""
-
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple[str, ...]
-    n: int
-    logprobs: int | None  # None: off; k: the chosen token's logprob plus the top k
-    stream: bool
-    include_usage: bool
-
-    @property
-    def deterministic(self) -> bool:
-        """Greedy decoding: the same prompt and options always give the same answer."""
-        return self.sampling.greedy
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionRequest:
-    model: str | None
-    prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids used as they are
-    echo: bool
-    options: GenerationOptions
-
-
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str
-    content: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
-    model: str | None
-    messages: tuple[ChatMessage, ...]
-    options: GenerationOptions
 
 
 class Fields:

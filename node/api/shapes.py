@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from node.engine.types import TokenLogprob
-from node.service import ChoiceDone, ChoiceEvent, ChoiceText
+from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 A stream is opened once (status 200, `text/event-stream`); after that nothing can change
 the status, so a failure is written as an SSE `error` event carrying OpenAI's error object,
-followed by `data: [DONE]`. Every frame is `data: <json>\\n\\n`; several frames may be
+followed by `data: [DONE]` (the error object comes from node/api/errors.py's one mapping). Every frame is `data: <json>\\n\\n`; several frames may be
 written at once (a cached answer goes out in one write).
 """
 
@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 import orjson
 from aiohttp import web
 
-from node.api.errors import ApiError
+from node.api.errors import ErrorReply
 
 DONE_FRAME = b"data: [DONE]\n\n"
 
@@ -22,7 +22,7 @@ def data_frame(payload: Mapping) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def error_frame(error: ApiError) -> bytes:
+def error_frame(error: ErrorReply) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(error.body()) + b"\n\n"
 
 
@@ -55,7 +55,7 @@ class EventStream:
     async def send_all(self, payloads: Iterable[Mapping]) -> None:
         await self.response.write(b"".join(data_frame(payload) for payload in payloads))
 
-    async def fail(self, error: ApiError) -> None:
+    async def fail(self, error: ErrorReply) -> None:
         """The stream cannot go on: tell the client in-band, then close the stream."""
         await self.response.write(error_frame(error) + DONE_FRAME)
         await self._end()

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from aiohttp import web
 
-from node.api.metrics import Metrics
-from node.archive_client import ArchiveClient
-from node.served_model import ServedModel
-from node.service import CompletionService
+from node.archive.client import ArchiveClient
+from node.config import NodeSettings
+from node.serving.engine_client import EngineClient
+from node.serving.metrics import Metrics
+from node.serving.model import ServedModel
+from node.serving.service import CompletionService
 
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    settings: Any  # NodeSettings
-    engine: Any  # node.engine.engine.Engine
+    settings: NodeSettings
+    engine: EngineClient
     archive: ArchiveClient
     model: ServedModel
     metrics: Metrics
@@ -44,5 +44,5 @@ class InFlightGate:
         self.current -= 1
 
 
-SETTINGS: web.AppKey[Any] = web.AppKey("settings", object)
+SETTINGS: web.AppKey[NodeSettings] = web.AppKey("settings", NodeSettings)
 STATE: web.AppKey[NodeState] = web.AppKey("state", NodeState)

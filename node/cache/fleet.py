@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class KvArchive(Protocol):
-    """The part of node/archive_client.py's ArchiveClient this tier uses."""
+    """The part of node/archive/client.py's ArchiveClient this tier uses."""
 
     async def kv_get(self, key: bytes) -> bytes | None: ...
     async def kv_put(self, key: bytes, blob: bytes) -> None: ...

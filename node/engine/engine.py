@@ -6,8 +6,9 @@
     for event in handle.iter_sync(): ...  # the same, for blocking callers (submit without a loop)
 
 `submit` validates what can be judged without the model running (empty prompt, token
-ids, prompt + max_tokens against the context) and raises; everything else that goes
-wrong for one request arrives as `Finished(reason="error")` on its handle.
+ids, prompt + max_tokens against the context, a grammar that does not compile) and raises;
+everything else that goes wrong for one request arrives as `Finished(reason="error")` on
+its handle.
 """
 
 from __future__ import annotations
@@ -19,47 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 
+from node.engine.config import EngineConfig
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
+from node.engine.grammar import Grammar
 from node.engine.hooks import DraftProposer, PrefixCacheHook
-from node.engine.llama import KV_TYPES, LlamaContext, LlamaModel, ModelInfo
+from node.engine.llama import LlamaContext, LlamaModel
 from node.engine.sampling import fresh_seed
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
-from node.engine.types import Event, Finished, GenerationRequest
+from node.engine.types import Event, Finished, GenerationRequest, ModelInfo
 
 __all__ = ["Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "DraftProposer"]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    model_path: Path
-    n_ctx: int = 4096                 # KV cells shared by all slots (unified cache)
-    n_threads: int = 0                # 0: every core
-    n_parallel: int = 4               # sequences decoded together (llama n_seq_max)
-    n_batch: int = 512                # most tokens in one llama_decode
-    n_ubatch: int = 512
-    kv_type: str = "f16"              # f16 | q8_0 | q4_0
-    use_mmap: bool = True
-    use_mlock: bool = False
-    max_queue: int = 64               # waiting requests beyond which submit raises EngineOverloaded
-    step_token_budget: int = 256      # tokens per step while others are decoding (prefill chunk bound)
-    prefix_cache: PrefixCacheHook | None = None
-    draft_proposer: DraftProposer | None = None
-    max_draft: int = 0                # draft tokens per sequence per step (0: no speculation)
-    swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
-    flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
-    on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
-
-    def check(self) -> None:
-        if self.kv_type not in KV_TYPES:
-            raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
-        if self.n_parallel < 1 or self.n_ctx < 16 or self.n_batch < 1 or self.max_queue < 1:
-            raise InvalidRequest("n_parallel, n_ctx, n_batch and max_queue must be positive")
-        if self.n_parallel * (1 + self.max_draft) > self.n_batch:
-            raise InvalidRequest(f"n_batch {self.n_batch} cannot hold {self.n_parallel} sequences "
-                                 f"with {self.max_draft} draft tokens each")
-        if not 0 < self.step_token_budget <= self.n_batch:
-            raise InvalidRequest("step_token_budget must be in 1..n_batch")
 
 
 class Handle:
@@ -96,14 +67,6 @@ class Handle:
         """All text, and the Finished event (convenience for non-streaming callers)."""
         parts: list[str] = []
         async for event in self:
-            if isinstance(event, Finished):
-                return "".join(parts), event
-            parts.append(event.text)
-        raise RuntimeError("handle ended without Finished")
-
-    def collect_sync(self, timeout: float | None = None) -> tuple[str, Finished]:
-        parts: list[str] = []
-        for event in self.iter_sync(timeout):
             if isinstance(event, Finished):
                 return "".join(parts), event
             parts.append(event.text)
@@ -172,13 +135,15 @@ class Engine:
         self._validate(req, n)
         loop = loop if loop is not None else _running_loop()
         base_seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
+        gbnf = req.sampling.grammar  # compiled here: a grammar that does not parse fails the submit
+        grammars = [Grammar(self._model.vocab, gbnf) if gbnf else None for _ in range(n)]
         handles, seqs = [], []
         for i in range(n):
             request_id = req.request_id or f"req-{next(self._ids)}"
             if n > 1:
                 request_id = f"{request_id}/{i}"
             channel = Channel(loop)
-            seqs.append(Sequence(req, channel, seed=base_seed + i))
+            seqs.append(Sequence(req, channel, seed=base_seed + i, constraint=grammars[i]))
             handles.append(Handle(request_id, channel, self._scheduler))
         self._scheduler.enqueue(seqs)
         return handles

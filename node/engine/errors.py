@@ -40,7 +40,3 @@ class PromptTooLong(InvalidRequest):
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.n_ctx = n_ctx
-
-
-class DecodeError(EngineError):
-    """llama_decode failed for a batch holding only this request's tokens."""

@@ -26,31 +26,18 @@ import numpy as np
 
 import llama_cpp as ll
 
+from node.engine.config import KV_TYPE_NAMES
 from node.engine.errors import ModelLoadError
+from node.engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
 KV_TYPES: Mapping[str, int] = MappingProxyType(
     {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0, "q4_0": ll.GGML_TYPE_Q4_0}
 )
+assert tuple(KV_TYPES) == KV_TYPE_NAMES
 # ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT; llama.cpp's chatty INFO goes to DEBUG.
 _LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """What the rest of the node needs to know about the loaded model."""
-
-    name: str
-    architecture: str
-    n_vocab: int
-    n_ctx_train: int
-    bos: int | None
-    eos: int | None
-    eog_tokens: frozenset[int]
-    add_bos: bool
-    chat_template: str | None
-    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 class _Backend:
@@ -143,9 +130,6 @@ class LlamaModel:
             buf = ctypes.create_string_buffer(-n)
             n = ll.llama_detokenize(self.vocab, arr, len(tokens), buf, -n, False, special)
         return buf.raw[:n]
-
-    def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, token))
 
     # -- metadata -------------------------------------------------------------------------
 
@@ -251,9 +235,6 @@ class LlamaContext:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
-    def seq_keep(self, seq: int) -> None:
-        ll.llama_memory_seq_keep(self.memory, seq)
-
     def seq_pos_max(self, seq: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq)
 
@@ -317,11 +298,6 @@ class TokenBatch:
             self.wants_logits[end - 1] = 1
         self.n_tokens = end
         return first
-
-    def output_rows(self) -> np.ndarray:
-        """For each batch index, its row in the logits of the decode (-1 when none)."""
-        flags = self.wants_logits[: self.n_tokens]
-        return np.where(flags != 0, np.cumsum(flags, dtype=np.int64) - 1, -1)
 
     def struct(self) -> ll.llama_batch:
         batch = ll.llama_batch()

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 from node.engine.budget import KVBudget
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
-from node.engine.grammar import Grammar
 from node.engine.hooks import DraftProposer, PrefixCacheHook
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
@@ -184,7 +183,7 @@ class Scheduler:
                     return  # arrival order: the head waits for room, nobody overtakes it
                 self._queue.popleft()
             try:
-                seq.make_sampler(self._model.n_vocab, self._grammar)
+                seq.make_sampler(self._model.n_vocab)
             except InvalidRequest as exc:
                 seq.finish("error", str(exc))
                 continue
@@ -199,9 +198,6 @@ class Scheduler:
                 seq.phase = Phase.PREFILL
                 self._ctx.seq_rm(seq.slot)
                 self._restore_prefix(seq)
-
-    def _grammar(self, gbnf: str) -> Grammar:
-        return Grammar(self._model.vocab, gbnf)
 
     def _prefilling_leader(self, seq: Sequence) -> Sequence | None:
         for other in self._active:
@@ -316,15 +312,12 @@ class Scheduler:
                 self._prompt_done(seq, logits[e.first_row])
             return
         n_valid = 1
+        reason = None
         for j in range(len(e.tokens)):
             choice = seq.sampler.choose(logits[e.first_row + j], seq.tokens)
             reason = seq.accept(choice, self._eog, self._piece)
             self.counters["generated_tokens"] += 1
-            if reason is not None:
-                seq.n_past += n_valid
-                self._end(seq, reason)
-                return
-            if j + 1 < len(e.tokens) and choice.token == e.tokens[j + 1]:
+            if reason is None and j + 1 < len(e.tokens) and choice.token == e.tokens[j + 1]:
                 n_valid += 1
                 self.counters["draft_accepted"] += 1
                 continue
@@ -333,8 +326,11 @@ class Scheduler:
         if n_valid < len(e.tokens):
             self.counters["draft_rejected"] += len(e.tokens) - n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
-        if len(e.tokens) > 1:
+        if len(e.tokens) > 1:  # also when the sequence ends inside its drafts
             self._record_drafts(len(e.tokens) - 1, n_valid - 1)
+        if reason is not None:
+            self._end(seq, reason)
+            return
         seq.pending = [seq.tokens[-1]]
 
     def _record_drafts(self, proposed: int, accepted: int) -> None:

@@ -37,10 +37,6 @@ class Channel:
         self._async_queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
         self._sync_queue: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if loop is None else None
 
-    @property
-    def is_async(self) -> bool:
-        return self._loop is not None
-
     def push(self, event: Event) -> None:
         """Called on the engine thread; never blocks. A closed loop counts as a cancel."""
         if self._sync_queue is not None:
@@ -86,14 +82,16 @@ class Sequence:
     __slots__ = (
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
-        "seed", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
+        "seed", "constraint", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
         "t_admit", "t_first", "t_prompt_done",
     )
 
-    def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None) -> None:
+    def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
+                 constraint: Constraint | None = None) -> None:
         self.request = request
         self.channel = channel
         self.sampler: TokenSampler | None = None  # made on the engine thread at admission
+        self.constraint = constraint  # the request's grammar, compiled at submit
         self.prompt = request.prompt_tokens
         self.tokens: list[int] = list(request.prompt_tokens)
         self.generated: list[int] = []
@@ -116,11 +114,10 @@ class Sequence:
         self.seed = seed  # None: the request's seed, or a fresh one
         self._stopped = False
 
-    def make_sampler(self, n_vocab: int, grammar_of: Callable[[str], Constraint]) -> None:
+    def make_sampler(self, n_vocab: int) -> None:
         """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""
-        gbnf = self.request.sampling.grammar
         self.sampler = TokenSampler(self.request.sampling, n_vocab, logprobs=self.request.logprobs,
-                                    seed=self.seed, constraint=grammar_of(gbnf) if gbnf else None)
+                                    seed=self.seed, constraint=self.constraint)
 
     @property
     def prefill_left(self) -> int:

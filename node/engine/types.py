@@ -7,7 +7,7 @@ through these types, so each of them can be read without reading the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import AsyncIterator, Literal, Mapping, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -79,3 +79,27 @@ class Finished:
 
 
 Event = TextDelta | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the rest of the node needs to know about the loaded model."""
+
+    name: str
+    architecture: str
+    n_vocab: int
+    n_ctx_train: int
+    bos: int | None
+    eos: int | None
+    eog_tokens: frozenset[int]
+    add_bos: bool
+    chat_template: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class GenerationHandle(Protocol):
+    """The caller's side of one submitted generation: its events, and a way to stop it."""
+
+    def cancel(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...

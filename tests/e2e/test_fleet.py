@@ -81,7 +81,7 @@ def fleet(gemma_path, tmp_path_factory):
     nodes, processes = [], []
     for name in ("a", "b"):
         port = free_port()
-        env = {"REAME_HOME": str(base / name), "REAME_CACHE_ENABLED": "false", "REAME_SPECULATIVE_ENABLED": "false"}
+        env = {"REAME_HOME": str(base / name), "REAME_CACHE_ENABLED": "false"}
         processes.append(reame("run", str(gemma_path), "--serve", "--port", str(port), "--ctx", "1024",
                                "--parallel", "2", "--arca", f"127.0.0.1:{arca.port}", env=env,
                                log=base / f"node-{name}.log"))

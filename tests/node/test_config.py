@@ -123,13 +123,19 @@ def test_every_original_key_is_present():
     original = {
         "model.path", "model.context_length", "model.threads", "model.ubatch",
         "memory.use_mmap", "memory.use_mlock", "memory.kv_cache_type",
-        "speculative.enabled", "speculative.mode", "speculative.draft_model_path",
-        "speculative.draft_tokens", "cache.directory", "cache.max_size_mb", "cache.compress",
+        "cache.directory", "cache.max_size_mb", "cache.compress",
         "cache.block_tokens", "server.host", "server.port", "server.max_concurrent_requests",
         "server.max_request_size_mb", "server.enable_cors", "server.enable_metrics",
         "server.api_key", "server.model_id", "server.parallel", "arca.remote",
     }
     assert original <= keys
+
+
+def test_no_speculative_settings_until_speculation_reads_them():
+    # a setting nothing reads is a defect: [speculative] returns with the code that uses it
+    assert not [opt.name for opt in OPTIONS if opt.section == "speculative"]
+    assert "[speculative]" not in (REPO / "conf" / "reame.conf").read_text(encoding="utf-8")
+    assert "[speculative]" not in (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
 
 
 def test_every_key_is_documented():

@@ -8,8 +8,8 @@ import os
 import pytest
 from aiohttp import web
 
-from node.engine.download import DownloadError, download, download_file, part_path
-from node.engine.fingerprint import cache_path
+from node.models.download import DownloadError, download, download_file, part_path
+from node.models.fingerprint import cache_path
 from tests.conftest import free_port
 
 PAYLOAD = os.urandom(3 * 1024 * 1024 + 12_345)

@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 
-from node.engine.fingerprint import cache_path, model_fingerprint, remember
+from node.models.fingerprint import cache_path, model_fingerprint, remember
 
 
 def test_fingerprint_is_the_content_sha256_and_is_cached(tmp_path):

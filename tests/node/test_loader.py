@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from node.config import load_settings
-from node.engine.ggufmeta import GGUFError, read_metadata, summarize
-from node.engine.loader import auto_threads, plan_engine
-from node.engine.models import ModelError
+from node.models.ggufmeta import GGUFError, read_metadata, summarize
+from node.models.loader import auto_threads, plan_engine
+from node.models.catalog import ModelError
 
 GIB = 1 << 30
 

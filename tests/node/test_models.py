@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.engine.models import (
+from node.models.catalog import (
     CATALOG, DEFAULT_MODEL, AmbiguousModel, ModelUnavailable, UnknownModel, find_entry,
     local_models, on_disk, resolve_model,
 )
@@ -77,7 +77,7 @@ def test_offline_default_is_assembled_from_its_package(tmp_path, gemma_path):
 
 
 def test_assembled_model_has_its_fingerprint_cached(tmp_path, gemma_path):
-    from node.engine.fingerprint import cache_path, hash_file, model_fingerprint
+    from node.models.fingerprint import cache_path, hash_file, model_fingerprint
 
     resolved = resolve_model(DEFAULT_MODEL, tmp_path)
     assert cache_path(resolved.path).exists()

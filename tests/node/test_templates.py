@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from node.engine.templates import ChatTemplate, TemplateError, family_for
+from node.models.templates import ChatTemplate, TemplateError, family_for
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from arca.archive import ArchiveConfig
-from node.archive_breaker import Breaker
-from node.archive_client import EmbeddedArchive, RemoteArchive
+from node.archive.breaker import Breaker
+from node.archive.client import EmbeddedArchive, RemoteArchive
 from tests.conftest import free_port
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
@@ -128,7 +128,7 @@ async def test_remote_round_trip(redis_server):
 
 @needs_redis
 async def test_breaker_opens_once_and_closes_when_back(redis_server, caplog):
-    caplog.set_level(logging.INFO, logger="node.archive_breaker")
+    caplog.set_level(logging.INFO, logger="node.archive.breaker")
     archive = RemoteArchive("127.0.0.1", redis_server.port, timeout_ms=300)
     await archive.start()
     try:
@@ -166,7 +166,7 @@ async def test_remote_unreachable_from_the_start():
 
 
 async def test_breaker_backs_off_between_failed_probes(caplog):
-    caplog.set_level(logging.INFO, logger="node.archive_breaker")
+    caplog.set_level(logging.INFO, logger="node.archive.breaker")
     breaker = Breaker("test", initial_backoff_s=0.01, max_backoff_s=0.04)
     outcomes = iter([False, False, False, True])
     seen_backoffs = []

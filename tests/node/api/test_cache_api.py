@@ -42,7 +42,7 @@ def alone(node, messages, max_tokens=8) -> str:
     from node.engine.types import Finished, GenerationRequest, SamplingParams
 
     config = node.state.engine.config
-    tokens = node.state.service.chat_tokens(messages)
+    tokens = node.state.service.prompts.chat(messages)
     plain = Engine(EngineConfig(model_path=config.model_path, n_ctx=1024, n_threads=config.n_threads, n_parallel=1,
                                 n_batch=config.n_batch, n_ubatch=config.n_ubatch, kv_type=config.kv_type))
     try:
@@ -118,7 +118,7 @@ def test_served_model_renders_gguf_templates_that_print_eos(node):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from node.served_model import describe_model
+    from node.serving.model import describe_model
 
     engine = node.state.engine
     source = "{% for m in messages %}{{ bos_token }}{{ m['content'] }}{{ eos_token }}{% endfor %}"

@@ -6,7 +6,7 @@ import dataclasses
 
 from node.api.schemas import parse_chat
 from node.engine.types import TokenLogprob
-from node.l1 import KEY_PREFIX, Piece, StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
+from node.serving.l1 import KEY_PREFIX, Piece, StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 
 BASE = {"messages": [{"role": "user", "content": "x"}], "temperature": 0, "max_tokens": 8}
 

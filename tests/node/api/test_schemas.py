@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.api.errors import InvalidRequest, UnsupportedFeature
+from node.api.errors import error_reply
+from node.serving.errors import InvalidRequest, UnsupportedFeature
 from node.api.schemas import parse_chat, parse_completion
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -52,7 +53,7 @@ def test_wrong_types_and_ranges_name_the_field(parse, base, field, value, param)
     with pytest.raises(InvalidRequest) as caught:
         parse({**base, field: value})
     assert caught.value.param == param
-    assert caught.value.status == 400
+    assert error_reply(caught.value).status == 400
     assert param in caught.value.message
 
 
@@ -176,4 +177,4 @@ def test_any_json_is_either_a_request_or_a_400(body, base):
     try:
         parse({**base, **body})
     except InvalidRequest as exc:
-        assert exc.status == 400 and exc.message
+        assert error_reply(exc).status == 400 and exc.message

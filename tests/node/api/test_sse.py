@@ -6,7 +6,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from node.api.errors import Overloaded
+from node.api.errors import error_reply
+from node.serving.errors import Overloaded
 from node.api.runner import start_site
 from node.api.sse import EventStream
 
@@ -16,7 +17,7 @@ async def stream_then_fail(request: web.Request) -> web.StreamResponse:
     await stream.open()
     await stream.send({"n": 1})
     await stream.send_all([{"n": 2}, {"n": 3}])
-    await stream.fail(Overloaded("engine went away"))
+    await stream.fail(error_reply(Overloaded("engine went away")))
     return stream.response
 
 
@@ -44,7 +45,7 @@ async def test_frames_and_in_band_error():
                 ok = await response.read()
     finally:
         await runner.cleanup()
-    error = orjson.dumps(Overloaded("engine went away").body())
+    error = orjson.dumps(error_reply(Overloaded("engine went away")).body())
     assert raw == (b'data: {"n":1}\n\ndata: {"n":2}\n\ndata: {"n":3}\n\n'
                    b"event: error\ndata: " + error + b"\n\ndata: [DONE]\n\n")
     assert ok == b'data: {"text":"\xc3\xa9\\n"}\n\ndata: [DONE]\n\n'  # newlines stay escaped inside JSON

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from arca.launch import spawn_arca
-from node.archive_client import EmbeddedArchive, RemoteArchive
+from node.archive.client import EmbeddedArchive, RemoteArchive
 from node.cache import blob
 from node.cache.fleet import FleetConfig, FleetTier, archive_key, split_parts
 from node.cache.keys import CacheIdentity

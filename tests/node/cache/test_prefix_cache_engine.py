@@ -10,7 +10,7 @@ pytest.importorskip("llama_cpp", reason="node extra not installed")
 
 from node.cache import PrefixCache, PrefixCacheConfig, engine_identity
 from node.engine.engine import Engine, EngineConfig
-from node.engine.fingerprint import model_fingerprint
+from node.models.fingerprint import model_fingerprint
 from node.engine.types import Finished, GenerationRequest, SamplingParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

@@ -137,3 +137,23 @@ def test_final_state_of_prompt_and_answer_is_stored_only_when_asked(hooked):
                                sampling=GREEDY)
     assert list(eng.submit(follow).iter_sync(timeout=180))[-1].reason in ("stop", "length")
     assert eng.stats()["prefix_tokens_restored"] == restored + last
+
+
+def test_drafts_are_reported_when_a_sequence_ends_inside_them(hooked):
+    eng, drafts, _ = hooked
+    prompt = "One, two, three,"
+    plain = generate(eng, prompt)
+    drafts.script = tuple(eng.tokenize(prompt)) + plain.generated
+    # the first step after the prompt verifies generated[1:5] as drafts: a stop string that
+    # completes with generated[2] ends the sequence in the middle of them
+    stop = eng.detokenize(plain.generated[1:3]).decode("utf-8", "replace")
+    before_text = eng.detokenize(plain.generated[:1]).decode("utf-8", "replace")
+    assert stop.strip() and stop not in before_text
+    drafts.kept.clear()
+    accepted, rejected = eng.stats()["draft_accepted"], eng.stats()["draft_rejected"]
+    req = GenerationRequest(tuple(eng.tokenize(prompt)), max_tokens=12, sampling=GREEDY, stop=(stop,))
+    done = list(eng.submit(req).iter_sync(timeout=180))[-1]
+    assert done.reason == "stop" and done.generated == plain.generated[:3]
+    assert drafts.kept, "the drafts of the last step were never reported"
+    assert sum(a for _, a in drafts.kept) == eng.stats()["draft_accepted"] - accepted
+    assert sum(p - a for p, a in drafts.kept) == eng.stats()["draft_rejected"] - rejected

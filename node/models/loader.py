@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from node.engine.ggufmeta import GGUFError, GGUFSummary, summarize
-from node.engine.models import ModelError, ResolvedModel, resolve_model
+from node.models.ggufmeta import GGUFError, GGUFSummary, summarize
+from node.models.catalog import ModelError, ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ class EnginePlan:
     n_ubatch: int
     kv_type: str
     kv_bytes: int
-    draft_model: Path | None
     notes: tuple[str, ...]
 
 
@@ -117,15 +116,11 @@ def plan_engine(settings: Any, *, cores: int | None = None, ram_bytes: int | Non
             notes.append(f"context shrunk to {n_ctx} to fit {budget >> 20} MiB of RAM")
     if settings.memory.kv_cache_type == "auto":
         notes.append(f"KV {kv_type} ({per_token * n_ctx >> 20} MiB for {n_ctx} tokens)")
-    draft = None
-    spec = settings.speculative
-    if spec.enabled and spec.mode == "model" and spec.draft_model_path:
-        draft = resolve_model(spec.draft_model_path, settings.home, fetch=fetch, progress=progress).path
     n_batch = settings.model.batch
     return EnginePlan(
         model=model, summary=summary, n_ctx=n_ctx, n_threads=threads, n_parallel=parallel,
         n_batch=n_batch, n_ubatch=min(settings.model.ubatch, n_batch), kv_type=kv_type,
-        kv_bytes=per_token * n_ctx, draft_model=draft, notes=tuple(notes),
+        kv_bytes=per_token * n_ctx, notes=tuple(notes),
     )
 
 
@@ -140,7 +135,7 @@ def build_prefix_cache(settings: Any, plan: EnginePlan) -> Any:
         return None
     from node.cache.keys import engine_identity
     from node.cache.prefix_cache import PrefixCache, PrefixCacheConfig
-    from node.engine.fingerprint import model_fingerprint
+    from node.models.fingerprint import model_fingerprint
 
     identity = engine_identity(model_fingerprint(plan.model.path), plan.kv_type)
     return PrefixCache(identity, PrefixCacheConfig.from_settings(settings.cache))

@@ -1,5 +1,7 @@
 """Cutting a rendered chat template where later requests diverge, for warm-ahead and sessions.
 
+(How the cut text becomes tokens is node/serving/prompts.py.)
+
 A chat template renders a whole conversation; the prefix KV cache needs the part that later
 requests will share token for token. Both cuts render the conversation with a placeholder
 (`CUT`, private-use characters no real text contains) at the point of interest and cut the
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from node.engine.templates import TemplateError
+from node.models.templates import ChatTemplate, TemplateError
 
 CUT = "\ue000reame-cut\ue000"
 
@@ -39,15 +41,6 @@ class TurnSuffix:
     opening: str  # the next messages and the generation prompt
 
 
-def rendered_tokens(engine: Any, text: str) -> tuple[int, ...]:
-    """Rendered template text as the model reads it: control tokens parsed, BOS first, once."""
-    tokens = engine.tokenize(text, add_bos=True, special=True)
-    bos = engine.model_info.bos
-    if len(tokens) > 1 and tokens[0] == tokens[1] == bos:  # a template that writes BOS itself
-        tokens = tokens[1:]
-    return tuple(tokens)
-
-
 def _after_cut(text: str) -> tuple[str, str]:
     if text.count(CUT) != 1:
         raise CutError("the chat template does not render message content verbatim; cannot cut it")
@@ -55,7 +48,7 @@ def _after_cut(text: str) -> tuple[str, str]:
     return head, tail
 
 
-def shared_prefix(template: Any, messages: Sequence[Mapping[str, Any]]) -> str:
+def shared_prefix(template: ChatTemplate, messages: Sequence[Mapping[str, Any]]) -> str:
     """The rendered text every later request continuing `messages` shares (module docstring)."""
     if not messages:
         raise CutError("no messages to warm")
@@ -68,7 +61,7 @@ def shared_prefix(template: Any, messages: Sequence[Mapping[str, Any]]) -> str:
     return head
 
 
-def turn_suffix(template: Any, history: Sequence[Mapping[str, Any]],
+def turn_suffix(template: ChatTemplate, history: Sequence[Mapping[str, Any]],
                 new: Sequence[Mapping[str, Any]]) -> TurnSuffix:
     """What follows the last answer of `history` when `new` messages are added."""
     if not history or history[-1]["role"] != "assistant":

@@ -1,6 +1,6 @@
 """Warm-ahead: prefill a prompt into the prefix cache before anyone asks, and say what it did.
 
-`warm(engine, cache, tokens)` fetches what the fleet already holds (when a fleet tier is
+`warm(submit, cache, tokens)` fetches what the fleet already holds (when a fleet tier is
 given), then runs the prompt through the engine with one greedy output token, which makes
 the engine store the prompt's last block boundary (and any fork point or checkpoint the
 cache's policy picks). Every later prompt that starts with these tokens restores that state
@@ -10,13 +10,14 @@ all come here.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from node.cache.fleet import FleetTier
+from node.cache.prefix_cache import PrefixCache
 from node.engine.errors import EngineError
-from node.engine.types import Finished, GenerationRequest, SamplingParams
+from node.engine.types import Finished, GenerationHandle, GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -37,24 +38,24 @@ class WarmResult:
                 "stored_tokens": self.stored_tokens, "seconds": round(self.seconds, 4)}
 
 
-def held_tokens(cache: Any, tokens: Sequence[int]) -> int:
+def held_tokens(cache: PrefixCache, tokens: Sequence[int]) -> int:
     """The longest restorable prefix of `tokens` the local tiers hold (RAM, queued or disk)."""
     return cache.longest_local(cache.chain.restorable(tokens))
 
 
-async def warm(engine: Any, cache: Any, tokens: Sequence[int], *, fleet: Any = None,
-               prefetch_timeout_s: float = 2.0, submit: Callable[[GenerationRequest], Any] | None = None,
+async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: PrefixCache,
+               tokens: Sequence[int], *, fleet: FleetTier | None = None, prefetch_timeout_s: float = 2.0,
                ) -> WarmResult:
     """Prefill `tokens` through the engine so the cache stores them (module docstring).
 
-    `submit` replaces `engine.submit` (the API maps engine errors to HTTP ones there).
+    `submit` hands the request to the engine (the service maps engine errors to its own there).
     """
     started = time.perf_counter()
     if fleet is not None:
         await fleet.prefetch_within(tokens, prefetch_timeout_s)
     cached = held_tokens(cache, tokens)
     request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, sampling=GREEDY)
-    handle = submit(request) if submit is not None else engine.submit(request, asyncio.get_running_loop())
+    handle = submit(request)
     finished: Finished | None = None
     try:
         async for event in handle:

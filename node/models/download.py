@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from node.engine.fingerprint import remember
-from node.engine.models import ModelUnavailable
+from node.models.fingerprint import remember
+from node.models.catalog import ModelUnavailable
 
 log = logging.getLogger(__name__)
 

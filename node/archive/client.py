@@ -4,7 +4,7 @@ Both implementations are async facades that never raise: a failure is logged, co
 `counters` (read by /metrics) and answered like a miss, so a broken archive only removes
 the speed-up. `EmbeddedArchive` runs `arca.archive.Archive` on one thread the node owns
 and commits after every write (then, when one is due, takes one step of L1 log rewrite). `RemoteArchive` speaks to ARCA with redis.asyncio (hiredis
-parser, a bounded pool, short timeouts) behind a circuit breaker (`node.archive_breaker`).
+parser, a bounded pool, short timeouts) behind a circuit breaker (`node.archive.breaker`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from node.archive_breaker import Breaker
+from node.archive.breaker import Breaker
 from shared.tokens import pack_tokens, unpack_tokens
 
 log = logging.getLogger(__name__)

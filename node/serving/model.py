@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from node.engine.fingerprint import model_fingerprint
-from node.engine.models import entry_for_file, looks_like_path
-from node.engine.templates import ChatTemplate
+from node.config import NodeSettings
+from node.models.catalog import entry_for_file, looks_like_path
+from node.models.fingerprint import model_fingerprint
+from node.models.templates import ChatTemplate
+from node.serving.engine_client import EngineClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class ServedModel:
         return f"fp_{self.fingerprint[:12]}"
 
 
-def describe_model(engine: Any, settings: Any) -> ServedModel:
+def describe_model(engine: EngineClient, settings: NodeSettings) -> ServedModel:
     """Blocking (the first fingerprint of a file hashes it): call from a worker thread."""
     config = engine.config
     path = Path(config.model_path)

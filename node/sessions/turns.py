@@ -2,7 +2,7 @@
 
 A turn's request carries only its new messages. Its prompt is the session's tokens (every
 earlier prompt and answer, ending with what closes the last answer) followed by the new
-messages as the chat template renders them after an answer (node/template_cuts.py), so the
+messages as the chat template renders them after an answer (node/sessions/cuts.py), so the
 prefix cache restores the conversation instead of prefilling it. The turn's engine request
 asks for its final state (`store_final_state`): when the answer is complete the engine hands
 the cache the KV of prompt + answer, up to the answer's last block boundary, before it frees
@@ -17,11 +17,22 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
-from node.sessions import Session, SessionStore
-from node.template_cuts import turn_suffix
-from node.warm import WarmResult, held_tokens
+from node.cache.prefix_cache import PrefixCache
+from node.models.templates import ChatTemplate
+from node.sessions.cuts import turn_suffix
+from node.sessions.store import Session, SessionStore
+from node.sessions.warm import WarmResult, held_tokens
+
+
+class TurnTokens(Protocol):
+    """How a turn's text becomes tokens (node/serving/prompts.py's `Prompts` is one)."""
+
+    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+             ) -> tuple[int, ...]: ...
+
+    def continuation(self, text: str, *, special: bool = True) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,40 +43,44 @@ class SessionTurn:
 
 
 class SessionTurns:
-    def __init__(self, service: Any, store: SessionStore) -> None:
-        self.service = service
+    """Turns of the sessions in `store`; `warm` prefills tokens into `cache` (None: cache off)."""
+
+    def __init__(self, store: SessionStore, template: ChatTemplate, tokens: TurnTokens,
+                 cache: PrefixCache | None, warm: Callable[[Sequence[int]], Awaitable[WarmResult]]) -> None:
         self.store = store
+        self.template = template
+        self.tokens = tokens
+        self.cache = cache
+        self.warm = warm
 
     def begin(self, session: Session, new_messages: Sequence[Mapping[str, str]]) -> SessionTurn:
-        """The turn's prompt tokens (blocking: tokenizes). Raises template_cuts.CutError."""
-        service = self.service
+        """The turn's prompt tokens (blocking: tokenizes). Raises cuts.CutError."""
         new = tuple({"role": m["role"], "content": m["content"]} for m in new_messages)
         if not session.tokens:
-            tokens = service.chat_tokens([*session.messages, *new])
+            tokens = self.tokens.chat([*session.messages, *new])
         else:
-            opening = turn_suffix(service.model.template, session.messages, new).opening
-            tokens = (*session.tokens, *service.engine.tokenize(opening, add_bos=False, special=True))
+            opening = turn_suffix(self.template, session.messages, new).opening
+            tokens = (*session.tokens, *self.tokens.continuation(opening))
         return SessionTurn(session, new, tuple(tokens))
 
     async def complete(self, turn: SessionTurn, answer: str, generated: Sequence[int] | None = None) -> Session:
         """Record a completed answer (`generated`: its token ids; None: tokenize `answer`)."""
-        service = self.service
         messages = (*turn.session.messages, *turn.new_messages, {"role": "assistant", "content": answer})
-        closing = turn_suffix(service.model.template, messages, ()).closing
+        closing = turn_suffix(self.template, messages, ()).closing
         if generated is None:
-            generated = service.engine.tokenize(answer, add_bos=False, special=False)
-        tokens = (*turn.prompt_tokens, *generated, *service.engine.tokenize(closing, add_bos=False, special=True))
+            generated = self.tokens.continuation(answer, special=False)
+        tokens = (*turn.prompt_tokens, *generated, *self.tokens.continuation(closing))
         return await self.store.save(replace(turn.session, messages=messages, tokens=tokens))
 
     async def load(self, session: Session) -> WarmResult | None:
         """Bring the session's KV into RAM (from disk or the fleet), prefilling what is missing."""
-        if not session.tokens or self.service.cache is None:
+        if not session.tokens or self.cache is None:
             return None
-        return await self.service.warm(session.tokens)
+        return await self.warm(session.tokens)
 
     async def save(self, session: Session) -> int:
         """Wait for the session's KV to be written to disk; the tokens of it the cache holds."""
-        cache = self.service.cache
+        cache = self.cache
         if cache is None or not session.tokens:
             return 0
         await asyncio.to_thread(cache.flush)

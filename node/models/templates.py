@@ -278,7 +278,7 @@ class ChatTemplate:
     @classmethod
     def for_engine(cls, engine: Any) -> "ChatTemplate":
         """The template for a running engine: its GGUF's own, else its catalog family's."""
-        from node.engine.models import entry_for_file
+        from node.models.catalog import entry_for_file
 
         entry = entry_for_file(Path(engine.config.model_path))
         return cls.for_model(engine.model_info, family=entry.template if entry else None,

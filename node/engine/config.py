@@ -1,0 +1,48 @@
+"""What an engine is started with: one frozen dataclass, checked before anything is loaded.
+
+Kept apart from the engine itself so the node's other layers (the loader, the serving
+layer, tests with a fake engine) can read and build it without loading llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from node.engine.errors import InvalidRequest
+from node.engine.hooks import DraftProposer, PrefixCacheHook
+
+KV_TYPE_NAMES = ("f16", "q8_0", "q4_0")  # KV cache element types llama.cpp is asked for
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 4096                 # KV cells shared by all slots (unified cache)
+    n_threads: int = 0                # 0: every core
+    n_parallel: int = 4               # sequences decoded together (llama n_seq_max)
+    n_batch: int = 512                # most tokens in one llama_decode
+    n_ubatch: int = 512
+    kv_type: str = "f16"              # f16 | q8_0 | q4_0
+    use_mmap: bool = True
+    use_mlock: bool = False
+    max_queue: int = 64               # waiting requests beyond which submit raises EngineOverloaded
+    step_token_budget: int = 256      # tokens per step while others are decoding (prefill chunk bound)
+    prefix_cache: PrefixCacheHook | None = None
+    draft_proposer: DraftProposer | None = None
+    max_draft: int = 0                # draft tokens per sequence per step (0: no speculation)
+    swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
+    flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
+    on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
+
+    def check(self) -> None:
+        if self.kv_type not in KV_TYPE_NAMES:
+            raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPE_NAMES)}, got {self.kv_type!r}")
+        if self.n_parallel < 1 or self.n_ctx < 16 or self.n_batch < 1 or self.max_queue < 1:
+            raise InvalidRequest("n_parallel, n_ctx, n_batch and max_queue must be positive")
+        if self.n_parallel * (1 + self.max_draft) > self.n_batch:
+            raise InvalidRequest(f"n_batch {self.n_batch} cannot hold {self.n_parallel} sequences "
+                                 f"with {self.max_draft} draft tokens each")
+        if not 0 < self.step_token_budget <= self.n_batch:
+            raise InvalidRequest("step_token_budget must be in 1..n_batch")

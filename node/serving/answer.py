@@ -1,0 +1,167 @@
+"""The answer to one plan: L1 lookups, engine submits, events in order, cancel on leaving.
+
+`service.answer(plan)` (node/serving/service.py) is an async context manager: entering it
+looks every keyed job up in L1 and submits the misses to the engine (so overload and
+too-long prompts fail before any byte is sent); iterating `answer.events()` yields
+`ChoiceText` and `ChoiceDone` in generation order, hits replayed exactly as they once
+streamed; leaving it cancels whatever is still generating, which is how a client that goes
+away stops its generation within one engine step. A completed generation is handed back to
+the service to remember (L1, L4) and, for a session turn, to extend the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
+
+from node.engine.types import Finished, GenerationHandle, TextDelta
+from node.serving.errors import GenerationFailed
+from node.serving.l1 import Piece, StoredAnswer, StoredChoice
+from node.serving.plan import COMPLETED, ChoiceDone, ChoiceEvent, ChoiceText, Job, Plan
+
+if TYPE_CHECKING:
+    from node.serving.service import CompletionService
+
+
+class Answer:
+    """The events of one plan; see the module docstring for its lifecycle."""
+
+    cache: str  # "hit" | "miss" | "bypass" (nothing keyed: the archive was not asked)
+
+    def __init__(self, service: CompletionService, plan: Plan) -> None:
+        self.service = service
+        self.plan = plan
+        self.cache = "bypass"
+        self.started = time.perf_counter()
+        self._stored: list[StoredAnswer | None] = []
+        self._handles: list[Sequence[GenerationHandle]] = []
+        self._generated: tuple[int, ...] | None = None  # choice 0's token ids (None: replayed from L1)
+
+    async def __aenter__(self) -> "Answer":
+        jobs = self.plan.jobs
+        self._stored = list(await asyncio.gather(*(self.service.lookup(job) for job in jobs)))
+        keyed = [job.key is not None for job in jobs]
+        if any(keyed):
+            self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
+        misses = [job.prompt_tokens for job, stored in zip(jobs, self._stored) if stored is None]
+        await asyncio.gather(*(self.service.prefetch(tokens) for tokens in misses))
+        try:
+            for job, stored in zip(jobs, self._stored):
+                self._handles.append([] if stored is not None else self.service.submit(job))
+        except BaseException:
+            self._cancel()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._cancel()
+
+    def _cancel(self) -> None:
+        for handles in self._handles:
+            for handle in handles:
+                handle.cancel()
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        sources: list[AsyncIterator[ChoiceEvent]] = []
+        for job, stored, handles in zip(self.plan.jobs, self._stored, self._handles):
+            for choice in range(job.n):
+                if job.echo_text:
+                    sources.append(_single(ChoiceText(job.first_choice + choice, job.echo_text)))
+            sources.append(self._replay(job, stored) if stored is not None else self._generate(job, handles))
+        first = True
+        answer: list[str] = []
+        finish_reason = None
+        async for event in _merge(sources):
+            if first and isinstance(event, ChoiceText):
+                first = False
+                self.service.metrics.ttft.labels(self.cache).observe(time.perf_counter() - self.started)
+            if isinstance(event, ChoiceText) and event.index == 0:
+                answer.append(event.text)
+            elif isinstance(event, ChoiceDone) and event.index == 0:
+                finish_reason = event.finish_reason
+            yield event
+        self.service.metrics.prompt_tokens.inc(self.plan.prompt_tokens)
+        turn = self.plan.turn
+        if turn is not None and finish_reason in COMPLETED and self.service.turns is not None:
+            await self.service.turns.complete(turn, "".join(answer), self._generated)
+
+    async def _replay(self, job: Job, stored: StoredAnswer) -> AsyncIterator[ChoiceEvent]:
+        for offset, choice in enumerate(stored.choices):
+            index = job.first_choice + offset
+            for piece in choice.pieces:
+                yield ChoiceText(index, piece.text, piece.logprobs)
+            yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens)
+
+    async def _generate(self, job: Job, handles: Sequence[GenerationHandle]) -> AsyncIterator[ChoiceEvent]:
+        pieces: list[list[Piece]] = [[] for _ in handles]
+        finished: list[Finished | None] = [None] * len(handles)
+
+        async def one(offset: int, handle: GenerationHandle) -> AsyncIterator[ChoiceEvent]:
+            index = job.first_choice + offset
+            async for event in handle:
+                if isinstance(event, TextDelta):
+                    pieces[offset].append(Piece(event.text, tuple(event.logprobs)))
+                    yield ChoiceText(index, event.text, tuple(event.logprobs))
+                elif isinstance(event, Finished):
+                    finished[offset] = event
+                    if event.reason not in COMPLETED:
+                        raise GenerationFailed(f"Generation {event.reason}: {event.error or 'no detail'}")
+                    self.service.metrics.generated_tokens.inc(event.completion_tokens)
+                    if index == 0:
+                        self._generated = event.generated
+                    yield ChoiceDone(index, event.reason, event.completion_tokens)
+
+        async for event in _merge([one(offset, handle) for offset, handle in enumerate(handles)]):
+            yield event
+        done = [event for event in finished if event is not None]
+        if len(done) == len(handles):
+            self.service.remember(
+                job,
+                [StoredChoice(tuple(p), f.reason, f.completion_tokens) for p, f in zip(pieces, done)],
+                [tuple(f.generated) for f in done],
+            )
+
+
+async def _single(event: ChoiceEvent) -> AsyncIterator[ChoiceEvent]:
+    yield event
+
+
+class _End:
+    """Marks the end of one source in the merged queue."""
+
+
+_END = _End()
+
+
+async def _merge(sources: list[AsyncIterator[ChoiceEvent]]) -> AsyncIterator[ChoiceEvent]:
+    """Events of several sources in arrival order; the first failure ends them all."""
+    if len(sources) == 1:
+        async for event in sources[0]:
+            yield event
+        return
+    queue: asyncio.Queue[ChoiceEvent | Exception | _End] = asyncio.Queue()
+
+    async def pump(source: AsyncIterator[ChoiceEvent]) -> None:
+        try:
+            async for event in source:
+                queue.put_nowait(event)
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(_END)
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if isinstance(item, _End):
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,44 @@
+"""What the serving layer needs from an engine: the Protocol the service, the app and warm-ahead call.
+
+`node.engine.engine.Engine` implements it; so does the fake engine of the tests
+(tests/node/fake_engine.py), which is how the service, sessions, L1 and the HTTP layer are
+tested without loading a model. Only the engine's contract types are imported here
+(node/engine/types.py, node/engine/config.py), never llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Mapping, Protocol, Sequence
+
+from node.engine.config import EngineConfig
+from node.engine.types import GenerationHandle, GenerationRequest, ModelInfo
+
+
+class EngineClient(Protocol):
+    @property
+    def config(self) -> EngineConfig:
+        """What the engine was started with (model path, KV type, its prefix cache)."""
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes: ...
+
+    def token_piece(self, token: int) -> bytes: ...
+
+    def submit(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> GenerationHandle:
+        """One generation; raises the engine's typed errors for what can never run."""
+
+    def submit_n(self, req: GenerationRequest, n: int,
+                 loop: asyncio.AbstractEventLoop | None = None) -> Sequence[GenerationHandle]:
+        """n generations of one prompt sharing one prefill (choice i seeded seed + i)."""
+
+    def stats(self) -> Mapping[str, int]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,56 @@
+"""What the service makes of a request before anything runs, and the events of its answer.
+
+A `Plan` holds one `Job` per prompt: its tokens (the chat template already applied), the
+engine request, the number of choices and the L1 key (None: not deterministic, or L1 off).
+Answering a plan yields `ChoiceText` and `ChoiceDone` events in generation order; the API
+shapes them into OpenAI objects, any other front end may read them as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.engine.types import GenerationRequest, TokenLogprob
+from node.serving.requests import GenerationOptions
+from node.sessions.turns import SessionTurn
+
+COMPLETED = ("stop", "length")  # the finish reasons of an answer worth remembering
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    first_choice: int
+    prompt_tokens: tuple[int, ...]
+    echo_text: str
+    request: GenerationRequest
+    n: int
+    key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    kind: str  # "chat" | "text"
+    jobs: tuple[Job, ...]
+    options: GenerationOptions
+    turn: SessionTurn | None = None  # a chat turn inside a session
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(job.prompt_tokens) for job in self.jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceText:
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDone:
+    index: int
+    finish_reason: str
+    completion_tokens: int
+
+
+ChoiceEvent = ChoiceText | ChoiceDone

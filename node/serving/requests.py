@@ -1,0 +1,55 @@
+"""The requests the service answers: frozen dataclasses, already validated by their parser.
+
+The API parses OpenAI bodies into these (node/api/schemas.py); the CLI, batch jobs or any
+other front end may build them directly. `GenerationOptions` is what both endpoints share;
+every field of it either changes the answer (and so the L1 key, node/serving/l1.py) or is
+listed there as presentation only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.engine.types import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """What both endpoints share: how much to generate, how to sample, how to answer."""
+
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    n: int
+    logprobs: int | None  # None: off; k: the chosen token's logprob plus the top k
+    stream: bool
+    include_usage: bool
+
+    @property
+    def deterministic(self) -> bool:
+        """Greedy decoding: the same prompt and options always give the same answer."""
+        return self.sampling.greedy
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    model: str | None
+    prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids used as they are
+    echo: bool
+    options: GenerationOptions
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str | None
+    messages: tuple[ChatMessage, ...]
+    options: GenerationOptions

@@ -1,0 +1,218 @@
+"""Request orchestration: archive lookup -> engine -> archive fill and observe.
+
+A validated request (node/serving/requests.py) becomes a `Plan` (node/serving/plan.py):
+one `Job` per prompt, each already rendered through the chat template, tokenized
+(node/serving/prompts.py), and (when deterministic) keyed for L1 (node/serving/l1.py).
+`service.answer(plan)` returns the `Answer` (node/serving/answer.py) that looks jobs up,
+submits the misses and yields the choices' events.
+
+Deterministic means greedy (temperature 0). Sampled requests, seeded or not, always run
+the model: a seeded sample is only as reproducible as the sampler implementation, and
+clients setting a seed usually vary it on purpose.
+
+After a job completes (every choice finished with `stop` or `length`, never cancelled or
+failed), two writes happen off the request's critical path, as background tasks bounded
+by `ServiceOptions.max_pending_writes`: the answer goes to L1 (when keyed and non-empty),
+and each choice's token stream is OBSERVEd into the L4 corpus under the model's
+fingerprint: the last `observe_prompt_tokens` prompt tokens followed by every generated
+token, so later drafts can continue from prompt context into the answer. `[arca] observe
+= false` turns observing off.
+
+The prefix KV cache: before a job reaches the engine, the fleet tier brings the prompt's
+longest stored prefix into RAM (from the local disk, and from ARCA's L3 when the node has a
+remote ARCA), bounded by `prefetch_timeout_s` so a slow archive costs only the speed-up.
+Chat requests inside a session (node/sessions/turns.py) continue the session's tokens; their
+engine request asks for the final state (prompt + answer) to be stored in the cache.
+
+The engine's typed errors become the serving layer's here, at submit, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Coroutine, Sequence
+
+from node.archive.client import ArchiveClient
+from node.cache.fleet import FleetTier
+from node.cache.prefix_cache import PrefixCache
+from node.engine import errors as engine_errors
+from node.engine.types import GenerationHandle, GenerationRequest
+from node.serving.answer import Answer
+from node.serving.engine_client import EngineClient
+from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded
+from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
+from node.serving.metrics import Metrics
+from node.serving.model import ServedModel
+from node.serving.plan import COMPLETED, Job, Plan
+from node.serving.prompts import Prompts
+from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions
+from node.sessions.cuts import CutError
+from node.sessions.store import Session, SessionStore
+from node.sessions.turns import SessionTurns
+from node.sessions.warm import WarmResult, warm
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOptions:
+    l1_enabled: bool = True
+    l1_ttl_s: int | None = None
+    observe: bool = True
+    observe_prompt_tokens: int = 64
+    max_pending_writes: int = 256
+    prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
+
+
+class CompletionService:
+    def __init__(self, engine: EngineClient, archive: ArchiveClient, model: ServedModel, metrics: Metrics,
+                 options: ServiceOptions = ServiceOptions(), *, cache: PrefixCache | None = None,
+                 fleet: FleetTier | None = None, sessions: SessionStore | None = None) -> None:
+        self.engine = engine
+        self.archive = archive
+        self.model = model
+        self.metrics = metrics
+        self.options = options
+        self.cache = cache  # None when the prefix cache is off
+        self.fleet = fleet
+        self.prompts = Prompts(model.template, engine)
+        self.turns = (SessionTurns(sessions, model.template, self.prompts, cache, self.warm)
+                      if sessions is not None else None)
+        self._writes: set[asyncio.Task[None]] = set()
+
+    # ---- planning -------------------------------------------------------------------
+
+    def plan_completion(self, req: CompletionRequest) -> Plan:
+        jobs = []
+        for number, prompt in enumerate(req.prompts):
+            if isinstance(prompt, str):
+                tokens = self.prompts.completion(prompt)
+                text = prompt
+            else:
+                bad = [token for token in prompt if token >= self.model.n_vocab]
+                if bad:
+                    raise InvalidRequest(f"'prompt' holds token ids outside the vocabulary of "
+                                         f"{self.model.n_vocab}: {bad[:5]}", param="prompt", code="invalid_value")
+                tokens = prompt
+                text = self.engine.detokenize(prompt).decode("utf-8", "replace") if req.echo else ""
+            jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, ()))
+        return Plan("text", tuple(jobs), req.options)
+
+    def plan_chat(self, req: ChatRequest, session: Session | None = None) -> Plan:
+        template = self.model.template
+        messages = [message.as_dict() for message in req.messages]
+        turn = None
+        try:
+            if session is None:
+                tokens = self.prompts.chat(messages)
+            else:
+                if self.turns is None:
+                    raise InvalidRequest("Sessions are not enabled on this node", param="session")
+                if req.options.n != 1:
+                    raise InvalidRequest("A session turn has one answer: 'n' must be 1", param="n")
+                turn = self.turns.begin(session, messages)
+                tokens = turn.prompt_tokens
+        except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
+            raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
+        job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings),
+                        store_final_state=turn is not None and self.cache is not None)
+        return Plan("chat", (job,), req.options, turn)
+
+    def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
+             options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False) -> Job:
+        key = None
+        if self.options.l1_enabled and options.deterministic:
+            key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,
+                         template=template, prompt_tokens=tokens, options=options)
+        request = GenerationRequest(
+            prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
+            stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
+            store_final_state=store_final_state,
+        )
+        return Job(number * options.n, tokens, echo, request, options.n, key)
+
+    # ---- answering ------------------------------------------------------------------
+
+    def answer(self, plan: Plan) -> Answer:
+        return Answer(self, plan)
+
+    async def lookup(self, job: Job) -> StoredAnswer | None:
+        if job.key is None:
+            return None
+        started = time.perf_counter()
+        value = await self.archive.get(job.key)
+        self.metrics.archive_latency.labels("get").observe(time.perf_counter() - started)
+        stored = decode_answer(value) if value is not None else None
+        if stored is not None and len(stored.choices) != job.n:
+            stored = None
+        (self.metrics.archive_hits if stored is not None else self.metrics.archive_misses).inc()
+        return stored
+
+    async def prefetch(self, tokens: Sequence[int]) -> None:
+        """Bring the prompt's longest stored prefix into RAM before the engine looks it up."""
+        if self.fleet is not None:
+            await self.fleet.prefetch_within(tokens, self.options.prefetch_timeout_s)
+
+    async def warm(self, tokens: Sequence[int]) -> WarmResult:
+        """Prefill `tokens` into the prefix cache (node/sessions/warm.py)."""
+        if self.cache is None:
+            raise InvalidRequest("The prefix cache is off on this node ([cache] enabled = false)",
+                                 code="cache_disabled")
+        return await warm(lambda request: self.submit_request(request, 1)[0], self.cache, tokens,
+                          fleet=self.fleet, prefetch_timeout_s=self.options.prefetch_timeout_s)
+
+    def submit(self, job: Job) -> Sequence[GenerationHandle]:
+        return self.submit_request(job.request, job.n)
+
+    def submit_request(self, request: GenerationRequest, n: int) -> Sequence[GenerationHandle]:
+        loop = asyncio.get_running_loop()
+        try:
+            if n == 1:
+                return [self.engine.submit(request, loop)]
+            return list(self.engine.submit_n(request, n, loop))
+        except engine_errors.EngineOverloaded:
+            raise Overloaded("Every slot and queue place is taken; retry shortly", retry_after_s=1) from None
+        except engine_errors.EngineClosed:
+            raise Overloaded("The node is shutting down", retry_after_s=5) from None
+        except engine_errors.PromptTooLong as exc:
+            fits = exc.prompt_tokens < exc.n_ctx  # then a smaller max_tokens would do
+            raise ContextLengthExceeded(str(exc), param="max_tokens" if fits else None) from None
+        except engine_errors.InvalidRequest as exc:  # a bad sampling value, a grammar that does not compile
+            raise InvalidRequest(str(exc)) from None
+
+    # ---- after a completed job --------------------------------------------------------
+
+    def remember(self, job: Job, choices: list[StoredChoice], generated: list[tuple[int, ...]]) -> None:
+        if any(choice.finish_reason not in COMPLETED for choice in choices):
+            return
+        if job.key is not None and sum(choice.completion_tokens for choice in choices) > 0:
+            record = encode_answer(StoredAnswer(len(job.prompt_tokens), tuple(choices)))
+            self._background("set", self.archive.set(job.key, record, self.options.l1_ttl_s))
+        if self.options.observe:
+            context = job.prompt_tokens[-self.options.observe_prompt_tokens:] if self.options.observe_prompt_tokens else ()
+            namespace = self.model.fingerprint.encode()
+            for tokens in generated:
+                if tokens:
+                    self._background("observe", self.archive.observe(namespace, (*context, *tokens)))
+
+    def _background(self, operation: str, write: Coroutine[Any, Any, None]) -> None:
+        if len(self._writes) >= self.options.max_pending_writes:
+            write.close()
+            self.metrics.background_dropped.inc()
+            return
+        task = asyncio.create_task(self._timed(operation, write))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _timed(self, operation: str, write: Coroutine[Any, Any, None]) -> None:
+        started = time.perf_counter()
+        await write
+        self.metrics.archive_latency.labels(operation).observe(time.perf_counter() - started)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for pending archive writes; used at shutdown and by tests."""
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=timeout_s)
