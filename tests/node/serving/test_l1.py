@@ -1,12 +1,20 @@
-"""L1 keys: everything that changes the output changes the key; nothing else does."""
+"""L1 keys: everything that changes the output changes the key; nothing else does.
+
+The key is derived from the request's dataclass fields; `test_every_request_field_is_classified`
+fails when a field is added to the requests without deciding whether it shapes the answer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 from node.api.schemas import parse_chat
-from node.engine.types import TokenLogprob
-from node.serving.l1 import KEY_PREFIX, Piece, StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
+from node.engine.types import SamplingParams, TokenLogprob
+from node.serving.l1 import (
+    GREEDY_IRRELEVANT, KEY_PREFIX, KEYED, NOT_KEYED, REQUEST_FIELDS, Piece, StoredAnswer, StoredChoice,
+    decode_answer, encode_answer, keyed_fields, l1_key,
+)
+from node.serving.requests import GenerationOptions
 
 BASE = {"messages": [{"role": "user", "content": "x"}], "temperature": 0, "max_tokens": 8}
 
@@ -33,6 +41,34 @@ def test_output_shaping_inputs_change_the_key():
         key({"logit_bias": {"5": 1}}),
     ]
     assert len({base, *variants}) == len(variants) + 1
+
+
+def option_fields() -> set[str]:
+    names = {f.name for f in dataclasses.fields(GenerationOptions) if f.name != "sampling"}
+    return names | {f"sampling.{f.name}" for f in dataclasses.fields(SamplingParams)}
+
+
+def test_every_request_field_is_classified():
+    fields = option_fields()
+    unclassified = fields - KEYED - NOT_KEYED
+    assert not unclassified, f"add {sorted(unclassified)} to KEYED or NOT_KEYED in node/serving/l1.py"
+    assert not KEYED & NOT_KEYED and KEYED | NOT_KEYED == fields and GREEDY_IRRELEVANT <= KEYED
+    for request_type, routes in REQUEST_FIELDS.items():
+        assert set(routes) == {f.name for f in dataclasses.fields(request_type)}, request_type.__name__
+
+
+def test_every_keyed_field_is_in_the_key_of_a_sampled_request():
+    options = parse_chat({**BASE, "temperature": 0.5}).options
+    assert set(keyed_fields(options)) == KEYED
+    assert set(keyed_fields(parse_chat(BASE).options)) == KEYED - GREEDY_IRRELEVANT
+
+
+def test_grammar_changes_the_key():
+    options = parse_chat(BASE).options
+    constrained = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling,
+                                                                           grammar='root ::= "yes"'))
+    args = {"fingerprint": "ab" * 32, "kv_type": "f16", "kind": "chat", "template": "t", "prompt_tokens": (2,)}
+    assert l1_key(options=options, **args) != l1_key(options=constrained, **args)
 
 
 def test_greedy_ignores_parameters_that_cannot_change_a_greedy_choice():

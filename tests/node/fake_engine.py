@@ -1,0 +1,138 @@
+"""A fake engine for tests of the layers above the engine: no model, no llama.cpp, no threads.
+
+It implements node/serving/engine_client.py's `EngineClient` with a byte vocabulary (ids
+0-255 are the bytes, 256 is BOS, 257 the end of generation) and a scripted answer: a prompt
+of P tokens is answered "Fake answer to P tokens." followed by the end of generation, cut
+by max_tokens or a stop string, streamed one token per event loop turn. The answer depends
+only on the prompt, so it is deterministic whatever the sampling parameters, which is what
+the tests of L1, sessions, the service and the HTTP layer need; what the model itself does
+is tested on the real Gemma model.
+
+Knobs a test sets: `refuse` (an engine error every submit raises), `fail_after` (end every
+generation with an error after that many tokens), `hold` (an asyncio.Event the generation
+waits on before its first token). `submitted` records every request that reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import AsyncIterator, Mapping, Sequence
+
+from node.engine.config import EngineConfig
+from node.engine.errors import EngineError, InvalidRequest, PromptTooLong
+from node.engine.types import (
+    Event, Finished, FinishReason, GenerationRequest, ModelInfo, TextDelta, TokenLogprob,
+)
+
+BOS, EOG = 256, 257
+N_VOCAB = 258
+
+
+class FakeHandle:
+    def __init__(self, engine: "FakeEngine", req: GenerationRequest) -> None:
+        self.engine = engine
+        self.req = req
+        self.cancelled = False
+        self._events = self._run()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events
+
+    async def _run(self) -> AsyncIterator[Event]:
+        req, engine = self.req, self.engine
+        if engine.hold is not None:
+            await engine.hold.wait()
+        script = [*f"Fake answer to {len(req.prompt_tokens)} tokens.".encode(), EOG]
+        generated: list[int] = []
+        text = ""
+        reason: FinishReason = "length"
+        ended_by_eog = False
+        for token in script[:req.max_tokens]:
+            await asyncio.sleep(0)
+            if self.cancelled:
+                reason = "cancelled"
+                break
+            if engine.fail_after is not None and len(generated) >= engine.fail_after:
+                yield Finished("error", len(req.prompt_tokens), len(generated), tuple(generated), "fake failure")
+                return
+            if token == EOG:
+                reason, ended_by_eog = "stop", True
+                break
+            generated.append(token)
+            piece = chr(token)
+            stop = next((s for s in req.stop if s in text + piece), None)
+            if stop is not None:
+                kept = (text + piece)[:(text + piece).index(stop)][len(text):]
+                if kept:
+                    yield TextDelta(kept, ())
+                reason = "stop"
+                break
+            text += piece
+            logprobs: tuple[TokenLogprob, ...] = ()
+            if req.logprobs is not None:
+                top = tuple((t, bytes([t]), -0.5 - i) for i, t in enumerate(sorted({token, 32, 46})[:req.logprobs]))
+                logprobs = (TokenLogprob(token, bytes([token]), -0.5, top),)
+            yield TextDelta(piece, (token,), logprobs)
+        completion = len(generated) + int(ended_by_eog)  # an end-of-generation token counts, unseen
+        yield Finished(reason, len(req.prompt_tokens), completion, tuple(generated))
+
+
+class FakeEngine:
+    """Satisfies EngineClient; `model_path` must be a file (its content is the fingerprint)."""
+
+    def __init__(self, model_path: Path, *, n_ctx: int = 2048) -> None:
+        if not model_path.exists():
+            model_path.write_bytes(b"fake gguf for tests")
+        self._config = EngineConfig(model_path=model_path, n_ctx=n_ctx)
+        self._info = ModelInfo(name="fake", architecture="gemma3", n_vocab=N_VOCAB, n_ctx_train=n_ctx,
+                               bos=BOS, eos=EOG, eog_tokens=frozenset({EOG}), add_bos=True, chat_template=None)
+        self.submitted: list[GenerationRequest] = []
+        self.refuse: EngineError | None = None
+        self.fail_after: int | None = None
+        self.hold: asyncio.Event | None = None
+        self.closed = False
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def n_ctx(self) -> int:
+        return self._config.n_ctx
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        return ([BOS] if add_bos else []) + list(text.encode("utf-8"))
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return bytes(t for t in tokens if t < 256)
+
+    def token_piece(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b""
+
+    def submit(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> FakeHandle:
+        return self.submit_n(req, 1, loop)[0]
+
+    def submit_n(self, req: GenerationRequest, n: int,
+                 loop: asyncio.AbstractEventLoop | None = None) -> list[FakeHandle]:
+        if self.refuse is not None:
+            raise self.refuse
+        if len(req.prompt_tokens) + n * req.max_tokens > self.n_ctx:
+            raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self.n_ctx)
+        if req.sampling.grammar is not None and not req.sampling.grammar.startswith("root ::="):
+            raise InvalidRequest("the grammar does not parse as GBNF (llama.cpp grammar syntax)")
+        self.submitted.extend([req] * n)
+        return [FakeHandle(self, req) for _ in range(n)]
+
+    def stats(self) -> Mapping[str, int]:
+        return {"active": 0, "queued": 0, "submitted": len(self.submitted)}
+
+    def close(self) -> None:
+        self.closed = True
