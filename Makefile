@@ -24,7 +24,9 @@ run: $(STAMP)
 arca: $(STAMP)
 	$(VENV)/bin/reame arca --config conf/arca.conf
 
+# Type checking first (config in pyproject.toml [tool.mypy]), then the suite.
 test: $(STAMP)
+	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:

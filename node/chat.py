@@ -8,11 +8,15 @@ cheap). Answers stream to stdout as they are generated; a short cost line goes t
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from node.engine.errors import EngineError
 from node.models.templates import ChatTemplate
 from node.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
+
+if TYPE_CHECKING:
+    from node.config import NodeSettings
+    from node.engine.engine import Engine
 
 PROMPT = "> "
 
@@ -21,7 +25,7 @@ class ConversationTooLong(EngineError):
     """The history no longer fits in the context."""
 
 
-def load_engine(settings: Any) -> Any:
+def load_engine(settings: NodeSettings) -> Engine:
     """Fetch the model if needed (download bar), then load it under a progress bar."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
@@ -44,7 +48,7 @@ def load_engine(settings: Any) -> Any:
 class Conversation:
     """Chat history plus the generation settings of one terminal session."""
 
-    def __init__(self, engine: Any, *, max_tokens: int, temperature: float, seed: int | None = None,
+    def __init__(self, engine: Engine, *, max_tokens: int, temperature: float, seed: int | None = None,
                  stats: TextIO | None = None) -> None:
         self.engine = engine
         self.template = ChatTemplate.for_engine(engine)

@@ -16,13 +16,16 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from node.config import home_dir, load_settings
+from node.config import NodeSettings, home_dir, load_settings
 from node.models.catalog import CATALOG, ModelError, local_models, models_dir
 from node.models.templates import ChatTemplate, TemplateError
 from shared.config import ConfigError
 from shared.logs import configure_logging
+
+if TYPE_CHECKING:
+    from node.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     return parser
 
 
-def settings_from_args(args: argparse.Namespace) -> Any:
+def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     serving = args.serve
     flags = {
         "model.path": getattr(args, "model", None),
@@ -179,6 +182,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
     documents = [(path, path.read_text(encoding="utf-8")) for path in args.files]
     import asyncio
 
+    from node.cache.prefix_cache import PrefixCache
     from node.chat import load_engine
 
     engine = load_engine(settings)
@@ -186,20 +190,25 @@ def cmd_warm(argv: Sequence[str]) -> int:
         return asyncio.run(warm_documents(engine, settings, documents, args.form))
     finally:
         engine.close()
-        engine.config.prefix_cache.close()
+        cache = engine.config.prefix_cache
+        if isinstance(cache, PrefixCache):
+            cache.close()
 
 
-async def warm_documents(engine: Any, settings: Any, documents: list[tuple[Path, str]], form: str) -> int:
+async def warm_documents(engine: Engine, settings: NodeSettings, documents: list[tuple[Path, str]], form: str) -> int:
     import asyncio
 
     from node.archive.client import RemoteArchive, open_archive
     from node.cache.fleet import FleetTier
+    from node.cache.prefix_cache import PrefixCache
     from node.serving.prompts import rendered_tokens
     from node.sessions.cuts import shared_prefix
     from node.sessions.warm import warm
 
     loop = asyncio.get_running_loop()
     cache = engine.config.prefix_cache
+    if not isinstance(cache, PrefixCache):
+        raise ConfigError("the engine has no prefix cache to warm")
     template = None if form == "prompt" else ChatTemplate.for_engine(engine)
     archive = fleet = None
     if settings.arca.remote:
@@ -217,7 +226,7 @@ async def warm_documents(engine: Any, settings: Any, documents: list[tuple[Path,
             print(f"{path}: {result.tokens} tokens, {result.cached_tokens} were cached, "
                   f"{result.stored_tokens} stored, {result.seconds:.2f} s", flush=True)
         await asyncio.to_thread(cache.flush)
-        if fleet is not None:
+        if fleet is not None and archive is not None:
             await fleet.drain()
             pushed = int(cache.stats()["fleet_pushes"])
             print(f"pushed {pushed} states to ARCA {settings.arca.remote} (archive: {archive.state()})")

@@ -19,9 +19,10 @@ import hmac
 import logging
 import time
 from functools import partial
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, Unauthorized, error_middleware
@@ -84,7 +85,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return response
 
 
-def auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def auth_middleware(api_key: str) -> Middleware:
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
@@ -103,7 +104,7 @@ def auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[
 def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
                archive: ArchiveClient | None = None) -> web.Application:
     server = settings.server
-    middlewares: list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]] = [metrics_middleware]
+    middlewares: list[Middleware] = [metrics_middleware]
     if server.enable_cors:
         middlewares.append(cors_middleware)
     middlewares.append(error_middleware)

@@ -32,6 +32,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 SESSION_HEADER = "X-Reame-Session"
 OFF_LOOP_BYTES = 32 * 1024  # bodies this large are tokenized on a worker thread
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 def json_response(payload: dict, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -50,7 +51,7 @@ async def read_json(request: web.Request) -> tuple[object, int]:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
-async def make_plan(planner: Callable[[T], Plan], req: T, body_size: int) -> Plan:
+async def make_plan(planner: Callable[[T], R], req: T, body_size: int) -> R:
     """Render and tokenize; a large prompt is tokenized off the event loop."""
     if body_size < OFF_LOOP_BYTES:
         return planner(req)
@@ -80,6 +81,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if session_id is None:
         return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
     turns = state.service.turns
+    if turns is None:
+        raise InvalidRequest("Sessions are not enabled on this node", param="session")
     async with turns.store.lock(session_id):  # one turn at a time: each continues the last
         session = turns.store.get(session_id)
         plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)

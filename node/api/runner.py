@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import Any
+from typing import Any, Callable, Coroutine
 
 from aiohttp import web
 
 from node.api.app import create_app
 from node.api.state import STATE
+from node.config import NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def how_to_call(host: str, port: int, model_id: str, api_key: str | None) -> str
     )
 
 
-async def serve(settings: Any) -> int:
+async def serve(settings: NodeSettings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -67,14 +68,15 @@ async def serve(settings: Any) -> int:
     return 0
 
 
-def run_node(settings: Any) -> int:
+def run_node(settings: NodeSettings) -> int:
     """Serve until SIGINT/SIGTERM; the exit code says whether the node could start."""
+    run: Callable[[Coroutine[Any, Any, int]], int] = asyncio.run
     try:
         import uvloop
 
         run = uvloop.run
     except ImportError:
-        run = asyncio.run
+        pass
     try:
         return run(serve(settings))
     except KeyboardInterrupt:

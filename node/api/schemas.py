@@ -9,7 +9,7 @@ Nothing here knows the model: token ids are range-checked by the service.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, overload
 
 from node.engine.types import SamplingParams
 from node.serving.errors import InvalidRequest, UnsupportedFeature
@@ -59,6 +59,12 @@ class Fields:
 
     def present(self, key: str) -> bool:
         return self.body.get(key) is not None
+
+    @overload
+    def integer(self, key: str, default: int, lo: int | None = None, hi: int | None = None) -> int: ...
+
+    @overload
+    def integer(self, key: str, default: None, lo: int | None = None, hi: int | None = None) -> int | None: ...
 
     def integer(self, key: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
         value = self.body.get(key)

@@ -128,8 +128,11 @@ class ChunkMaker:
         chat = self.identity.kind == "chat"
         if isinstance(event, ChoiceDone):
             self.completion_tokens += event.completion_tokens
-            body = {"index": event.index, "finish_reason": event.finish_reason, "logprobs": None}
-            body |= {"delta": {}} if chat else {"text": ""}
+            body: dict[str, object] = {"index": event.index, "finish_reason": event.finish_reason, "logprobs": None}
+            if chat:
+                body["delta"] = {}
+            else:
+                body["text"] = ""
             return self._chunk(body)
         logprobs = None
         if self.want_logprobs:

@@ -14,10 +14,14 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 from node.archive.breaker import Breaker
 from shared.tokens import pack_tokens, unpack_tokens
+
+if TYPE_CHECKING:
+    from arca.archive import Archive, ArchiveConfig
+    from node.config import NodeSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +57,7 @@ class ArchiveCounters:
 class EmbeddedArchive:
     """`arca.archive.Archive` in-process, every call on the node's single archive thread."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ArchiveConfig) -> None:
         from arca.archive import Archive
 
         self.counters = ArchiveCounters()
@@ -61,7 +65,7 @@ class EmbeddedArchive:
         self._archive = self._executor.submit(Archive, config).result()
         self._closed = False
 
-    async def _call(self, operation: str, default: T, work: Callable[[Any], T], *, writes: bool = False) -> T:
+    async def _call(self, operation: str, default: T, work: Callable[[Archive], T], *, writes: bool = False) -> T:
         if self._closed:
             return default
 
@@ -202,7 +206,7 @@ class RemoteArchive:
         await self._redis.aclose()
 
 
-def open_archive(settings: Any) -> ArchiveClient:
+def open_archive(settings: NodeSettings) -> ArchiveClient:
     """The archive the settings ask for: `[arca] remote` set -> RemoteArchive, else embedded.
 
     A RemoteArchive still needs `await archive.start()` on the event loop that will use it.

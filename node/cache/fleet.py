@@ -150,9 +150,10 @@ class FleetTier:
             return None
         count = part_count(first, self.config.max_blob_bytes // self.config.part_bytes + 1)
         rest = await asyncio.gather(*(self.archive.kv_get(archive_key(key, i)) for i in range(1, count)))
-        if any(part is None for part in rest):
+        parts = [part for part in rest if part is not None]
+        if len(parts) < len(rest):
             return None
-        return b"".join([first[_PART_HEADER.size :], *rest])
+        return b"".join([first[_PART_HEADER.size :], *parts])
 
     async def drain(self) -> None:
         """Wait for the pushes offered so far to finish (tests, shutdown)."""

@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from node.cache import blob
 from node.cache.blob import StateBlob
@@ -39,6 +39,9 @@ from node.cache.disk import DiskTier
 from node.cache.keys import DEFAULT_BLOCK_TOKENS, BlockChain, Boundary, CacheIdentity
 from node.cache.metrics import CacheMetrics
 from node.cache.ram import RamTier
+
+if TYPE_CHECKING:
+    from node.config import CacheSettings
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +65,10 @@ class PrefixCacheConfig:
     seen_keys: int = 16384  # boundary keys remembered to find fork points
 
     @classmethod
-    def from_settings(cls, cache: Any, **overrides: Any) -> "PrefixCacheConfig":
+    def from_settings(cls, cache: CacheSettings, **overrides: Any) -> "PrefixCacheConfig":
         """From the node's `[cache]` settings section (enabled, directory, ram_mb,
         max_size_mb, compress, block_tokens)."""
-        values = dict(
+        values: dict[str, Any] = dict(
             directory=Path(cache.directory).expanduser() if cache.directory else None,
             ram_bytes=int(cache.ram_mb) * MB,
             disk_bytes=int(cache.max_size_mb) * MB,

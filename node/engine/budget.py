@@ -36,8 +36,8 @@ class KVBudget:
 
     def release(self, seq: Sequence) -> int | None:
         """Return seq's reservation; gives back the slot it held (the caller clears its KV)."""
-        slot, seq.slot = seq.slot, None
-        if slot is not None:
+        slot, seq.slot = seq.slot, -1
+        if slot >= 0:
             self.free_slots.append(slot)
         self.reserved -= seq.own_cells
         if seq.share is not None:
@@ -45,7 +45,7 @@ class KVBudget:
             if seq.share.users == 0:
                 self.reserved -= seq.share.cells
         seq.own_cells, seq.share = 0, None
-        return slot
+        return slot if slot >= 0 else None
 
     @staticmethod
     def cells_used(active: list[Sequence]) -> int:

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -300,7 +300,7 @@ class TokenBatch:
         return first
 
     def struct(self) -> ll.llama_batch:
-        batch = ll.llama_batch()
+        batch: Any = ll.llama_batch()  # llama_cpp declares these pointer fields as ctypes arrays
         batch.n_tokens = self.n_tokens
         batch.token = self.tokens.ctypes.data_as(ctypes.POINTER(ll.llama_token))
         batch.embd = None

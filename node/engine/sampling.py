@@ -105,7 +105,7 @@ class TokenSampler:
         """Pick the next token from one logits row; `history` is the sequence so far."""
         logits = self._adjusted(row, history)
         if self.constraint is not None:
-            logits = self._constrained(logits)
+            logits = self._constrained(logits, self.constraint)
         if self.params.greedy:
             token = int(np.argmax(logits))
         else:
@@ -128,7 +128,7 @@ class TokenSampler:
             apply_penalties(logits, window, self.params)
         return logits
 
-    def _constrained(self, logits: np.ndarray) -> np.ndarray:
+    def _constrained(self, logits: np.ndarray, constraint: Constraint) -> np.ndarray:
         """Logits of the best CONSTRAINED_POOL tokens the constraint allows; the rest -inf.
 
         Greedy stays exact (the best allowed token is always in the pool); sampling draws
@@ -137,7 +137,7 @@ class TokenSampler:
         k = CONSTRAINED_POOL
         while True:
             ids = top_ids(logits, min(k, len(logits)))
-            ok = ids[self.constraint.allowed(ids)]
+            ok = ids[constraint.allowed(ids)]
             if len(ok):
                 break
             if k >= len(logits):

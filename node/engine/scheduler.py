@@ -30,12 +30,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
 
 from node.engine.budget import KVBudget
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import DraftProposer, PrefixCacheHook
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
+from node.engine.types import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +85,7 @@ class Scheduler:
         self._active: list[Sequence] = []
         self._budget = KVBudget(limits.n_parallel, ctx.n_ctx)
         self._closing = False
-        self.counters = collections.Counter(dict.fromkeys(COUNTERS, 0))
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
         self._thread.start()
 
@@ -112,7 +116,7 @@ class Scheduler:
             "kv_cells_total": self._ctx.n_ctx,
             "kv_cells_reserved": self._budget.reserved,
             "kv_cells_used": KVBudget.cells_used(active),
-            **{k: round(v) if k.endswith("_ms") else v for k, v in self.counters.items()},
+            **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
         }
 
     def close(self) -> None:
@@ -294,14 +298,14 @@ class Scheduler:
         self._decode(entries[:half])
         self._decode([e for e in entries[half:] if e.seq.phase is not Phase.DONE])
 
-    def _guarded(self, seq: Sequence, fn, *args) -> None:
+    def _guarded(self, seq: Sequence, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
         except Exception as exc:
             log.exception("request %s failed", seq.request.request_id or id(seq))
             self._end(seq, "error", f"{type(exc).__name__}: {exc}")
 
-    def _consume(self, e: _Entry, logits) -> None:
+    def _consume(self, e: _Entry, logits: np.ndarray | None) -> None:
         seq = e.seq
         if not e.decoding:
             seq.n_past += len(e.tokens)
@@ -309,8 +313,10 @@ class Scheduler:
             if seq.store_at and seq.store_at[0] == seq.n_past:
                 self._store_prefix(seq, seq.store_at.pop(0))
             if e.first_row >= 0:
+                assert logits is not None
                 self._prompt_done(seq, logits[e.first_row])
             return
+        assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
         n_valid = 1
         reason = None
         for j in range(len(e.tokens)):
@@ -341,7 +347,7 @@ class Scheduler:
             except Exception:
                 log.exception("draft proposer record() failed")
 
-    def _prompt_done(self, leader: Sequence, row) -> None:
+    def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()
         group = [leader]
         for follower in leader.followers:
@@ -356,7 +362,8 @@ class Scheduler:
             seq.t_prompt_done = now
             self._guarded(seq, self._first_token, seq, row)
 
-    def _first_token(self, seq: Sequence, row) -> None:
+    def _first_token(self, seq: Sequence, row: np.ndarray) -> None:
+        assert seq.sampler is not None  # made at admission
         choice = seq.sampler.choose(row, seq.tokens)
         self.counters["generated_tokens"] += 1
         reason = seq.accept(choice, self._eog, self._piece)
@@ -366,6 +373,8 @@ class Scheduler:
             seq.pending = [choice.token]
 
     def _store_prefix(self, seq: Sequence, n_tokens: int) -> None:
+        if self._prefix_cache is None:
+            return
         try:
             self._prefix_cache.store(seq.prompt, n_tokens, self._ctx.state_get(seq.slot))
             self.counters["prefix_states_stored"] += 1
@@ -382,6 +391,8 @@ class Scheduler:
         prompt prefills what it misses).
         """
         hook = self._prefix_cache
+        if hook is None:
+            return
         n_kv = seq.n_past
         try:
             # a prompt's boundaries stop one token short of it: offer the token after the KV too
@@ -411,7 +422,7 @@ class Scheduler:
 
     # -- ending ----------------------------------------------------------------------------------
 
-    def _end(self, seq: Sequence, reason, error: str | None = None) -> None:
+    def _end(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         if seq.phase is Phase.DONE:
             return
         if seq.phase is Phase.PREFILL and seq.followers:

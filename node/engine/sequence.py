@@ -42,8 +42,10 @@ class Channel:
         if self._sync_queue is not None:
             self._sync_queue.put(event)
             return
+        loop, events = self._loop, self._async_queue
+        assert loop is not None and events is not None  # an async channel has both
         try:
-            self._loop.call_soon_threadsafe(self._async_queue.put_nowait, event)
+            loop.call_soon_threadsafe(events.put_nowait, event)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
             self.cancelled = True
 
@@ -95,7 +97,7 @@ class Sequence:
         self.prompt = request.prompt_tokens
         self.tokens: list[int] = list(request.prompt_tokens)
         self.generated: list[int] = []
-        self.slot: int | None = None
+        self.slot = -1  # llama seq id while admitted, -1 otherwise
         self.n_past = 0
         self.phase = Phase.WAITING
         self.pending: list[int] = []

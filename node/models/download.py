@@ -90,7 +90,7 @@ async def _transfer(session: aiohttp.ClientSession, url: str, part: Path, bar: t
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
                 asyncio.TimeoutError, ConnectionResetError) as exc:
             raise _Interrupted(f"{type(exc).__name__} after {received} bytes") from None
-        if response.content_length is not None and received < total:
+        if total is not None and received < total:
             raise _Interrupted(f"connection closed after {received} of {total} bytes")
         return received, digest
 

@@ -25,7 +25,7 @@ def cache_path(path: Path) -> Path:
     return path.with_name(path.name + CACHE_SUFFIX)
 
 
-def _identity(path: Path) -> dict[str, object]:
+def _identity(path: Path) -> dict[str, int | str]:
     stat = path.stat()
     return {"version": CACHE_VERSION, "path": str(path.resolve()), "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns}
@@ -39,7 +39,7 @@ def hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _cached(path: Path, identity: dict[str, object]) -> str | None:
+def _cached(path: Path, identity: dict[str, int | str]) -> str | None:
     try:
         record = json.loads(cache_path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):

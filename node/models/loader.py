@@ -17,10 +17,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from node.models.ggufmeta import GGUFError, GGUFSummary, summarize
+from node.config import NodeSettings
 from node.models.catalog import ModelError, ResolvedModel, resolve_model
+
+if TYPE_CHECKING:  # the engine and the cache are imported when an engine is opened
+    from node.cache.prefix_cache import PrefixCache
+    from node.engine.engine import Engine, EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +88,7 @@ def _choose_kv(summary: GGUFSummary, n_ctx: int, wanted: str, budget: int) -> st
     return KV_PREFERENCE[-1]
 
 
-def plan_engine(settings: Any, *, cores: int | None = None, ram_bytes: int | None = None,
+def plan_engine(settings: NodeSettings, *, cores: int | None = None, ram_bytes: int | None = None,
                 fetch: bool = True, progress: bool = True) -> EnginePlan:
     """Resolve the model and choose every engine parameter left to `auto` (0) in settings."""
     model = resolve_model(settings.model.path, settings.home, fetch=fetch, progress=progress)
@@ -124,12 +129,12 @@ def plan_engine(settings: Any, *, cores: int | None = None, ram_bytes: int | Non
     )
 
 
-def prepare_directories(settings: Any) -> None:
+def prepare_directories(settings: NodeSettings) -> None:
     for directory in (settings.home / "models", settings.cache.directory):
         directory.mkdir(parents=True, exist_ok=True)
 
 
-def build_prefix_cache(settings: Any, plan: EnginePlan) -> Any:
+def build_prefix_cache(settings: NodeSettings, plan: EnginePlan) -> PrefixCache | None:
     """The prefix KV cache for this model and KV type, or None when disabled."""
     if not settings.cache.enabled:
         return None
@@ -141,8 +146,8 @@ def build_prefix_cache(settings: Any, plan: EnginePlan) -> Any:
     return PrefixCache(identity, PrefixCacheConfig.from_settings(settings.cache))
 
 
-def engine_config(settings: Any, plan: EnginePlan, prefix_cache: Any = None,
-                  progress: Callable[[float], object] | None = None) -> Any:
+def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: PrefixCache | None = None,
+                  progress: Callable[[float], object] | None = None) -> EngineConfig:
     from node.engine.engine import EngineConfig
 
     return EngineConfig(
@@ -155,8 +160,8 @@ def engine_config(settings: Any, plan: EnginePlan, prefix_cache: Any = None,
     )
 
 
-def open_engine(settings: Any, *, progress: bool = True,
-                on_progress: Callable[[float], object] | None = None) -> Any:
+def open_engine(settings: NodeSettings, *, progress: bool = True,
+                on_progress: Callable[[float], object] | None = None) -> Engine:
     """Resolve, autoconfigure and start the engine the settings describe.
 
     `progress` shows a download bar on stderr when a catalog model must be fetched;

@@ -14,10 +14,13 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from node.engine.config import EngineConfig
+from node.engine.types import ModelInfo
 
 
 class TemplateError(ValueError):
@@ -219,6 +222,19 @@ def normalize_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
+
+class TemplateSource(Protocol):
+    """What choosing a running engine's template reads (the engine, or the serving layer's client)."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    def token_piece(self, token: int) -> bytes: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ChatTemplate:
     """A compiled chat template with the tokens it needs and the text that ends a turn."""
@@ -276,7 +292,7 @@ class ChatTemplate:
         return cls.builtin(chosen)
 
     @classmethod
-    def for_engine(cls, engine: Any) -> "ChatTemplate":
+    def for_engine(cls, engine: TemplateSource) -> "ChatTemplate":
         """The template for a running engine: its GGUF's own, else its catalog family's."""
         from node.models.catalog import entry_for_file
 
