@@ -1,4 +1,4 @@
-"""The node's OpenAI-compatible HTTP API: app factory, routes, schemas, SSE, errors, metrics."""
+"""The node's OpenAI-compatible HTTP API: app factory, routes, parsing, shapes, SSE, the error mapping."""
 
 from node.api.app import create_app
 

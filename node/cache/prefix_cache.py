@@ -1,7 +1,7 @@
 """The prefix KV cache the engine consults: RAM and disk tiers behind the engine's hook.
 
 The engine calls `lookup`, `boundaries_to_store` and `store` on its own thread
-(contract: node/engine/engine.py `PrefixCacheHook`). Lookups walk the prompt's block
+(contract: node/engine/hooks.py `PrefixCacheHook`). Lookups walk the prompt's block
 boundaries longest first, RAM then disk; the ARCA tier (node/cache/fleet.py) is fetched into
 RAM before the request reaches the engine, so the engine thread never waits on the network,
 and `preload` moves a disk-only prefix into RAM at the same moment, off the engine thread.

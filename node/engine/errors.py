@@ -1,7 +1,9 @@
 """The engine's typed errors: every failure the engine reports has one of these types.
 
-The API turns them into HTTP answers in one place by type (never by message text):
-`EngineOverloaded` is a 503, `PromptTooLong` and `InvalidRequest` are 400s, the rest 500s.
+The serving layer turns the ones `submit` raises into its own typed errors, by type (never
+by message text), in one place (node/serving/service.py), and the API those into HTTP:
+`EngineOverloaded` ends as a 503, `PromptTooLong` and `InvalidRequest` (a grammar that does
+not compile included) as 400s.
 Errors that happen inside the engine thread to one request end that request with
 `Finished(reason="error", error=str(exc))` instead of being raised.
 """

@@ -1,7 +1,8 @@
 """The engine's contract with the rest of the node: what a request is and what comes back.
 
-Everything the API, the CLI, the prefix cache and the Conclave need from the engine goes
-through these types, so each of them can be read without reading the scheduler.
+Everything the serving layer, the CLI, the prefix cache and the Conclave need from the
+engine goes through these types (and node/engine/config.py), so each of them can be read
+without reading the scheduler, and none of them loads llama.cpp.
 """
 
 from __future__ import annotations

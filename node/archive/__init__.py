@@ -1,0 +1,1 @@
+"""The node's archive client: ARCA embedded in-process or remote over RESP, behind a breaker."""
