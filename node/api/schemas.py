@@ -200,8 +200,14 @@ def parse_sampling(fields: Fields) -> SamplingParams:
         presence_penalty=fields.number("presence_penalty", base.presence_penalty, -2.0, 2.0),
         frequency_penalty=fields.number("frequency_penalty", base.frequency_penalty, -2.0, 2.0),
         logit_bias=parse_logit_bias(fields),
-        seed=fields.integer("seed", None, -(2**63), 2**64 - 1),
+        seed=parse_seed(fields),
     )
+
+
+def parse_seed(fields: Fields) -> int | None:
+    """A seed in 0..2**64-1; -1 asks for a fresh random one, as llama.cpp's server takes it."""
+    seed = fields.integer("seed", None, -1, 2**64 - 1)
+    return None if seed == -1 else seed
 
 
 def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | None) -> GenerationOptions:
