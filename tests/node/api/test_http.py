@@ -101,6 +101,8 @@ async def test_bodies_that_are_not_json_objects(plain, body, code):
         ("text", {"prompt": [999999999]}, "prompt"),
         ("text", {"prompt": "x", "max_tokens": 100000}, "max_tokens"),
         ("chat", {"seed": -5}, "seed"),
+        ("chat", {"top_p": 0}, "top_p"),
+        ("text", {"prompt": "x", "repeat_penalty": 0.001}, "repeat_penalty"),
         ("text", {"prompt": "x", "seed": -(2**63)}, "seed"),
         ("chat", {"logit_bias": {"999999": 5}}, "logit_bias"),
         ("text", {"prompt": "x", "logit_bias": {"262144": -1}}, "logit_bias"),

@@ -50,6 +50,8 @@ def test_a_failure_while_admitting_one_request_ends_it_alone(engine, monkeypatch
 @pytest.mark.parametrize("change, words", [
     ({"seed": -5}, "seed"),
     ({"logit_bias": {10**9: 1.0}}, "logit_bias"),
+    ({"repeat_penalty": 0.0}, "repeat_penalty"),
+    ({"top_p": 0.0}, "top_p"),
 ])
 def test_sampling_values_the_engine_cannot_run_are_refused_at_submit(engine, change, words):
     sampling = SamplingParams(temperature=0.8, **change)
