@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from arca.commands import dispatch
-from arca.commands.registry import CommandContext
+from arca.commands.registry import CommandContext, Incremental
 from arca.protocol import OK, UNAUTHENTICATED, Decoder, encode, encode_error
 from arca.state import ClientState, ServerOptions, ServerState
 
@@ -61,7 +61,7 @@ def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
 class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
-    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog",
+    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog", "slow",
                  "write_paused", "reading_paused", "eof", "strict_limits", "run_plain", "max_bulk", "max_items")
 
     def __init__(self, server: ArcaServer) -> None:
@@ -72,6 +72,7 @@ class Connection(asyncio.Protocol):
         self.held: list[bytes] | None = None  # replies waiting for the tick's commit
         self.closing = False
         self.backlog: list[list[bytes]] | None = None  # commands left over by a huge batch
+        self.slow: Incremental | None = None  # a reply computed in slices (KEYS), the backlog waits for it
         self.write_paused = False  # the transport's buffer is above its high-water mark
         self.reading_paused = False
         self.eof = False  # the client half-closed: close once everything is answered
@@ -111,7 +112,9 @@ class Connection(asyncio.Protocol):
         if self.client is not None:
             self.server.state.clients.pop(self.client.id, None)
             self.server.connections.discard(self)
-        self.transport = None
+        if self.slow is not None:
+            self.slow.cancel()
+        self.transport = self.slow = None
 
     def eof_received(self) -> bool:
         # The client finished sending (half-close): answer what it sent, then close.
@@ -132,7 +135,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.backlog:
+        if self.backlog is not None:
             self.server.loop.call_soon(self._continue)
         self._update_reading()
 
@@ -211,6 +214,12 @@ class Connection(asyncio.Protocol):
             else:
                 reply = dispatch(ctx, argv)
                 plain = client.multi is None and client.authenticated
+                if type(reply) is Incremental:
+                    if not reply.step():  # more than one slice: the rest runs between other clients
+                        self.slow = reply
+                        self.backlog = commands[done:]
+                        break
+                    reply = reply.value
             kind = type(reply)
             if kind is bytes:
                 append(b"$%d\r\n%b\r\n" % (len(reply), reply))
@@ -245,11 +254,20 @@ class Connection(asyncio.Protocol):
                 self.server.loop.call_soon(self._continue)
 
     def _continue(self) -> None:
-        """Run the rest of a batch cut short by its output size, once the client reads."""
+        """Run the rest of a batch cut short by its output size (once the client reads) or
+        by a reply computed in slices (one slice per event-loop turn until it is ready)."""
         if self.backlog is None or self.write_paused or self.transport is None:
             return
+        out: list[bytes] = []
+        slow = self.slow
+        if slow is not None:
+            if not slow.step():
+                self.server.loop.call_soon(self._continue)
+                return
+            self.slow = None
+            out.append(_encode_safely(slow.value, self.client.resp, [slow.spec.name.encode()]))
         commands, self.backlog = self.backlog, None
-        self._execute(commands, [])
+        self._execute(commands, out)
         if self.backlog is None and self.eof and not self.closing:
             self._close_when_answered()
         self._update_reading()

@@ -1,55 +1,222 @@
-"""Redis glob patterns (KEYS, SCAN MATCH, CONFIG GET): `*`, `?`, `[abc]`, `[^a-z]`, `\\x` escapes."""
+"""Redis glob patterns (KEYS, SCAN MATCH, CONFIG GET): `*`, `?`, `[abc]`, `[^a-z]`, `\\x` escapes.
+
+The semantics are Redis's (stringmatchlen): `?` is any one byte; `[...]` is one byte from
+the set, `^` first negates it, `a-z` is a range (either order), `\\` escapes the next byte,
+`]` right after `[` or `[^` closes an empty set, and a set left open runs to the end of the
+pattern; `\\` outside a set escapes the next byte (a trailing `\\` is itself); consecutive
+stars are one star. As in Redis, a pattern with more than 1000 stars that are followed by
+something else matches nothing (Redis's nesting limit).
+
+The matching is linear in pattern x key, whatever the pattern. Every token but `*`
+consumes exactly one byte, so the pattern splits at its stars into fixed-length segments:
+the first is anchored at the start of the key, the last at its end, and each one between
+is searched leftmost after the previous one. Taking the leftmost occurrence is always
+safe (anything a later occurrence could match, the leftmost can too), so no segment is
+ever tried twice: each costs at most its length times the bytes it is searched over. A
+literal segment is searched with `bytes.find`; a segment with `?` or sets with a regular
+expression that has no quantifier and no alternation, so it cannot backtrack either.
+(The previous translation into one regular expression with `.*` for each star backtracked
+exponentially: a few stars against one long key froze the server.)
+"""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Callable
+
+# Redis refuses to recurse deeper than this many stars (util.c); patterns past it never match.
+STAR_NESTING_LIMIT = 1000
+_STAR = None  # the token for a run of stars; every other token is a set of bytes (a `bytes` of 256 flags)
+
+
+def _tokens(pattern: bytes) -> list[bytes | None]:
+    """The pattern as tokens: _STAR, or a 256-byte table with 1 at the bytes the token accepts."""
+    tokens: list[bytes | None] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == 0x2A:  # '*'
+            if not tokens or tokens[-1] is not _STAR:
+                tokens.append(_STAR)
+        elif ch == 0x3F:  # '?'
+            tokens.append(b"\x01" * 256)
+        elif ch == 0x5B:  # '['
+            i, accepted = _bracket(pattern, i + 1)
+            tokens.append(accepted)
+        else:
+            if ch == 0x5C and i + 1 < n:  # '\\' escapes the next byte
+                i += 1
+                ch = pattern[i]
+            tokens.append(_single(ch))
+        i += 1
+    return tokens
+
+
+def _single(byte: int) -> bytes:
+    table = bytearray(256)
+    table[byte] = 1
+    return bytes(table)
+
+
+def _bracket(pattern: bytes, i: int) -> tuple[int, bytes]:
+    """The set starting at pattern[i] (just after '['): (index of its last byte, table)."""
+    n = len(pattern)
+    negate = i < n and pattern[i] == 0x5E  # '^'
+    if negate:
+        i += 1
+    table = bytearray(256)
+    while True:
+        if i >= n:  # never closed: the set ends with the pattern
+            i = n - 1
+            break
+        ch = pattern[i]
+        if ch == 0x5C and i + 1 < n:  # an escaped byte
+            i += 1
+            table[pattern[i]] = 1
+        elif ch == 0x5D:  # ']'
+            break
+        elif i + 2 < n and pattern[i + 1] == 0x2D:  # a range 'x-y' (three bytes left at least)
+            # Redis compares C chars, which are signed: bytes past 0x7f sort below 0x00.
+            low, high = sorted((_signed(ch), _signed(pattern[i + 2])))
+            for value in range(low, high + 1):
+                table[value & 0xFF] = 1
+            i += 2
+        else:
+            table[ch] = 1
+        i += 1
+    if negate:
+        table = bytearray(1 - flag for flag in table)
+    return i, bytes(table)
+
+
+def _signed(byte: int) -> int:
+    return byte - 256 if byte > 0x7F else byte
+
+
+class _Segment:
+    """A run of one-byte tokens between stars: matched at a place or searched leftmost."""
+
+    __slots__ = ("size", "literal", "regex")
+
+    def __init__(self, tokens: list[bytes]) -> None:
+        self.size = len(tokens)
+        singles = [table.find(1) if table.count(1) == 1 else -1 for table in tokens]
+        if all(byte >= 0 for byte in singles):
+            self.literal: bytes | None = bytes(singles)
+            self.regex = None
+        else:
+            self.literal = None
+            self.regex = re.compile(b"".join(_atom(table) for table in tokens), re.DOTALL)
+
+    def match_at(self, key: bytes, pos: int) -> bool:
+        if self.literal is not None:
+            return key.startswith(self.literal, pos)
+        return self.regex.match(key, pos, pos + self.size) is not None
+
+    def search(self, key: bytes, start: int, end: int) -> int:
+        """Leftmost position >= start where the segment fits before `end`, or -1."""
+        if self.literal is not None:
+            return key.find(self.literal, start, end)
+        found = self.regex.search(key, start, end)
+        return -1 if found is None else found.start()
+
+
+def _atom(table: bytes) -> bytes:
+    """One token as a regular-expression atom matching exactly one byte."""
+    count = table.count(1)
+    if count == 256:
+        return b"."
+    if count == 0:
+        return b"[^\\x00-\\xff]"
+    return b"[" + b"".join(b"\\x%02x" % byte for byte in range(256) if table[byte]) + b"]"
+
+
+class Glob:
+    """A compiled pattern; calling it with a key says whether the key matches."""
+
+    __slots__ = ("pattern", "exact", "head", "middle", "tail", "min_len", "never", "cost_per_byte", "match")
+
+    def __init__(self, pattern: bytes) -> None:
+        self.pattern = pattern
+        tokens = _tokens(pattern)
+        segments: list[list[bytes]] = [[]]
+        for token in tokens:
+            if token is _STAR:
+                segments.append([])
+            else:
+                segments[-1].append(token)
+        stars = len(segments) - 1
+        self.exact = stars == 0  # no star: the one segment is the whole key
+        self.head = _Segment(segments[0])
+        self.tail = _Segment(segments[-1])
+        self.middle = [_Segment(segment) for segment in segments[1:-1]]
+        self.min_len = len(tokens) - stars
+        # Stars followed by a token: each is one level of Redis's recursion.
+        self.never = stars - (0 if segments[-1] else 1) > STAR_NESTING_LIMIT
+        # An upper bound on the work per byte of key (used to slice KEYS): the tokens.
+        self.cost_per_byte = max(1, self.min_len)
+        self.match = self._shortcut() or self._general
+
+    def _shortcut(self):
+        """A faster equal predicate for the common shapes: `*`, `lit`, `lit*`, `*lit`, `*lit*`."""
+        head, tail, middle = self.head, self.tail, self.middle
+        if self.exact:
+            return (lambda key, lit=head.literal: key == lit) if head.literal is not None else None
+        if any(part.literal is None for part in (head, tail, *middle)) or len(middle) > 1:
+            return None
+        if not head.size and not tail.size:
+            if not middle:  # stars only: an empty key matches `*` alone
+                return (lambda key: True) if self.pattern == b"*" else (lambda key: key != b"")
+            return lambda key, lit=middle[0].literal: lit in key
+        if middle:
+            return None
+        if not tail.size:
+            return lambda key, lit=head.literal: key.startswith(lit)
+        if not head.size:
+            return lambda key, lit=tail.literal: key.endswith(lit)
+        return None
+
+    def __call__(self, key: bytes) -> bool:
+        return self.match(key)
+
+    def _general(self, key: bytes) -> bool:
+        return self._match(key, None)
+
+    def steps(self, key: bytes) -> tuple[bool, int]:
+        """(match, byte comparisons it may take at most): the segments' sizes times the spans
+        they were matched or searched over. Tests check this stays within pattern x key."""
+        tally = [0]
+        return self._match(key, tally), tally[0]
+
+    def _match(self, key: bytes, tally: list[int] | None) -> bool:
+        n = len(key)
+        if n < self.min_len or self.never:
+            return False
+        if not n:  # Redis: an empty key matches only an empty pattern, or `*` alone
+            return self.pattern in (b"", b"*")
+        head, tail = self.head, self.tail
+        if self.exact:
+            if tally is not None:
+                tally[0] += head.size
+            return n == head.size and head.match_at(key, 0)
+        if tally is not None:
+            tally[0] += head.size + tail.size
+        end = n - tail.size
+        if not (head.match_at(key, 0) and tail.match_at(key, end)):
+            return False
+        pos = head.size
+        for segment in self.middle:
+            found = segment.search(key, pos, end)
+            if tally is not None:
+                tried = found - pos + 1 if found >= 0 else max(0, end - segment.size - pos + 1)
+                tally[0] += tried * segment.size
+            if found < 0:
+                return False
+            pos = found + segment.size
+        return True
 
 
 @lru_cache(maxsize=256)
-def compile_glob(pattern: bytes) -> Callable[[bytes], bool]:
-    """A predicate telling whether a key matches `pattern` as Redis's stringmatchlen would."""
-    if pattern == b"*":
-        return lambda key: True
-    out = bytearray()
-    i, n = 0, len(pattern)
-    while i < n:
-        ch = pattern[i : i + 1]
-        if ch == b"*":
-            out += b".*"
-        elif ch == b"?":
-            out += b"."
-        elif ch == b"\\" and i + 1 < n:
-            i += 1
-            out += re.escape(pattern[i : i + 1])
-        elif ch == b"[":
-            i, cls = _char_class(pattern, i + 1)
-            out += cls
-        else:
-            out += re.escape(ch)
-        i += 1
-    return re.compile(bytes(out), re.DOTALL).fullmatch  # type: ignore[return-value]
-
-
-def _char_class(pattern: bytes, i: int) -> tuple[int, bytes]:
-    """Translate `[...]` starting after the '['; returns the index of the closing ']'."""
-    n = len(pattern)
-    negate = i < n and pattern[i : i + 1] == b"^"
-    if negate:
-        i += 1
-    parts = bytearray()
-    while i < n and pattern[i : i + 1] != b"]":
-        if pattern[i : i + 1] == b"\\" and i + 1 < n:
-            i += 1
-            parts += re.escape(pattern[i : i + 1])
-        elif i + 2 < n and pattern[i + 1 : i + 2] == b"-" and pattern[i + 2 : i + 3] != b"]":
-            low, high = sorted((pattern[i], pattern[i + 2]))
-            parts += b"%s-%s" % (re.escape(bytes((low,))), re.escape(bytes((high,))))
-            i += 2
-        else:
-            parts += re.escape(pattern[i : i + 1])
-        i += 1
-    if not parts:
-        return i, b"[^\\x00-\\xff]" if not negate else b"[\\x00-\\xff]"
-    return i, b"[" + (b"^" if negate else b"") + bytes(parts) + b"]"
+def compile_glob(pattern: bytes) -> Glob:
+    """The matcher for `pattern` (a callable: key -> bool), as Redis's stringmatchlen matches."""
+    return Glob(pattern)

@@ -5,13 +5,17 @@ value types) that never touches a socket. Dispatch does what every command share
 Redis's exact error strings: lookup (case-insensitive), subcommands (`CLIENT|SETNAME`),
 arity, authentication, and turning errors into error replies in this one place. COMMAND
 COUNT/DOCS/INFO/LIST are generated from the specs registered here.
+
+A command whose work grows with the keyspace (KEYS) returns an `Incremental`: a reply
+computed in slices of bounded work. The server runs one slice at a time and serves other
+clients in between; EXEC and direct callers run it to the end with `finish`.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from arca.archive.errors import ArchiveError, ArchiveOOMError
 from arca.protocol import ErrorReply, Status
@@ -27,6 +31,8 @@ __all__ = [
     "call",
     "command",
     "dispatch",
+    "finish",
+    "Incremental",
     "lookup",
 ]
 
@@ -167,6 +173,49 @@ def _help(spec: CommandSpec) -> list[bytes]:
         lines.append(f"    {sub.summary}")
     lines += ["HELP", "    Print this help."]
     return [line.encode() for line in lines]
+
+
+class Incremental:
+    """A reply computed in slices: `steps` yields after each slice of bounded work and
+    returns the reply value. `step()` runs one slice and says whether the reply is ready
+    (then in `value`); an exception inside becomes an error reply, as in dispatch."""
+
+    __slots__ = ("spec", "_steps", "value", "slices")
+
+    def __init__(self, spec_name: str, steps: Generator[None, None, Reply]) -> None:
+        self.spec = lookup(spec_name.encode())
+        self._steps = steps
+        self.value: Reply = None
+        self.slices = 0
+
+    def step(self) -> bool:
+        self.slices += 1
+        try:
+            next(self._steps)
+        except StopIteration as done:
+            self.value = done.value
+            return True
+        except CommandError as exc:
+            self.value = ErrorReply(exc.message)
+            return True
+        except Exception as exc:
+            self.value = _failure(self.spec, exc)
+            return True
+        return False
+
+    def cancel(self) -> None:
+        """The client went away: drop the work (and what it holds) now."""
+        self._steps.close()
+        self.value = None
+
+
+def finish(reply: Reply) -> Reply:
+    """The final value of a reply, running an Incremental to its end."""
+    if type(reply) is Incremental:
+        while not reply.step():
+            pass
+        return reply.value
+    return reply
 
 
 QUEUED = Status("QUEUED")
