@@ -58,6 +58,10 @@ def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
         return encode_error("ERR internal error: the command produced an invalid reply; see the server log")
 
 
+def _nothing_buffered() -> int:
+    return 0
+
+
 class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
@@ -112,9 +116,15 @@ class Connection(asyncio.Protocol):
         if self.client is not None:
             self.server.state.clients.pop(self.client.id, None)
             self.server.connections.discard(self)
+            # Nothing may keep this connection alive past its close: the client's buffer
+            # gauges are closures over it (a reference cycle the cyclic collector would
+            # free only when it next runs, with a half-received bulk of up to
+            # proto-max-bulk-len inside). Break them and drop every buffer now.
+            self.client.query_buffer = self.client.output_buffer = _nothing_buffered
         if self.slow is not None:
             self.slow.cancel()
-        self.transport = self.slow = None
+        self.decoder.discard()
+        self.transport = self.slow = self.backlog = self.held = None
 
     def eof_received(self) -> bool:
         # The client finished sending (half-close): answer what it sent, then close.
