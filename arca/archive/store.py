@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .checkpoint import Checkpointer
+from .checkpoint import CHECKPOINT_WAL_BYTES, RESTART_WAL_BYTES, WAL_HARD_BYTES, Checkpointer
 from .config import ArchiveConfig
 from .entry_log import create_batches_table
 from .errors import ArchiveCorruptError, ArchiveError
@@ -25,10 +25,10 @@ from .errors import ArchiveCorruptError, ArchiveError
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-# The WAL is checkpointed in the background once it holds this much...
-CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024
-# ...and truncated back to this size when it restarts after a checkpoint.
-WAL_SIZE_LIMIT = 64 * 1024 * 1024
+# The WAL file is truncated back to this size when it starts over after a checkpoint.
+WAL_SIZE_LIMIT = RESTART_WAL_BYTES
+# A commit waits this long for a lock (a RESTART checkpoint holds writers briefly).
+BUSY_TIMEOUT_SECONDS = 30.0
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -75,10 +75,12 @@ class Store:
             self._lock_file.close()
             raise
         self._checkpointer = Checkpointer(self.path, CHECKPOINT_WAL_BYTES)
+        self.forced_checkpoints = 0
 
     def _open(self, config: ArchiveConfig) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=BUSY_TIMEOUT_SECONDS)
         except sqlite3.Error as error:
             raise ArchiveError(f"cannot open archive database {self.path}: {error}") from error
         try:
@@ -140,9 +142,21 @@ class Store:
         """Bytes of the database file and of its write-ahead log."""
         return _size(self.path), _size(Path(f"{self.path}-wal"))
 
+    def bound_wal(self) -> None:
+        """Before a commit: checkpoint here (RESTART) if the WAL has passed WAL_HARD_BYTES,
+        which only happens when the checkpointer thread cannot keep up (see checkpoint.py)."""
+        if self._checkpointer.wal_size() <= WAL_HARD_BYTES:
+            return
+        self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        self.forced_checkpoints += 1
+
     @property
     def checkpoints(self) -> int:
         return self._checkpointer.checkpoints
+
+    @property
+    def restart_checkpoints(self) -> int:
+        return self._checkpointer.restarts + self.forced_checkpoints
 
     def close(self) -> None:
         try:
