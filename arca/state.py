@@ -112,6 +112,9 @@ class ServerState:
     tcp_port: int = 0
     # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
     request_shutdown: Callable[[], None] | None = None
+    # Why the last commit failed (a full disk, say), while write commands are refused
+    # (-MISCONF); None while commits succeed.
+    persistence_error: str | None = None
 
     @classmethod
     def from_options(cls, options: ServerOptions) -> ServerState:

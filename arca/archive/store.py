@@ -129,10 +129,16 @@ class Store:
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # A COMMIT that fails (a full disk) may leave the transaction open: end it, or
+            # every later BEGIN would fail too.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as error:
+                    log.debug("rollback after a failed transaction failed too: %s", error)
             raise
-        conn.execute("COMMIT")
 
     def meta(self, name: str, default: int = 0) -> int:
         row = self.connection.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
@@ -147,7 +153,11 @@ class Store:
         which only happens when the checkpointer thread cannot keep up (see checkpoint.py)."""
         if self._checkpointer.wal_size() <= WAL_HARD_BYTES:
             return
-        self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        try:
+            self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        except sqlite3.Error as error:  # the commit itself will tell whether the disk is full
+            log.debug("checkpoint before a commit failed: %s", error)
+            return
         self.forced_checkpoints += 1
 
     @property

@@ -42,6 +42,9 @@ Reply = Any
 Handler = Callable[["CommandContext", list[bytes]], Reply]
 
 NOAUTH = ErrorReply("NOAUTH Authentication required.")
+MISCONF = ErrorReply(
+    "MISCONF the archive cannot commit to disk (see the server log: a full disk?), so write "
+    "commands are refused until a commit succeeds again; reads are served")
 OOM = "OOM command not allowed when used memory > 'maxmemory'."
 
 
@@ -76,6 +79,10 @@ class CommandSpec:
     since: str = "1.0.0"
     keys: tuple[int, int, int] = (0, 0, 0)  # first key, last key, step
     subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
+    writes: bool = False  # flagged "write": refused while commits fail
+
+    def __post_init__(self) -> None:
+        self.writes = "write" in self.flags
 
     @property
     def fullname(self) -> str:
@@ -226,7 +233,8 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     """Run one command and return its reply value; every failure becomes an ErrorReply."""
     spec = _TABLE.get(argv[0])
     client = ctx.client
-    if spec is None or spec.subcommands or client.multi is not None or not client.authenticated:
+    if (spec is None or spec.subcommands or client.multi is not None or not client.authenticated
+            or ctx.server.persistence_error is not None):
         return _dispatch_checked(ctx, argv)
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
@@ -258,10 +266,21 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
         if ctx.server.requirepass is not None:
             return _refuse(client, NOAUTH)
         client.authenticated = True  # the password was removed (CONFIG SET requirepass "")
+    if ctx.server.persistence_error is not None and _writes(spec, client):
+        if spec.name == "EXEC":
+            client.end_transaction()
+        return _refuse(client, MISCONF)
     if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
         client.multi.append((spec, argv))
         return QUEUED
     return call(spec, ctx, argv)
+
+
+def _writes(spec: CommandSpec, client: ClientState) -> bool:
+    """A write command, or an EXEC of a transaction holding one."""
+    if spec.name == "EXEC":
+        return bool(client.multi) and any(queued.writes for queued, _ in client.multi)
+    return spec.writes
 
 
 def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:

@@ -4,13 +4,16 @@ under sustained mixed writes, and a full disk."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from arca.archive.checkpoint import WAL_HARD_BYTES
@@ -119,3 +122,93 @@ def test_wal_stays_under_its_bound_under_mixed_l1_l4_l3_writes(tmp_path: Path):
     # at most a few MiB: one pipeline from each writer).
     assert peak <= WAL_HARD_BYTES + 8 * MIB, (peak / MIB, info)
     assert info["commit_failures"] == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 24 MiB tmpfs mounted for the test (root can; elsewhere the test is skipped)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for the disk-full run: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _set_until_refused(port: int, acked: dict[bytes, bytes]) -> None:
+    """SET 16 KiB values until one is not acknowledged (its reply waits for a commit that
+    cannot happen) or is refused."""
+    client = redis.Redis(port=port, socket_timeout=2)
+    for i in range(5000):
+        key, value = b"fill:%d" % i, os.urandom(16 << 10)
+        try:
+            client.set(key, value)
+        except (redis.TimeoutError, redis.ResponseError):
+            return
+        acked[key] = value
+    raise AssertionError("the disk never filled")
+
+
+def test_disk_full_serves_reads_refuses_writes_and_recovers(small_disk: Path):
+    directory = small_disk / "arca"
+    proc, port = spawn_arca(directory, "--max-mb", "64", capture=True)
+    acked: dict[bytes, bytes] = {}
+    try:
+        client = redis.Redis(port=port, socket_timeout=5)
+        for i in range(20):
+            acked[b"early:%d" % i] = b"value %d" % i
+            client.set(b"early:%d" % i, b"value %d" % i)
+        ballast = small_disk / "ballast"  # leave about 2 MiB free
+        with open(ballast, "wb") as handle:
+            handle.write(b"\0" * (shutil.disk_usage(small_disk).free - (2 << 20)))
+        _set_until_refused(port, acked)
+
+        # Full: reads are answered, writes get -MISCONF (and change nothing).
+        reader = redis.Redis(port=port, socket_timeout=5)
+        assert reader.get(b"early:3") == b"value 3"
+        assert reader.mget([b"early:0", b"missing"]) == [b"value 0", None]
+        assert reader.ping() is True
+        for attempt in (lambda: reader.set(b"refused", b"x"), lambda: reader.incr(b"counter"),
+                        lambda: reader.execute_command("ARCA.OBSERVE", struct.pack("<2I", 1, 2))):
+            with pytest.raises(redis.ResponseError, match="^MISCONF"):
+                attempt()
+        assert reader.get(b"refused") is None
+
+        # Space returns: within a few retries writes are accepted again.
+        ballast.unlink()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                reader.set(b"after", b"recovered")
+                break
+            except redis.ResponseError as error:
+                assert str(error).startswith("MISCONF")
+                assert time.monotonic() < deadline, "writes were still refused 20 s after space returned"
+                time.sleep(0.2)
+        acked[b"after"] = b"recovered"
+        for i in range(20):
+            reader.set(b"late:%d" % i, b"v%d" % i)
+            acked[b"late:%d" % i] = b"v%d" % i
+        reader.close()
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    log = out.decode(errors="replace")
+    assert proc.returncode == 0, log
+    assert log.count("commit failed") == 1 and log.count("commits succeed again") == 1, log
+    assert "Traceback" not in log, log
+
+    proc, port = spawn_arca(directory, "--max-mb", "64")
+    try:
+        client = redis.Redis(port=port, socket_timeout=10)
+        keys = list(acked)
+        values = client.mget(keys)
+        lost = [key for key, value in zip(keys, values) if value != acked[key]]
+        assert not lost, f"{len(lost)} acknowledged writes lost, e.g. {lost[:3]}"
+    finally:
+        stop(proc)
