@@ -5,6 +5,12 @@ process (whose in-memory index would diverge) from opening the same directory. T
 runs in WAL mode; `synchronous` follows the durability mode. At open the file is checked
 (`PRAGMA quick_check` plus the schema version); a damaged file raises `ArchiveCorruptError`
 naming the file and how to recover, and nothing is served from it.
+
+A new database is built under a temporary name and renamed into place, so `archive.db`
+is never empty on disk. An empty (0-byte) or missing `archive.db` beside a WAL that
+holds pages, or an empty one alone, is therefore damage (a truncated or deleted file),
+refused before SQLite opens it: SQLite would take it for a new database and throw the
+WAL's pages away.
 """
 
 from __future__ import annotations
@@ -70,6 +76,9 @@ class Store:
         config.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = _acquire_lock(config.directory / "archive.lock")
         try:
+            self._check_files()
+            if not self.path.exists():
+                self._create(config)
             self.connection = self._open(config)
         except BaseException:
             self._lock_file.close()
@@ -105,6 +114,46 @@ class Store:
             conn.close()
             raise
         return conn
+
+    def _check_files(self) -> None:
+        """Refuse an empty or missing database file that a WAL still needs, and an empty one."""
+        wal = Path(f"{self.path}-wal")
+        db_bytes, wal_bytes = _size(self.path), _size(wal)
+        exists = self.path.exists()
+        if exists and db_bytes > 0:
+            return
+        if wal_bytes > 0:
+            state = "is empty (0 bytes)" if exists else "is missing"
+            raise ArchiveCorruptError(
+                self.path, f"the database file {state} while {wal.name} holds {wal_bytes} bytes of its pages",
+                hint=f"the file was truncated or deleted: restore {self.path.name} from a copy, or, to "
+                     f"start with an empty archive, stop every process using it and move "
+                     f"{self.path.name}, {wal.name} and {self.path.name}-shm aside")
+        if exists:
+            raise ArchiveCorruptError(
+                self.path, "the database file is empty (0 bytes); ARCA never leaves it so",
+                hint=f"the file was truncated: restore it from a copy, or, if this archive never held "
+                     f"data, delete {self.path.name} to start with an empty archive")
+
+    def _create(self, config: ArchiveConfig) -> None:
+        """Build a new, empty database (WAL mode, current schema) and rename it into place."""
+        temporary = self.path.with_name(self.path.name + ".new")
+        for leftover in (temporary, Path(f"{temporary}-wal"), Path(f"{temporary}-shm")):
+            leftover.unlink(missing_ok=True)
+        conn = sqlite3.connect(temporary, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            self._migrate(conn)
+        finally:
+            conn.close()  # the last connection checkpoints everything into the file
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     def _quick_check(self, conn: sqlite3.Connection) -> None:
         problems = [row[0] for row in conn.execute("PRAGMA quick_check(20)")]
