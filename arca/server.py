@@ -27,7 +27,8 @@ from typing import Any
 
 from arca.commands import dispatch
 from arca.archive.errors import ArchiveError
-from arca.commands.registry import CommandContext, Incremental
+from arca.commands.registry import DENIED, CommandContext, Incremental
+from arca.config import is_loopback
 from arca.protocol import OK, UNAUTHENTICATED, Decoder, encode, encode_error
 from arca.state import ClientState, ServerOptions, ServerState
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
+DENIED_REPLY = encode_error(DENIED)
 SHUTDOWN_GRACE_SECONDS = 5.0
 # How often the server looks for idle time: a period without any command lets the archive
 # rewrite its L1 log in small steps (see arca/archive/entry_log.py).
@@ -116,10 +118,17 @@ class Connection(asyncio.Protocol):
             id=state.new_client_id(),
             addr=f"{peer[0]}:{peer[1]}",
             laddr=f"{local[0]}:{local[1]}",
+            loopback=is_loopback(str(peer[0])),
             authenticated=state.requirepass is None,
             query_buffer=lambda: self.decoder.buffered,
             output_buffer=lambda: self.transport.get_write_buffer_size() if self.transport else 0,
         )
+        if state.refuses(self.client):
+            transport.write(DENIED_REPLY)  # type: ignore[attr-defined]
+            transport.close()
+            self.client = None
+            self.closing = True
+            return
         self.ctx = CommandContext(server.archive, self.client, state)
         state.clients[self.client.id] = self.client
         server.connections.add(self)

@@ -42,6 +42,10 @@ Reply = Any
 Handler = Callable[["CommandContext", list[bytes]], Reply]
 
 NOAUTH = ErrorReply("NOAUTH Authentication required.")
+DENIED = ErrorReply(
+    "DENIED protected mode: no password is set, so only clients on a loopback address are "
+    "served. Set one (CONFIG SET requirepass, from the server's own host), or restart with "
+    "--protected-mode no if a firewall already guards the port")
 MISCONF = ErrorReply(
     "MISCONF the archive cannot commit to disk (see the server log: a full disk?), so write "
     "commands are refused until a commit succeeds again; reads are served")
@@ -265,6 +269,9 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
     if not client.authenticated and not spec.no_auth:
         if ctx.server.requirepass is not None:
             return _refuse(client, NOAUTH)
+        if ctx.server.refuses(client):  # the password was removed: protected mode holds
+            client.close_after_reply = True
+            return DENIED
         client.authenticated = True  # the password was removed (CONFIG SET requirepass "")
     if ctx.server.persistence_error is not None and _writes(spec, client):
         if spec.name == "EXEC":
