@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from arca.commands.glob import STAR_NESTING_LIMIT, compile_glob
+from arca.commands.glob import STAR_NESTING_LIMIT, Glob, compile_glob
 from arca.commands.keys import matching_keys
 from arca.commands.registry import Incremental
 from arca_harness import run
@@ -124,8 +124,12 @@ def test_more_stars_cost_linearly_more():
     assert costs[-1] <= 17 * (len(key) + 1)
 
 
-def test_matches_agree_with_brute_force_on_random_patterns():
+@pytest.mark.parametrize("regex_atoms", [256, 0])  # 0: every segment matched token by token
+def test_matches_agree_with_brute_force_on_random_patterns(monkeypatch, regex_atoms):
     """An obviously correct (exponential) recursive matcher over tokens, on small inputs."""
+    import arca.commands.glob as glob_module
+
+    monkeypatch.setattr(glob_module, "REGEX_ATOMS", regex_atoms)
     rng = random.Random(7)
     alphabet, key_alphabet = b"ab*?[]^-\\", b"ab-]^*"
 
@@ -142,7 +146,7 @@ def test_matches_agree_with_brute_force_on_random_patterns():
     for _ in range(3000):
         pattern = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 7)))
         key = bytes(rng.choice(key_alphabet) for _ in range(rng.randint(1, 6)))
-        assert compile_glob(pattern)(key) == reference(_tokens(pattern), key), (pattern, key)
+        assert Glob(pattern)(key) == reference(_tokens(pattern), key), (pattern, key)
 
 
 # -- against a real redis-server -----------------------------------------------------------
