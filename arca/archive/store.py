@@ -20,6 +20,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -35,6 +36,8 @@ SCHEMA_VERSION = 2
 WAL_SIZE_LIMIT = RESTART_WAL_BYTES
 # A commit waits this long for a lock (a RESTART checkpoint holds writers briefly).
 BUSY_TIMEOUT_SECONDS = 30.0
+# How long a commit waits for the background checkpoint before checkpointing past the bound.
+RESTART_WAIT_SECONDS = 5.0
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -202,11 +205,18 @@ class Store:
         which only happens when the checkpointer thread cannot keep up (see checkpoint.py)."""
         if self._checkpointer.wal_size() <= WAL_HARD_BYTES:
             return
-        try:
-            self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-        except sqlite3.Error as error:  # the commit itself will tell whether the disk is full
-            log.debug("checkpoint before a commit failed: %s", error)
-            return
+        # The background thread may be in a checkpoint of its own (then SQLite answers busy
+        # at once): wait for it to finish, holding this commit, a few seconds at most.
+        deadline = time.monotonic() + RESTART_WAIT_SECONDS
+        while True:
+            try:
+                busy = self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
+            except sqlite3.Error as error:  # the commit itself will tell whether the disk is full
+                log.debug("checkpoint before a commit failed: %s", error)
+                return
+            if not busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
         self.forced_checkpoints += 1
 
     @property
