@@ -12,7 +12,7 @@ import platform
 import time
 
 from arca import __version__
-from arca.commands.args import SYNTAX
+from arca.commands.args import SYNTAX, parse_int
 from arca.commands.connection import REDIS_COMPAT_VERSION
 from arca.commands.glob import compile_glob
 from arca.commands.registry import CommandContext, CommandError, ServerState, command
@@ -167,6 +167,21 @@ def _set_failed(name: str, why: str) -> CommandError:
     return CommandError(f"ERR CONFIG SET failed (possibly related to argument '{name}') - {why}")
 
 
+MAXCLIENTS_RANGE = (1, 2**32 - 1)  # Redis's: an unsigned int
+
+
+def _maxclients(text: bytes) -> int:
+    """CONFIG SET maxclients: a strict 64-bit integer within MAXCLIENTS_RANGE, with Redis's errors."""
+    try:
+        value = parse_int(text)
+    except CommandError:
+        raise _set_failed("maxclients", "argument couldn't be parsed into an integer") from None
+    low, high = MAXCLIENTS_RANGE
+    if not low <= value <= high:
+        raise _set_failed("maxclients", f"argument must be between {low} and {high} inclusive")
+    return value
+
+
 @command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients)", args="parameter value [parameter value ...]", since="2.0.0")
 def config_set(ctx: CommandContext, argv: list[bytes]):
     if len(argv) % 2:
@@ -181,10 +196,7 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
             raise _set_failed(name, "can't set immutable config")
         changes[name] = argv[i + 1]
     if "maxclients" in changes:
-        text = changes["maxclients"]
-        if not text.isdigit() or int(text) < 1:
-            raise _set_failed("maxclients", "argument couldn't be parsed into an integer")
-        ctx.server.maxclients = int(text)
+        ctx.server.maxclients = _maxclients(changes["maxclients"])
     if "requirepass" in changes:
         password = changes["requirepass"].decode("utf-8", "surrogateescape")
         ctx.server.requirepass = password or None

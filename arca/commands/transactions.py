@@ -7,7 +7,7 @@ client's command runs between the queued ones. redis-py's default pipeline
 
 from __future__ import annotations
 
-from arca.commands.registry import CommandContext, CommandError, call, command
+from arca.commands.registry import CommandContext, CommandError, call, command, finish
 from arca.protocol import OK
 
 
@@ -27,7 +27,7 @@ def exec_(ctx: CommandContext, argv: list[bytes]):
     queued = ctx.client.end_transaction()
     if failed:
         raise CommandError("EXECABORT Transaction discarded because of previous errors.")
-    return [call(spec, ctx, queued_argv) for spec, queued_argv in queued]
+    return [finish(call(spec, ctx, queued_argv)) for spec, queued_argv in queued]
 
 
 @command("DISCARD", arity=1, flags=("fast",), group="transactions", summary="Drop the commands queued since MULTI", since="2.0.0")

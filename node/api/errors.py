@@ -6,7 +6,7 @@ for every failure of a handler before a response started, and the SSE error even
 stream that already has its 200 (node/api/sse.py). Types are mapped, never messages:
 the serving layer's errors (node/serving/errors.py), sessions' and warm-ahead's own
 failures, aiohttp's HTTP exceptions (unknown path, wrong method, body over the size
-limit) and `Unauthorized`, the one failure only HTTP knows. Anything else is logged with
+limit) and the failures only HTTP knows (`Unauthorized`, `PayloadTooLarge`). Anything else is logged with
 its traceback and answered 500; the server keeps serving.
 """
 
@@ -37,6 +37,12 @@ class Unauthorized(ServingError):
     default_code = "invalid_api_key"
 
 
+class PayloadTooLarge(ServingError):
+    """A declared body over `[server] max_request_size_mb` (413), refused before it is read."""
+
+    default_code = "request_too_large"
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorReply:
     status: int
@@ -55,6 +61,7 @@ class ErrorReply:
 STATUSES: Mapping[type[ServingError], tuple[int, str]] = {
     InvalidRequest: (400, "invalid_request_error"),
     Unauthorized: (401, "authentication_error"),
+    PayloadTooLarge: (413, "invalid_request_error"),
     NotFound: (404, "invalid_request_error"),
     Overloaded: (503, "server_error"),
     GenerationFailed: (500, "server_error"),
