@@ -109,6 +109,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client is not None:
+            if self.client.watch is not None:
+                self.server.archive.unwatch(self.client.watch)
             self.server.state.clients.pop(self.client.id, None)
             self.server.connections.discard(self)
         self.transport = None
@@ -141,7 +143,8 @@ class Connection(asyncio.Protocol):
             return
         client = self.client
         if (client.multi is None and client.authenticated and not self.strict_limits
-                and self.backlog is None and self.decoder.idle):
+                and self.backlog is None and self.decoder.idle
+                and not self.server.state.slowlog.times_each_command):
             # The plain path: the read's leading plain commands (GET, SET key value, MGET,
             # MSET, INCR and the like, PING) run in the archive's L1 table straight from the
             # bytes (no argv lists, no dispatch).
@@ -167,9 +170,10 @@ class Connection(asyncio.Protocol):
         ctx = self.ctx
         client = ctx.client
         # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
-        # frame) while nothing else applies: not queueing for MULTI, authenticated. Only a
-        # dispatched command can change that, so it is read again after each one.
-        plain = client.multi is None and client.authenticated
+        # frame) while nothing else applies: not queueing for MULTI, authenticated, SLOWLOG not
+        # timing each command. Only a dispatched command can change that, so it is read again
+        # after each one.
+        plain = client.multi is None and client.authenticated and not ctx.server.slowlog.times_each_command
         done = self._run_each(commands, out, plain) if commands else 0
         if done:
             client.last_command = commands[done - 1][0]
@@ -210,7 +214,7 @@ class Connection(asyncio.Protocol):
                 continue
             else:
                 reply = dispatch(ctx, argv)
-                plain = client.multi is None and client.authenticated
+                plain = client.multi is None and client.authenticated and not ctx.server.slowlog.times_each_command
             kind = type(reply)
             if kind is bytes:
                 append(b"$%d\r\n%b\r\n" % (len(reply), reply))

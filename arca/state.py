@@ -10,7 +10,7 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 from arca.protocol import Limits
 
@@ -33,6 +33,7 @@ class ClientState:
     close_after_reply: bool = False
     multi: list | None = None  # commands queued since MULTI, or None outside a transaction
     multi_failed: bool = False  # a command was refused while queueing: EXEC must abort
+    watch: Any = None  # the archive's Watcher for this connection's WATCHed keys, or None
     # Set by the network layer: bytes buffered in and out, for CLIENT LIST.
     query_buffer: Callable[[], int] = lambda: 0
     output_buffer: Callable[[], int] = lambda: 0
@@ -82,6 +83,53 @@ class ServerStats:
         return round((last - first) / (end - start)) if end > start else 0
 
 
+@dataclass(slots=True)
+class SlowLog:
+    """SLOWLOG: the most recent commands that ran longer than `log_slower_than_us`.
+
+    `log_slower_than_us` < 0 logs nothing, 0 logs every command (slowlog-log-slower-than);
+    at most `max_len` entries are kept, newest first (slowlog-max-len).
+    """
+
+    log_slower_than_us: int = 10000
+    max_len: int = 128
+    entries: deque = field(default_factory=deque)
+    next_id: int = 0
+
+    MAX_ARGS: ClassVar[int] = 32
+    MAX_ARG_BYTES: ClassVar[int] = 128
+
+    def wants(self, duration_us: int) -> bool:
+        return 0 <= self.log_slower_than_us <= duration_us
+
+    def record(self, argv: list[bytes], duration_us: int, client: ClientState) -> None:
+        """Log one command: long argument lists and long arguments are cut as Redis cuts them."""
+        shown = argv if len(argv) <= self.MAX_ARGS else argv[: self.MAX_ARGS - 1]
+        args = [a if len(a) <= self.MAX_ARG_BYTES else
+                a[: self.MAX_ARG_BYTES] + b"... (%d more bytes)" % (len(a) - self.MAX_ARG_BYTES) for a in shown]
+        if len(argv) > self.MAX_ARGS:
+            args.append(b"... (%d more arguments)" % (len(argv) - self.MAX_ARGS + 1))
+        entry = (self.next_id, int(time.time()), duration_us, args, client.addr.encode(), client.name)
+        self.next_id += 1
+        self.entries.appendleft(entry)
+        self.trim()
+
+    def trim(self) -> None:
+        while len(self.entries) > self.max_len:
+            self.entries.pop()
+
+    @property
+    def times_each_command(self) -> bool:
+        """Whether every command must be timed on its own (the plain path in C times none)."""
+        return 0 <= self.log_slower_than_us < PLAIN_PATH_SLOWLOG_FLOOR_US
+
+
+# Below this slowlog-log-slower-than, the server sends every command through dispatch, which
+# times each one; the plain path (plain GET/SET/INCR/... answered in C, microseconds each)
+# runs while the threshold is above it or logging is off.
+PLAIN_PATH_SLOWLOG_FLOOR_US = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
     """The server's settings as configured at start (arca.config builds them)."""
@@ -110,6 +158,7 @@ class ServerState:
     stats: ServerStats = field(default_factory=ServerStats)
     next_client_id: int = 1
     tcp_port: int = 0
+    slowlog: SlowLog = field(default_factory=SlowLog)
     # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
     request_shutdown: Callable[[], None] | None = None
 

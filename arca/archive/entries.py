@@ -16,6 +16,7 @@ Writes mark keys dirty in the table; `write_pending` packs them into log batches
 from __future__ import annotations
 
 import logging
+import random
 import sqlite3
 import zlib
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from .errors import ArchiveCorruptError, ArchiveOOMError
 from .expiry import ExpiryQueue, now_ms
 from .entry_log import DamagedBatch, EntryLog
 from .scan import ScanCursors
+from .watch import Watches
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class Entries:
         self._flushes: list[None] = []  # a FLUSH not yet committed (a list: see pending_queues)
         self._scans = ScanCursors()
         self.log = EntryLog()
+        self.watches = Watches(self.table)
+        self._random = random.Random()
 
     def __len__(self) -> int:
         return len(self.table)
@@ -73,6 +77,17 @@ class Entries:
 
     def scan(self, cursor: int, count: int) -> tuple[int, list[bytes]]:
         return self._scans.page(cursor, count, self.table.keys, self.table.contains)
+
+    def random_key(self) -> bytes | None:
+        """A key chosen uniformly among the live ones (a list of every key: O(n))."""
+        keys, contains = self.table.keys(), self.table.contains
+        while keys:
+            index = self._random.randrange(len(keys))
+            if contains(keys[index]):
+                return keys[index]
+            keys[index] = keys[-1]  # expired meanwhile: draw among the others
+            keys.pop()
+        return None
 
     # -- writes --------------------------------------------------------------------------
 
@@ -120,6 +135,7 @@ class Entries:
         return True
 
     def flush(self) -> None:
+        self.watches.flushing()
         self.table.clear()
         self._expiry.clear()
         self._scans.clear()
@@ -153,6 +169,7 @@ class Entries:
         self._advance_rewrite(conn, idle=False, max_keys=max(self.log.rewrite_slice, 2 * records))
 
     def committed(self) -> None:
+        self.watches.before_clear()
         self.table.clear_dirty()
         self._flushes.clear()
 

@@ -28,8 +28,12 @@ def now_ms() -> int:
 
 
 def expire_at_ms(amount: int, unit_ms: int, absolute: bool, command: str) -> int:
-    """Absolute unix-ms expiry for EX/PX/EXAT/PXAT style arguments; Redis's overflow rules."""
-    if amount > INT_MAX // unit_ms or amount < INT_MIN // unit_ms:
+    """Absolute unix-ms expiry for EX/PX/EXAT/PXAT style arguments; Redis's overflow rules.
+
+    The bound on `amount` truncates toward zero as C's division does: -9223372036854776
+    seconds is refused although its product with 1000 would fit once `now` is added.
+    """
+    if amount > INT_MAX // unit_ms or amount < -(-INT_MIN // unit_ms):
         raise CommandError(f"ERR invalid expire time in '{command}' command")
     when = amount * unit_ms
     if not absolute:

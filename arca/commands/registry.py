@@ -3,13 +3,15 @@
 A command is a plain function `(ctx, argv) -> reply value` (see arca.protocol.encode for the
 value types) that never touches a socket. Dispatch does what every command shares, with
 Redis's exact error strings: lookup (case-insensitive), subcommands (`CLIENT|SETNAME`),
-arity, authentication, and turning errors into error replies in this one place. COMMAND
+arity, authentication, commands refused inside MULTI (flag `no_multi`), timing for SLOWLOG,
+and turning errors into error replies in this one place. COMMAND
 COUNT/DOCS/INFO/LIST are generated from the specs registered here.
 """
 
 from __future__ import annotations
 
 import logging
+from time import perf_counter_ns
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -170,7 +172,9 @@ def _help(spec: CommandSpec) -> list[bytes]:
 
 
 QUEUED = Status("QUEUED")
-_TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET"})
+# Run at once inside MULTI rather than queued (WATCH to answer its own error there).
+_TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET", "WATCH"})
+NOT_IN_MULTI = ErrorReply("ERR Command not allowed inside a transaction")
 
 
 def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
@@ -182,12 +186,18 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
         return _wrong_arity(spec)
+    started = perf_counter_ns()
     try:
-        return spec.handler(ctx, argv)
+        reply = spec.handler(ctx, argv)
     except CommandError as exc:
-        return ErrorReply(exc.message)
+        reply = ErrorReply(exc.message)
     except Exception as exc:  # the rare path: typed archive errors and bugs
-        return _failure(spec, exc)
+        reply = _failure(spec, exc)
+    elapsed_us = (perf_counter_ns() - started) // 1000
+    slowlog = ctx.server.slowlog
+    if slowlog.log_slower_than_us <= elapsed_us and slowlog.log_slower_than_us >= 0:
+        slowlog.record(argv, elapsed_us, client)
+    return reply
 
 
 def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
@@ -210,6 +220,8 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
             return _refuse(client, NOAUTH)
         client.authenticated = True  # the password was removed (CONFIG SET requirepass "")
     if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
+        if "no_multi" in spec.flags:
+            return _refuse(client, NOT_IN_MULTI)
         client.multi.append((spec, argv))
         return QUEUED
     return call(spec, ctx, argv)
@@ -222,13 +234,20 @@ def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:
 
 
 def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
-    """Run a resolved command, turning its exceptions into error replies."""
+    """Run a resolved command, turning its exceptions into error replies; SLOWLOG times it
+    (EXEC is not logged itself: each command it runs is)."""
+    started = perf_counter_ns()
     try:
-        return spec.handler(ctx, argv)
+        reply = spec.handler(ctx, argv)
     except CommandError as exc:
-        return ErrorReply(exc.message)
+        reply = ErrorReply(exc.message)
     except Exception as exc:
-        return _failure(spec, exc)
+        reply = _failure(spec, exc)
+    elapsed_us = (perf_counter_ns() - started) // 1000
+    slowlog = ctx.server.slowlog
+    if slowlog.wants(elapsed_us) and "skip_slowlog" not in spec.flags:
+        slowlog.record(argv, elapsed_us, ctx.client)
+    return reply
 
 
 def _failure(spec: CommandSpec, exc: Exception) -> ErrorReply:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import time
 
 from arca import __version__
-from arca.commands.args import SYNTAX
+from arca.commands.args import INT_MAX, SYNTAX, parse_int
 from arca.commands.connection import REDIS_COMPAT_VERSION
 from arca.commands.glob import compile_glob
 from arca.commands.registry import CommandContext, CommandError, ServerState, command
@@ -57,6 +58,17 @@ def _rss_bytes() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cpu() -> dict[str, str]:
+    """INFO cpu: seconds of CPU used by the process, its waited-for children and this thread."""
+    fields = {}
+    for suffix, who in (("", resource.RUSAGE_SELF), ("_children", resource.RUSAGE_CHILDREN),
+                        ("_main_thread", getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))):
+        usage = resource.getrusage(who)
+        fields[f"used_cpu_sys{suffix}"] = f"{usage.ru_stime:.6f}"
+        fields[f"used_cpu_user{suffix}"] = f"{usage.ru_utime:.6f}"
+    return fields
 
 
 def _info_sections(ctx: CommandContext) -> dict[str, dict]:
@@ -108,6 +120,7 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "total_commits": stats.commits,
             "commit_seconds_total": round(stats.commit_seconds, 6),
         },
+        "cpu": _cpu(),
         "keyspace": keyspace,
         "arca": archive.get("arca", {}),
     }
@@ -145,6 +158,8 @@ def _config_view(server: ServerState) -> dict[str, str]:
         "protected-mode": "yes" if options.protected_mode else "no",
         "timeout": "0",
         "cluster-enabled": "no",
+        "slowlog-log-slower-than": str(server.slowlog.log_slower_than_us),
+        "slowlog-max-len": str(server.slowlog.max_len),
     }
     view["proto-max-bulk-len"] = str(limits.max_bulk_len)
     view["client-query-buffer-limit"] = str(limits.max_query_buffer)
@@ -167,7 +182,7 @@ def _set_failed(name: str, why: str) -> CommandError:
     return CommandError(f"ERR CONFIG SET failed (possibly related to argument '{name}') - {why}")
 
 
-@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients)", args="parameter value [parameter value ...]", since="2.0.0")
+@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients, slowlog-log-slower-than, slowlog-max-len)", args="parameter value [parameter value ...]", since="2.0.0")
 def config_set(ctx: CommandContext, argv: list[bytes]):
     if len(argv) % 2:
         raise CommandError("ERR wrong number of arguments for 'config|set' command")
@@ -177,9 +192,12 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
         name = argv[i].decode("utf-8", "replace").lower()
         if name not in view and name != "requirepass":
             raise CommandError(f"ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
-        if name not in ("requirepass", "maxclients"):
+        if name not in _SETTABLE:
             raise _set_failed(name, "can't set immutable config")
         changes[name] = argv[i + 1]
+    slowlog = ctx.server.slowlog
+    slowlog_changes = {name: _slowlog_setting(name, changes.pop(name)) for name in _SLOWLOG_SETTINGS
+                       if name in changes}
     if "maxclients" in changes:
         text = changes["maxclients"]
         if not text.isdigit() or int(text) < 1:
@@ -188,10 +206,29 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
     if "requirepass" in changes:
         password = changes["requirepass"].decode("utf-8", "surrogateescape")
         ctx.server.requirepass = password or None
+    if "slowlog-log-slower-than" in slowlog_changes:
+        slowlog.log_slower_than_us = slowlog_changes["slowlog-log-slower-than"]
+    if "slowlog-max-len" in slowlog_changes:
+        slowlog.max_len = slowlog_changes["slowlog-max-len"]
+        slowlog.trim()
     return OK
 
 
-@command("SHUTDOWN", arity=-1, flags=("admin", "loading", "stale"), group="server", summary="Commit everything and stop the server", args="[NOSAVE | SAVE] [NOW] [FORCE]")
+_SLOWLOG_SETTINGS = {"slowlog-log-slower-than": -1, "slowlog-max-len": 0}  # name: lowest value
+_SETTABLE = frozenset({"requirepass", "maxclients", *_SLOWLOG_SETTINGS})
+
+
+def _slowlog_setting(name: str, text: bytes) -> int:
+    try:
+        value = parse_int(text)
+    except CommandError:
+        raise _set_failed(name, "argument couldn't be parsed into an integer") from None
+    if value < _SLOWLOG_SETTINGS[name]:
+        raise _set_failed(name, f"argument must be between {_SLOWLOG_SETTINGS[name]} and {INT_MAX} inclusive")
+    return value
+
+
+@command("SHUTDOWN", arity=-1, flags=("admin", "noscript", "loading", "stale", "no_multi"), group="server", summary="Commit everything and stop the server", args="[NOSAVE | SAVE] [NOW] [FORCE]")
 def shutdown(ctx: CommandContext, argv: list[bytes]):
     for arg in argv[1:]:
         if arg.upper() not in (b"NOSAVE", b"SAVE", b"NOW", b"FORCE"):
@@ -206,4 +243,5 @@ def shutdown(ctx: CommandContext, argv: list[bytes]):
 @command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")
 def config_resetstat(ctx: CommandContext, argv: list[bytes]):
     ctx.server.stats.__init__()
+    ctx.archive.reset_stats()
     return OK

@@ -32,13 +32,14 @@ def set_(ctx: CommandContext, argv: list[bytes]):
     i = 3
     while i < len(argv):
         option = argv[i].upper()
-        if option in (b"NX", b"XX") and condition is None:
+        # An option may repeat (the last value counts), never meet its alternatives.
+        if option in (b"NX", b"XX") and condition in (None, option):
             condition = option
-        elif option == b"GET" and not want_old:
+        elif option == b"GET":
             want_old = True
-        elif option == b"KEEPTTL" and expiry is None and not keep_ttl:
+        elif option == b"KEEPTTL" and expiry is None:
             keep_ttl = True
-        elif option in _EXPIRE_UNITS and expiry is None and not keep_ttl and i + 1 < len(argv):
+        elif option in _EXPIRE_UNITS and expiry in (None, option) and not keep_ttl and i + 1 < len(argv):
             expiry = option
             amount = parse_int(argv[i + 1])
             if amount <= 0:
