@@ -20,6 +20,7 @@ from arca.commands.registry import CommandContext, CommandError, ServerState, co
 from arca.protocol import NO_REPLY, OK
 
 _APPENDFSYNC = {"fsync": "always", "everysec": "everysec", "commit": "no"}
+_TITLES = {"cpu": "CPU"}  # section headers that are not the capitalized name
 
 
 @command("DBSIZE", arity=1, flags=("readonly", "fast"), group="server", summary="Number of keys")
@@ -135,7 +136,7 @@ def info(ctx: CommandContext, argv: list[bytes]):
     blocks = []
     for name, fields in sections.items():
         if name in wanted:
-            lines = [f"# {name.capitalize() if name != 'arca' else 'Arca'}"]
+            lines = [f"# {_TITLES.get(name, name.capitalize())}"]
             lines += [f"{key}:{value}" for key, value in fields.items()]
             blocks.append("\r\n".join(lines) + "\r\n")
     return "\r\n".join(blocks).encode()
