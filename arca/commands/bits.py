@@ -61,22 +61,28 @@ def _bits(value: bytes, first: int, last: int) -> tuple[int, int]:
     return (int.from_bytes(chunk, "big") >> tail) & ((1 << width) - 1), width
 
 
-def _range(argv: list[bytes], start_at: int, length: int, both_negative_rule: bool) -> tuple[int, int, bool] | None:
+def _range(argv: list[bytes], start_at: int, length: int, bitcount: bool) -> tuple[int, int, bool] | None:
     """(first bit, last bit, end given) of the range in argv[start_at:], or None when empty.
-    Ranges in bytes unless BIT follows start and end. With `both_negative_rule` (BITCOUNT),
-    two negative ends with start past end are empty before they are clamped."""
+    Ranges in bytes unless BIT follows start and end. BITCOUNT's ranges differ from BITPOS's
+    in two details: the end is read before the unit, and two negative ends with start past
+    end make an empty range before they are clamped (and before the unit is read)."""
+    start = parse_int(argv[start_at], NOT_INTEGER) if len(argv) > start_at else 0
+    end_given = len(argv) > start_at + 1
+    # BITCOUNT reads both ends before the unit, BITPOS the unit before the end (Redis 7.0).
+    end = parse_int(argv[start_at + 1], NOT_INTEGER) if end_given and bitcount else None
+    if bitcount and start < 0 and end < 0 and start > end:
+        return None  # before the unit is looked at
     unit_bits = False
     if len(argv) > start_at + 2:
         unit = argv[start_at + 2].upper()
         if unit not in (b"BYTE", b"BIT") or len(argv) > start_at + 3:
             raise CommandError(SYNTAX)
         unit_bits = unit == b"BIT"
-    start = parse_int(argv[start_at], NOT_INTEGER) if len(argv) > start_at else 0
-    end_given = len(argv) > start_at + 1
+    if end_given and end is None:
+        end = parse_int(argv[start_at + 1], NOT_INTEGER)
     total = length * 8 if unit_bits else length
-    end = parse_int(argv[start_at + 1], NOT_INTEGER) if end_given else total - 1
-    if both_negative_rule and start < 0 and end < 0 and start > end:
-        return None
+    if end is None:
+        end = total - 1
     if start < 0:
         start = max(total + start, 0)
     if end < 0:
@@ -97,7 +103,7 @@ def bitcount(ctx: CommandContext, argv: list[bytes]):
     if len(argv) == 3 or len(argv) > 5:
         raise CommandError(SYNTAX)
     if len(argv) > 2:
-        found = _range(argv, 2, len(value), both_negative_rule=True)
+        found = _range(argv, 2, len(value), bitcount=True)
     else:
         found = None if not value else (0, len(value) * 8 - 1, False)
     if found is None:
@@ -116,7 +122,7 @@ def bitpos(ctx: CommandContext, argv: list[bytes]):
         return -1 if bit else 0
     if len(argv) > 6:
         raise CommandError(SYNTAX)
-    found = _range(argv, 3, len(value), both_negative_rule=False)
+    found = _range(argv, 3, len(value), bitcount=False)
     if found is None:
         return -1
     first, last, end_given = found

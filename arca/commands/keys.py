@@ -29,7 +29,6 @@ def exists(ctx: CommandContext, argv: list[bytes]):
 
 def _expire(ctx: CommandContext, argv: list[bytes], unit_ms: int, absolute: bool) -> int:
     name = argv[0].decode().lower()
-    when = expire_at_ms(parse_int(argv[2]), unit_ms, absolute, name)
     flags = {arg.upper() for arg in argv[3:]}
     for arg in argv[3:]:
         if arg.upper() not in (b"NX", b"XX", b"GT", b"LT"):
@@ -38,6 +37,7 @@ def _expire(ctx: CommandContext, argv: list[bytes], unit_ms: int, absolute: bool
         raise CommandError("ERR NX and XX, GT or LT options at the same time are not compatible")
     if {b"GT", b"LT"} <= flags:
         raise CommandError("ERR GT and LT options at the same time are not compatible")
+    when = expire_at_ms(parse_int(argv[2]), unit_ms, absolute, name)  # after the options, as Redis
     entry = ctx.archive.get_entry(argv[1])
     if entry is None:
         return 0

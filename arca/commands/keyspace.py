@@ -87,7 +87,7 @@ def _expire_time(ctx: CommandContext, key: bytes) -> int:
 @command("EXPIRETIME", arity=2, flags=("readonly", "fast"), group="generic", summary="A key's expiry as a unix time in seconds", args="key", since="7.0.0", keys=_KEY)
 def expiretime(ctx: CommandContext, argv: list[bytes]):
     when = _expire_time(ctx, argv[1])
-    return when if when < 0 else when // 1000
+    return when if when < 0 else (when + 500) // 1000  # rounded, as Redis rounds TTL
 
 
 @command("PEXPIRETIME", arity=2, flags=("readonly", "fast"), group="generic", summary="A key's expiry as a unix time in milliseconds", args="key", since="7.0.0", keys=_KEY)

@@ -204,3 +204,46 @@ SCRIPTS: dict[str, list[tuple]] = {
         ("CONFIG", "RESETSTAT"), ("CONFIG", "RESETSTAT", "x"),
     ],
 }
+
+
+def random_script(seed: int, length: int) -> list[tuple]:
+    """A seeded random mix of string and keyspace commands over a few keys and edge values."""
+    import random
+
+    rng = random.Random(seed)
+    keys = ["a", "b", "c", "n"]
+    values = ["", "0", "1", "-1", "10", "3.5", "abc", "hello world", MAX, MIN, b"\xff\x00\x0f", "x" * 50, "007"]
+    offsets = ["-1", "0", "1", "2", "3", "7", "8", "15", "17", "100", "-100", "-3", MAX, MIN, "x", "1.5"]
+    times = [FAR, "4102444801", "1", "0", "-5", "x", "9223372036854776"]
+    key, value, offset, at = (lambda: rng.choice(keys)), (lambda: rng.choice(values)), \
+        (lambda: rng.choice(offsets)), (lambda: rng.choice(times))
+    unit = lambda: rng.choice(["BYTE", "BIT", "bit", "WORD"])  # noqa: E731
+    makers = [
+        lambda: ("SET", key(), value()), lambda: ("GET", key()), lambda: ("APPEND", key(), value()),
+        lambda: ("SETRANGE", key(), offset(), value()), lambda: ("GETRANGE", key(), offset(), offset()),
+        lambda: ("SUBSTR", key(), offset(), offset()), lambda: ("SETBIT", key(), offset(), rng.choice("0112x")),
+        lambda: ("GETBIT", key(), offset()), lambda: ("BITCOUNT", key()),
+        lambda: ("BITCOUNT", key(), offset(), offset()), lambda: ("BITCOUNT", key(), offset(), offset(), unit()),
+        lambda: ("BITPOS", key(), rng.choice("012")), lambda: ("BITPOS", key(), rng.choice("01"), offset()),
+        lambda: ("BITPOS", key(), rng.choice("01"), offset(), offset()),
+        lambda: ("BITPOS", key(), rng.choice("01"), offset(), offset(), unit()),
+        lambda: ("INCR", key()), lambda: ("INCRBY", key(), offset()), lambda: ("DECRBY", key(), offset()),
+        lambda: ("INCRBYFLOAT", key(), rng.choice(["0.1", "-2.5", "1e3", "abc", "3", "-0.1", "1.5e-3"])),
+        lambda: ("GETSET", key(), value()), lambda: ("GETDEL", key()), lambda: ("MSET", key(), value(), key(), value()),
+        lambda: ("MSETNX", key(), value(), key(), value()), lambda: ("MGET", key(), key(), key()),
+        lambda: ("STRLEN", key()), lambda: ("LCS", key(), key()), lambda: ("LCS", key(), key(), "IDX", "WITHMATCHLEN"),
+        lambda: ("LCS", key(), key(), "LEN"), lambda: ("COPY", key(), key()), lambda: ("COPY", key(), key(), "REPLACE"),
+        lambda: ("RENAME", key(), key()), lambda: ("RENAMENX", key(), key()), lambda: ("EXISTS", key(), key()),
+        lambda: ("DEL", key()), lambda: ("TOUCH", key(), key()),
+        lambda: ("EXPIREAT", key(), at(), *rng.choice([(), ("NX",), ("XX",), ("GT",), ("LT",), ("NX", "GT")])),
+        lambda: ("PEXPIREAT", key(), at() + "000"), lambda: ("EXPIRETIME", key()), lambda: ("PEXPIRETIME", key()),
+        lambda: ("PERSIST", key()), lambda: ("GETEX", key(), rng.choice(["EXAT", "PXAT"]), at()),
+        lambda: ("GETEX", key(), "PERSIST"), lambda: ("GETEX", key()), lambda: ("SETNX", key(), value()),
+        lambda: ("SET", key(), value(), rng.choice(["NX", "XX", "GET", "KEEPTTL"])), lambda: ("TYPE", key()),
+        lambda: ("DBSIZE",),
+    ]
+    return [rng.choice(makers)() for _ in range(length)]
+
+
+for _seed in range(4):
+    SCRIPTS[f"random-{_seed}"] = random_script(_seed, 600)
