@@ -139,6 +139,8 @@ class ServerOptions:
     durability: str = "commit"  # "commit" | "fsync" | "everysec"
     limits: Limits = Limits()
     maxclients: int = 10000
+    slowlog_log_slower_than: int = 10000
+    slowlog_max_len: int = 128
     requirepass: str | None = None
     protected_mode: bool = True
     directory: str = ""
@@ -164,7 +166,8 @@ class ServerState:
 
     @classmethod
     def from_options(cls, options: ServerOptions) -> ServerState:
-        return cls(options, maxclients=options.maxclients, requirepass=options.requirepass)
+        return cls(options, maxclients=options.maxclients, requirepass=options.requirepass,
+                   slowlog=SlowLog(options.slowlog_log_slower_than, options.slowlog_max_len))
 
     def new_client_id(self) -> int:
         client_id = self.next_client_id

@@ -1,4 +1,4 @@
-"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME SHUTDOWN.
+"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME SAVE SHUTDOWN.
 
 INFO combines the server's own counters (server, clients, stats) with the archive's
 `info()` (memory, persistence, keyspace, arca). CONFIG exposes the keys stock tools ask for
@@ -239,6 +239,12 @@ def shutdown(ctx: CommandContext, argv: list[bytes]):
     ctx.server.request_shutdown()
     ctx.client.close_after_reply = True
     return NO_REPLY  # like Redis: the client sees the connection close, not a reply
+
+
+@command("SAVE", arity=1, flags=("admin", "noscript", "no_multi"), group="server", summary="Commit every pending write now (writes are committed continuously anyway)")
+def save(ctx: CommandContext, argv: list[bytes]):
+    ctx.archive.commit()
+    return OK
 
 
 @command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")

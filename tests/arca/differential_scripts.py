@@ -178,7 +178,8 @@ SCRIPTS: dict[str, list[tuple]] = {
     ],
     "transactions": [
         ("MULTI",), ("SHUTDOWN",), ("WATCH", "a"), ("MULTI",), ("SET", "a", "1"), ("EXEC",), ("GET", "a"),
-        ("MULTI",), ("WATCH", "x"), ("SET", "a", "2"), ("EXEC",), ("MULTI",), ("SHUTDOWN", "NOSAVE"),
+        ("MULTI",), ("WATCH", "x"), ("SET", "a", "2"), ("EXEC",), ("SAVE",), ("MULTI",), ("SAVE",), ("EXEC",),
+        ("MULTI",), ("SHUTDOWN", "NOSAVE"),
         ("DISCARD",), ("WATCH",), ("WATCH", "a", "b"), ("SET", "a", "3"), ("MULTI",), ("GET", "a"), ("EXEC",),
         ("WATCH", "a"), ("MULTI",), ("GET", "a"), ("EXEC",), ("WATCH", "a"), ("UNWATCH",), ("SET", "a", "4"),
         ("MULTI",), ("GET", "a"), ("EXEC",), ("WATCH", "nokey"), ("SET", "nokey", "1"), ("MULTI",),

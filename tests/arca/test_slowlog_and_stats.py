@@ -113,3 +113,22 @@ def test_redis_py_reads_info_cpu_and_slowlog(arca):
         assert client.info("cpu")["used_cpu_user"] >= 0
         assert client.slowlog_len() >= 0
         client.close()
+
+
+def test_slowlog_settings_come_from_the_config_file(tmp_path):
+    from arca.config import load_config
+    from arca.daemon import server_options
+    from arca.state import ServerState
+    from shared.config import ConfigError
+
+    conf = tmp_path / "arca.conf"
+    conf.write_text("[server]\nslowlog-log-slower-than = 0\nslowlog-max-len = 5\n")
+    state = ServerState.from_options(server_options(load_config(file=conf, env={})))
+    assert (state.slowlog.log_slower_than_us, state.slowlog.max_len) == (0, 5)
+    conf.write_text("[server]\nslowlog-max-len = -1\n")
+    try:
+        load_config(file=conf, env={})
+    except ConfigError as error:
+        assert "slowlog-max-len" in str(error)
+    else:
+        raise AssertionError("a negative slowlog-max-len was accepted")
