@@ -76,10 +76,10 @@ def setrange(ctx: CommandContext, argv: list[bytes]):
 # -- LCS ----------------------------------------------------------------------------------
 
 
-def _lcs_table(a: bytes, b: bytes) -> np.ndarray:
+def lcs_table(a: bytes, b: bytes) -> np.ndarray:
     """table[i, j] = length of the LCS of a[:i] and b[:j]."""
     if len(a) > len(b):
-        return _lcs_table(b, a).T  # the table is symmetric: loop over the shorter string
+        return lcs_table(b, a).T  # the table is symmetric: loop over the shorter string
     table = np.zeros((len(a) + 1, len(b) + 1), dtype=np.uint32)
     columns = np.frombuffer(b, dtype=np.uint8)
     for i, byte in enumerate(a, 1):
@@ -92,28 +92,40 @@ def _lcs_table(a: bytes, b: bytes) -> np.ndarray:
     return table
 
 
-def _walk_back(a: bytes, b: bytes, table: np.ndarray, min_len: int) -> tuple[bytes, list]:
+def walk_back(a: bytes, b: bytes, table: np.ndarray, min_len: int, skip_after: int = 16) -> tuple[bytes, list]:
     """The LCS and its matching ranges, walked from the ends of both strings: on a tie the
-    walk steps back in b. Ranges are ((a_start, a_end), (b_start, b_end), length), last first."""
+    walk steps back in b. Ranges are ((a_start, a_end), (b_start, b_end), length), last first.
+    After `skip_after` steps in one direction the walk finds the end of the run with numpy
+    (a long value against a short one would walk millions of cells one by one)."""
+    a_bytes, b_bytes = np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8)
     i, j = len(a), len(b)
     common = bytearray()
     matches = []
     run = None  # [a_start, a_end, b_start, b_end] of the match being extended backwards
+    streak = 0  # consecutive steps back in the same direction
     while i > 0 and j > 0:
         if a[i - 1] == b[j - 1]:
             common.append(a[i - 1])
             i -= 1
             j -= 1
+            streak = 0
             if run is None:
                 run = [i, i, j, j]
             else:
                 run[0], run[2] = i, j
             ended = i == 0 or j == 0
         else:
-            if table[i - 1, j] > table[i, j - 1]:
+            up = table[i - 1, j] > table[i, j - 1]
+            if up:
                 i -= 1
+                streak = streak + 1 if streak > 0 else 1
             else:
                 j -= 1
+                streak = streak - 1 if streak < 0 else -1
+            if streak >= skip_after and i > 0 and j > 0:
+                i = _skip_up(a_bytes, b[j - 1], table, i, j)
+            elif streak <= -skip_after and i > 0 and j > 0:
+                j = _skip_left(b_bytes, a[i - 1], table, i, j)
             ended = run is not None
         if ended and run is not None:
             length = run[1] - run[0] + 1
@@ -122,6 +134,33 @@ def _walk_back(a: bytes, b: bytes, table: np.ndarray, min_len: int) -> tuple[byt
             run = None
     common.reverse()
     return bytes(common), matches
+
+
+def _skip_up(a_bytes: np.ndarray, byte: int, table: np.ndarray, i: int, j: int) -> int:
+    """The row where steps up from (i, j) stop: the highest k <= i with a match at (k, j) or
+    no step up from it (0 when the walk leaves the table)."""
+    width = 64
+    while i > 0:
+        low = max(i - width, 0)
+        moves = (a_bytes[low:i] != byte) & (table[low:i, j] > table[low + 1:i + 1, j - 1])
+        stops = np.flatnonzero(~moves)
+        if stops.size:
+            return low + 1 + int(stops[-1])
+        i, width = low, width * 2
+    return 0
+
+
+def _skip_left(b_bytes: np.ndarray, byte: int, table: np.ndarray, i: int, j: int) -> int:
+    """The column where steps left from (i, j) stop (see _skip_up; a tie steps left)."""
+    width = 64
+    while j > 0:
+        low = max(j - width, 0)
+        moves = (b_bytes[low:j] != byte) & (table[i - 1, low + 1:j + 1] <= table[i, low:j])
+        stops = np.flatnonzero(~moves)
+        if stops.size:
+            return low + 1 + int(stops[-1])
+        j, width = low, width * 2
+    return 0
 
 
 @command("LCS", arity=-3, flags=("readonly",), group="string", summary="The longest common subsequence of two values", args="key1 key2 [LEN] [IDX] [MINMATCHLEN min-match-len] [WITHMATCHLEN]", since="7.0.0", keys=(1, 2, 1))
@@ -149,11 +188,11 @@ def lcs(ctx: CommandContext, argv: list[bytes]):
         raise CommandError("ERR If you want both the length and indexes, please just use IDX.")
     if (len(a) + 1) * (len(b) + 1) * 4 > value_size_limit(ctx):
         raise CommandError("ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len")
-    table = _lcs_table(a, b)
+    table = lcs_table(a, b)
     total = int(table[len(a), len(b)])
     if want_len:
         return total
-    common, matches = _walk_back(a, b, table, min_len)
+    common, matches = walk_back(a, b, table, min_len)
     if not want_idx:
         return common
     found = []

@@ -116,6 +116,9 @@ SCRIPTS: dict[str, list[tuple]] = {
         ("LCS", "f", "e", "IDX"), ("SET", "g", "abcabcabc"), ("SET", "h", "cbacbacba"),
         ("LCS", "g", "h"), ("LCS", "g", "h", "IDX", "WITHMATCHLEN"), ("LCS", "h", "g", "IDX"),
         ("SET", "i", "xaybzc"), ("SET", "j", "abc"), ("LCS", "i", "j", "IDX", "MINMATCHLEN", "1"),
+        ("SET", "long", "x" + "y" * 3000 + "abc" + "q" * 500), ("SET", "short", "xzab"),
+        ("LCS", "long", "short", "IDX", "WITHMATCHLEN"), ("LCS", "short", "long", "IDX", "WITHMATCHLEN"),
+        ("LCS", "long", "short"), ("LCS", "long", "long", "LEN"),
         ("LCS", "a"), ("LCS", "a", "b", "idx", "len"),
     ],
     "bits": [

@@ -184,3 +184,39 @@ def test_lcs_of_long_values_is_bounded(ctx):
     run(ctx, "SET", "big", b"a" * 5000)
     assert run(ctx, "LCS", "big", "big") == ErrorReply(
         "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len")
+
+
+def _plain_lcs_table(a: bytes, b: bytes) -> list[list[int]]:
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            table[i][j] = table[i - 1][j - 1] + 1 if a[i - 1] == b[j - 1] else max(table[i - 1][j], table[i][j - 1])
+    return table
+
+
+def test_lcs_table_and_walk_against_plain_versions():
+    import random
+
+    from arca.commands.ranges import lcs_table, walk_back
+
+    rng = random.Random(7)
+    for _ in range(300):
+        alphabet = rng.choice([b"ab", b"abc", b"wxyz", bytes(range(256))])
+        a = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        b = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        if rng.random() < 0.4:  # long runs in one direction: the walk skips them
+            a, b = (a + b"q" * rng.randint(1, 200), b) if rng.random() < 0.5 else (a, b"q" * rng.randint(1, 200) + b)
+        table = lcs_table(a, b)
+        assert table.tolist() == _plain_lcs_table(a, b)
+        one_by_one = walk_back(a, b, table, 0, skip_after=1 << 30)
+        assert walk_back(a, b, table, 0, skip_after=rng.choice([1, 2, 16])) == one_by_one
+        assert len(one_by_one[0]) == table[len(a), len(b)]
+
+
+def test_lcs_of_a_long_value_and_a_short_one_is_quick(ctx):
+    run(ctx, "SET", "long", b"x" + b"y" * 2_000_000)
+    run(ctx, "SET", "short", b"xz")
+    started = time.perf_counter()
+    assert run(ctx, "LCS", "long", "short", "IDX") == {b"matches": [[[0, 0], [0, 0]]], b"len": 1}
+    assert run(ctx, "LCS", "short", "long") == b"x"
+    assert time.perf_counter() - started < 5
