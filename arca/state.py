@@ -99,9 +99,6 @@ class SlowLog:
     MAX_ARGS: ClassVar[int] = 32
     MAX_ARG_BYTES: ClassVar[int] = 128
 
-    def wants(self, duration_us: int) -> bool:
-        return 0 <= self.log_slower_than_us <= duration_us
-
     def record(self, argv: list[bytes], duration_us: int, client: ClientState) -> None:
         """Log one command: long argument lists and long arguments are cut as Redis cuts them."""
         shown = argv if len(argv) <= self.MAX_ARGS else argv[: self.MAX_ARGS - 1]

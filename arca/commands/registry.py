@@ -193,10 +193,10 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
         reply = ErrorReply(exc.message)
     except Exception as exc:  # the rare path: typed archive errors and bugs
         reply = _failure(spec, exc)
-    elapsed_us = (perf_counter_ns() - started) // 1000
+    elapsed_ns = perf_counter_ns() - started
     slowlog = ctx.server.slowlog
-    if slowlog.log_slower_than_us <= elapsed_us and slowlog.log_slower_than_us >= 0:
-        slowlog.record(argv, elapsed_us, client)
+    if 0 <= slowlog.log_slower_than_us * 1000 <= elapsed_ns:
+        slowlog.record(argv, elapsed_ns // 1000, client)
     return reply
 
 
@@ -243,10 +243,10 @@ def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
         reply = ErrorReply(exc.message)
     except Exception as exc:
         reply = _failure(spec, exc)
-    elapsed_us = (perf_counter_ns() - started) // 1000
+    elapsed_ns = perf_counter_ns() - started
     slowlog = ctx.server.slowlog
-    if slowlog.wants(elapsed_us) and "skip_slowlog" not in spec.flags:
-        slowlog.record(argv, elapsed_us, ctx.client)
+    if 0 <= slowlog.log_slower_than_us * 1000 <= elapsed_ns and "skip_slowlog" not in spec.flags:
+        slowlog.record(argv, elapsed_ns // 1000, ctx.client)
     return reply
 
 
