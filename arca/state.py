@@ -100,7 +100,9 @@ class SlowLog:
     MAX_ARG_BYTES: ClassVar[int] = 128
 
     def record(self, argv: list[bytes], duration_us: int, client: ClientState) -> None:
-        """Log one command: long argument lists and long arguments are cut as Redis cuts them."""
+        """Log one command: passwords redacted, long argument lists and long arguments cut
+        as Redis cuts them."""
+        argv = _redacted(argv)
         shown = argv if len(argv) <= self.MAX_ARGS else argv[: self.MAX_ARGS - 1]
         args = [a if len(a) <= self.MAX_ARG_BYTES else
                 a[: self.MAX_ARG_BYTES] + b"... (%d more bytes)" % (len(a) - self.MAX_ARG_BYTES) for a in shown]
@@ -119,6 +121,27 @@ class SlowLog:
     def times_each_command(self) -> bool:
         """Whether every command must be timed on its own (the plain path in C times none)."""
         return 0 <= self.log_slower_than_us < PLAIN_PATH_SLOWLOG_FLOOR_US
+
+
+REDACTED = b"(redacted)"
+
+
+def _redacted(argv: list[bytes]) -> list[bytes]:
+    """argv with its secrets replaced as Redis replaces them in SLOWLOG: every AUTH argument,
+    the user and password after HELLO's AUTH, the value of CONFIG SET requirepass."""
+    name = argv[0].upper()
+    if name == b"AUTH":
+        return [argv[0]] + [REDACTED] * (len(argv) - 1)
+    secrets: set[int] = set()
+    if name == b"HELLO":
+        for i, arg in enumerate(argv):
+            if arg.upper() == b"AUTH":
+                secrets.update((i + 1, i + 2))
+    elif name == b"CONFIG" and len(argv) > 1 and argv[1].upper() == b"SET":
+        secrets.update(i + 1 for i in range(2, len(argv), 2) if argv[i].lower() == b"requirepass")
+    if not secrets:
+        return argv
+    return [REDACTED if i in secrets else arg for i, arg in enumerate(argv)]
 
 
 # Below this slowlog-log-slower-than, the server sends every command through dispatch, which

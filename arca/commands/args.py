@@ -8,6 +8,7 @@ from arca.commands.registry import CommandError
 
 NOT_INTEGER = "ERR value is not an integer or out of range"
 SYNTAX = "ERR syntax error"
+TOO_LONG = "ERR string exceeds maximum allowed size (proto-max-bulk-len)"
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 
@@ -21,6 +22,12 @@ def parse_int(arg: bytes, error: str = NOT_INTEGER) -> int:
     if INT_MIN <= value <= INT_MAX and b"%d" % value == arg:
         return value
     raise CommandError(error)
+
+
+def value_size_limit(ctx) -> int:
+    """The largest value a command may build (Redis: proto-max-bulk-len); the L1 budget may
+    refuse smaller ones (-OOM)."""
+    return ctx.server.options.limits.max_bulk_len
 
 
 def now_ms() -> int:

@@ -9,8 +9,7 @@ counting and searching run in C over the bytes.
 
 from __future__ import annotations
 
-from arca.commands.args import NOT_INTEGER, SYNTAX, parse_int
-from arca.commands.ranges import value_size_limit
+from arca.commands.args import NOT_INTEGER, SYNTAX, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 
 _KEY = (1, 1, 1)

@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from arca.commands.args import NOT_INTEGER, SYNTAX, parse_int
+from arca.commands.args import NOT_INTEGER, SYNTAX, TOO_LONG, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 
 _KEY = (1, 1, 1)
-TOO_LONG = "ERR string exceeds maximum allowed size (proto-max-bulk-len)"
-
-
-def value_size_limit(ctx: CommandContext) -> int:
-    """The largest value a command may build (Redis: proto-max-bulk-len)."""
-    return ctx.server.options.limits.max_bulk_len
-
 
 def slice_range(length: int, start: int, end: int) -> tuple[int, int]:
     """GETRANGE's [start, end) over a value of `length` bytes (empty when start >= end)."""

@@ -6,7 +6,7 @@ Every value is a string; a write keeps or replaces the key's TTL exactly as Redi
 
 from __future__ import annotations
 
-from arca.commands.args import INT_MAX, INT_MIN, SYNTAX, expire_at_ms, parse_int
+from arca.commands.args import INT_MAX, INT_MIN, SYNTAX, TOO_LONG, expire_at_ms, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 from arca.protocol import OK
 
@@ -151,6 +151,8 @@ def append(ctx: CommandContext, argv: list[bytes]):
     if found is None:
         ctx.archive.put(argv[1], argv[2])
         return len(argv[2])
+    if len(found[0]) + len(argv[2]) > value_size_limit(ctx):
+        raise CommandError(TOO_LONG)
     value = found[0] + argv[2]
     ctx.archive.put(argv[1], value, found[1])
     return len(value)

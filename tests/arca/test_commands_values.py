@@ -220,3 +220,19 @@ def test_lcs_of_a_long_value_and_a_short_one_is_quick(ctx):
     assert run(ctx, "LCS", "long", "short", "IDX") == {b"matches": [[[0, 0], [0, 0]]], b"len": 1}
     assert run(ctx, "LCS", "short", "long") == b"x"
     assert time.perf_counter() - started < 5
+
+
+def test_append_past_proto_max_bulk_len_is_refused(ctx):
+    from dataclasses import replace
+
+    from arca.protocol import Limits
+    from arca.state import ServerState
+
+    small = replace(ctx.server.options, limits=Limits(max_bulk_len=10, max_query_buffer=100))
+    tight = type(ctx)(ctx.archive, ctx.client, ServerState.from_options(small))
+    run(tight, "SET", "k", "12345")
+    assert run(tight, "APPEND", "k", "67890") == 10
+    assert run(tight, "APPEND", "k", "x") == ErrorReply("ERR string exceeds maximum allowed size (proto-max-bulk-len)")
+    assert run(tight, "SETRANGE", "k", "10", "x") == ErrorReply("ERR string exceeds maximum allowed size (proto-max-bulk-len)")
+    assert run(tight, "SETBIT", "k", "80", "1") == ErrorReply("ERR bit offset is not an integer or out of range")
+    assert run(tight, "GET", "k") == b"1234567890"

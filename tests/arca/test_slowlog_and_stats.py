@@ -132,3 +132,18 @@ def test_slowlog_settings_come_from_the_config_file(tmp_path):
         assert "slowlog-max-len" in str(error)
     else:
         raise AssertionError("a negative slowlog-max-len was accepted")
+
+
+def test_passwords_never_reach_the_slow_log(ctx):
+    _log_everything(ctx)
+    run(ctx, "AUTH", "default", "secret")
+    run(ctx, "HELLO", "2", "AUTH", "default", "secret", "SETNAME", "n")
+    run(ctx, "CONFIG", "SET", "requirepass", "secret", "maxclients", "100")
+    run(ctx, "CONFIG", "SET", "requirepass", "")
+    logged = [entry[3] for entry in run(ctx, "SLOWLOG", "GET", "4")]
+    assert logged == [
+        [b"CONFIG", b"SET", b"requirepass", b"(redacted)"],
+        [b"CONFIG", b"SET", b"requirepass", b"(redacted)", b"maxclients", b"100"],
+        [b"HELLO", b"2", b"AUTH", b"(redacted)", b"(redacted)", b"SETNAME", b"n"],
+        [b"AUTH", b"(redacted)", b"(redacted)"],
+    ]
