@@ -111,6 +111,8 @@ class Archive:
     def watch(self, watcher: Watcher, keys: Sequence[bytes]) -> None:
         """Watch `keys` for `watcher` (see watch.py); commits first when one of them has a
         change not committed yet, so that its next change is seen."""
+        for key in keys:
+            self._entries.exists(key)  # a key already past its deadline goes now: not a change
         if self._entries.watches.needs_commit(keys):
             self.commit()
         self._entries.watches.add(watcher, keys)
