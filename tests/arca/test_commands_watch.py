@@ -223,6 +223,7 @@ def test_redis_py_optimistic_locking_counts_exactly(arca, protocol):
 
 def test_a_key_that_expired_before_watch_is_no_change(ctx):
     run(ctx, "SET", "k", "1", "PX", "20")
+    ctx.archive.commit()
     time.sleep(0.05)  # past its deadline, still in the table: no active expiry has run
     run(ctx, "WATCH", "k")
     assert _transaction(ctx, ("PING",)) == [Status("PONG")]
