@@ -32,12 +32,14 @@ def setbit(ctx: CommandContext, argv: list[bytes]):
     found = ctx.archive.get_with_deadline(argv[1])
     value, deadline = (b"", None) if found is None else found
     index, mask = offset >> 3, 0x80 >> (offset & 7)
+    grown = found is None or len(value) <= index
     if len(value) <= index:
         value += bytes(index + 1 - len(value))
     byte = value[index]
     old = 1 if byte & mask else 0
-    new = (byte | mask) if on else (byte & ~mask)
-    ctx.archive.put(argv[1], value[:index] + bytes((new,)) + value[index + 1:], deadline)
+    if grown or old != on:  # setting a bit to what it is changes nothing (WATCH sees no change)
+        new = (byte | mask) if on else (byte & ~mask)
+        ctx.archive.put(argv[1], value[:index] + bytes((new,)) + value[index + 1:], deadline)
     return old
 
 

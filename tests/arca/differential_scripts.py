@@ -251,3 +251,24 @@ def random_script(seed: int, length: int) -> list[tuple]:
 
 for _seed in range(4):
     SCRIPTS[f"random-{_seed}"] = random_script(_seed, 600)
+
+
+def random_transactions(seed: int, length: int) -> list[tuple[int, tuple]]:
+    """(connection 0 or 1, argv): WATCH/MULTI/EXEC/DISCARD/UNWATCH between writes and reads
+    of a few keys on two connections, so that watched keys change on either side."""
+    import random
+
+    rng = random.Random(seed)
+    keys = ["a", "b", "c"]
+    key = lambda: rng.choice(keys)  # noqa: E731
+    makers = [
+        lambda: ("WATCH", key()), lambda: ("WATCH", key(), key()), lambda: ("UNWATCH",), lambda: ("MULTI",),
+        lambda: ("EXEC",), lambda: ("EXEC",), lambda: ("DISCARD",), lambda: ("SET", key(), rng.choice("xy")),
+        lambda: ("SET", key(), "x", "NX"), lambda: ("SET", key(), "x", "XX"), lambda: ("GET", key()),
+        lambda: ("DEL", key()), lambda: ("INCR", key()), lambda: ("EXPIRE", key(), "1000"), lambda: ("PERSIST", key()),
+        lambda: ("APPEND", key(), "z"), lambda: ("RENAME", key(), key()), lambda: ("COPY", key(), key(), "REPLACE"),
+        lambda: ("GETEX", key(), "PERSIST"), lambda: ("MSETNX", key(), "1", key(), "2"), lambda: ("EXISTS", key()),
+        lambda: ("SETRANGE", key(), "1", ""), lambda: ("FLUSHALL",), lambda: ("SAVE",),
+        lambda: ("GETSET", key(), "g"), lambda: ("SETBIT", key(), "3", rng.choice("01")),
+    ]
+    return [(rng.randrange(2), rng.choice(makers)()) for _ in range(length)]

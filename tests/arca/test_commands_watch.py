@@ -38,6 +38,11 @@ def test_exec_runs_when_nothing_changed(ctx, other):
     run(other, "GET", "k")  # reads never count
     run(other, "SET", "k", "2", "NX")  # nor writes that change nothing
     run(other, "EXPIRE", "missing", "10")
+    assert run(other, "SETBIT", "k", "2", "1") == 1  # "1" is 0x31: that bit is set already
+    run(other, "PERSIST", "k")
+    run(other, "GETEX", "k", "PERSIST")
+    run(other, "RENAME", "k", "k")
+    run(other, "SETRANGE", "k", "0", "")
     assert _transaction(ctx, ("INCR", "k")) == [2]
 
 

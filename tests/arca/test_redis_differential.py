@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from differential_scripts import SCRIPTS
+from differential_scripts import SCRIPTS, random_transactions
 
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server not installed (apt-get install redis-server)")
@@ -111,6 +111,27 @@ def _differences(arca, redis_port: int, resp: int) -> list[str]:
 @pytest.mark.parametrize("resp", [2, 3])
 def test_replies_match_redis(arca, redis_port, resp):
     differences = _differences(arca, redis_port, resp)
+    assert not differences, f"{len(differences)} replies differ:\n" + "\n".join(differences[:40])
+
+
+@pytest.mark.timeout(120)
+def test_watch_and_transactions_on_two_connections_match_redis(arca, redis_port):
+    ours = [RawClient(arca.host, arca.port) for _ in range(2)]
+    theirs = [RawClient("127.0.0.1", redis_port) for _ in range(2)]
+    differences = []
+    try:
+        for seed in range(12):
+            for client in (*ours, *theirs):
+                client.call("RESET")
+            ours[0].call("FLUSHALL")
+            theirs[0].call("FLUSHALL")
+            for which, argv in random_transactions(seed, 400):
+                mine, real = ours[which].call(*argv), theirs[which].call(*argv)
+                if mine != real:
+                    differences.append(f"[seed {seed}] connection {which} {argv!r}:\n   redis {real!r}\n   arca  {mine!r}")
+    finally:
+        for client in (*ours, *theirs):
+            client.close()
     assert not differences, f"{len(differences)} replies differ:\n" + "\n".join(differences[:40])
 
 
