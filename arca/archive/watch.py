@@ -30,6 +30,8 @@ class Watches:
         self._table = table
         self._by_key: dict[bytes, set[Watcher]] = {}
         self._seen = 0  # dirty-list entries already looked at
+        self._listed: set[bytes] = set()  # dirty[:self._listed_upto] as a set, for needs_commit
+        self._listed_upto = 0
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -39,8 +41,15 @@ class Watches:
         dirty = self._table.dirty
         if not dirty:
             return False
-        listed = set(dirty)
-        return any(key in listed for key in keys)
+        if len(dirty) < self._listed_upto:  # emptied without telling us
+            self._forget_listed()
+        self._listed.update(dirty[self._listed_upto:])  # the list only grows until a commit
+        self._listed_upto = len(dirty)
+        return any(key in self._listed for key in keys)
+
+    def _forget_listed(self) -> None:
+        self._listed.clear()
+        self._listed_upto = 0
 
     def add(self, watcher: Watcher, keys: Iterable[bytes]) -> None:
         self._read_tail()  # earlier changes are not this watcher's business
@@ -69,6 +78,7 @@ class Watches:
         """The dirty list is about to be emptied (a commit): read what it still holds."""
         self._read_tail()
         self._seen = 0
+        self._forget_listed()
 
     def flushing(self) -> None:
         """Every key is about to go: the watchers of keys that exist see a change."""
@@ -79,6 +89,7 @@ class Watches:
                 for watcher in watchers:
                     watcher.changed = True
         self._seen = 0
+        self._forget_listed()
 
     def _read_tail(self) -> None:
         dirty = self._table.dirty

@@ -232,3 +232,19 @@ def test_a_key_that_expired_before_watch_is_no_change(ctx):
     time.sleep(0.05)  # past its deadline, still in the table: no active expiry has run
     run(ctx, "WATCH", "k")
     assert _transaction(ctx, ("PING",)) == [Status("PONG")]
+
+
+def test_watch_commits_only_for_keys_with_uncommitted_changes(ctx):
+    run(ctx, "SET", "a", "1")
+    run(ctx, "WATCH", "b")
+    assert ctx.archive.pending_writes  # "b" has no uncommitted change: nothing to commit
+    run(ctx, "SET", "c", "1")
+    run(ctx, "WATCH", "d")
+    assert ctx.archive.pending_writes
+    run(ctx, "WATCH", "c")
+    assert not ctx.archive.pending_writes
+    run(ctx, "SET", "e", "1")
+    run(ctx, "WATCH", "a")  # committed earlier: its next change will be listed
+    assert ctx.archive.pending_writes
+    run(ctx, "SET", "a", "2")
+    assert _transaction(ctx, ("PING",)) is NULL_ARRAY
