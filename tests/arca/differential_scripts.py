@@ -272,3 +272,14 @@ def random_transactions(seed: int, length: int) -> list[tuple[int, tuple]]:
         lambda: ("GETSET", key(), "g"), lambda: ("SETBIT", key(), "3", rng.choice("01")),
     ]
     return [(rng.randrange(2), rng.choice(makers)()) for _ in range(length)]
+
+NEW_COMMANDS = ["GETEX", "GETSET", "GETRANGE", "SUBSTR", "SETRANGE", "MSETNX", "INCRBYFLOAT", "LCS", "SETBIT",
+                "GETBIT", "BITCOUNT", "BITPOS", "EXPIRETIME", "PEXPIRETIME", "COPY", "RENAME", "RENAMENX",
+                "RANDOMKEY", "TOUCH", "WATCH", "UNWATCH", "SAVE"]
+# Every new command with too few and with too many arguments: Redis's arity errors.
+SCRIPTS["arity"] = [(name, *["k"] * count) for name in NEW_COMMANDS for count in (0, 1, 2, 5)
+                    if not (name == "SAVE" and count == 0)] + [
+    ("OBJECT", "ENCODING"), ("OBJECT", "REFCOUNT", "a", "b"), ("OBJECT", "IDLETIME"), ("OBJECT", "FREQ", "a", "b"),
+    ("MEMORY", "USAGE"), ("SLOWLOG", "LEN", "x"), ("SLOWLOG", "RESET", "x"), ("CONFIG", "RESETSTAT", "x"),
+    ("OBJECT", "NOPE"), ("MEMORY", "NOPE"), ("SLOWLOG", "NOPE"),
+]

@@ -115,14 +115,16 @@ def test_replies_match_redis(arca, redis_port, resp):
 
 
 @pytest.mark.timeout(120)
-def test_watch_and_transactions_on_two_connections_match_redis(arca, redis_port):
+@pytest.mark.parametrize("resp", [2, 3])
+def test_watch_and_transactions_on_two_connections_match_redis(arca, redis_port, resp):
     ours = [RawClient(arca.host, arca.port) for _ in range(2)]
     theirs = [RawClient("127.0.0.1", redis_port) for _ in range(2)]
     differences = []
     try:
-        for seed in range(12):
+        for seed in range(8):
             for client in (*ours, *theirs):
                 client.call("RESET")
+                client.call("HELLO", str(resp))
             ours[0].call("FLUSHALL")
             theirs[0].call("FLUSHALL")
             for which, argv in random_transactions(seed, 400):
