@@ -244,7 +244,15 @@ def random_script(seed: int, length: int) -> list[tuple]:
         lambda: ("PERSIST", key()), lambda: ("GETEX", key(), rng.choice(["EXAT", "PXAT"]), at()),
         lambda: ("GETEX", key(), "PERSIST"), lambda: ("GETEX", key()), lambda: ("SETNX", key(), value()),
         lambda: ("SET", key(), value(), rng.choice(["NX", "XX", "GET", "KEEPTTL"])), lambda: ("TYPE", key()),
-        lambda: ("DBSIZE",),
+        # relative times only where they fail: a relative deadline differs by a millisecond or so
+        lambda: ("SETEX", key(), rng.choice(["0", "-1", "x", MAX, "9223372036854776"]), value()),
+        lambda: ("PSETEX", key(), rng.choice(["0", "x", MAX]), value()), lambda: ("DECR", key()),
+        lambda: ("INCRBY", key(), rng.choice([MAX, MIN, "1", "-1"])), lambda: ("DECRBY", key(), rng.choice([MIN, MAX])),
+        lambda: ("SET", key(), value(), rng.choice(["EXAT", "PXAT"]), at()),
+        lambda: ("SET", key(), value(), "EX", rng.choice(["0", "-5", "x", MAX, "9223372036854776"])),
+        lambda: ("SET", key(), value(), "PX", rng.choice(["0", "-5", "x", MAX])),
+        lambda: ("SET", key(), value(), "GET", rng.choice(["NX", "XX"])), lambda: ("DEL", key(), key(), key()),
+        lambda: ("EXISTS", key(), key(), key(), key()), lambda: ("UNLINK", key()),
     ]
     return [rng.choice(makers)() for _ in range(length)]
 
