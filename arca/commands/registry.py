@@ -4,15 +4,15 @@ A command is a plain function `(ctx, argv) -> reply value` (see arca.protocol.en
 value types) that never touches a socket. Dispatch does what every command shares, with
 Redis's exact error strings: lookup (case-insensitive), subcommands (`CLIENT|SETNAME`),
 arity, authentication, commands refused inside MULTI (flag `no_multi`), timing for SLOWLOG,
-and turning errors into error replies in this one place. COMMAND
-COUNT/DOCS/INFO/LIST are generated from the specs registered here.
+and turning errors into error replies in this one place. COMMAND COUNT/DOCS/INFO/LIST are
+generated from the specs registered here.
 """
 
 from __future__ import annotations
 
 import logging
-from time import perf_counter_ns
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any, Callable
 
 from arca.archive.errors import ArchiveError, ArchiveOOMError
