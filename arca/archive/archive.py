@@ -66,6 +66,13 @@ class Archive:
         """(value, expire_at_ms or None) or None; get_entry without building an Entry."""
         return self._entries.get_with_deadline(key)
 
+    def get_for_update(self, key: bytes) -> tuple[bytes, int | None] | None:
+        """get_with_deadline for a command about to write the key (SETRANGE, EXPIRE, ...):
+        not counted as a keyspace hit or miss, as Redis counts only reads."""
+        found = self._entries.table.get_with_deadline(key)
+        self._counters_base["hits" if found is not None else "misses"] += 1
+        return found
+
     def put(self, key: bytes, value: bytes, expire_at_ms: int | None = None) -> None:
         self._entries.put(key, value, expire_at_ms)
 

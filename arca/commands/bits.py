@@ -29,7 +29,7 @@ def setbit(ctx: CommandContext, argv: list[bytes]):
     on = parse_int(argv[3], "ERR bit is not an integer or out of range")
     if on not in (0, 1):
         raise CommandError("ERR bit is not an integer or out of range")
-    found = ctx.archive.get_with_deadline(argv[1])
+    found = ctx.archive.get_for_update(argv[1])
     value, deadline = (b"", None) if found is None else found
     index, mask = offset >> 3, 0x80 >> (offset & 7)
     grown = found is None or len(value) <= index

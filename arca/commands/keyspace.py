@@ -44,7 +44,7 @@ def copy(ctx: CommandContext, argv: list[bytes]):
 def _rename(ctx: CommandContext, argv: list[bytes], only_new: bool):
     source, destination = argv[1], argv[2]
     archive = ctx.archive
-    found = archive.get_with_deadline(source)
+    found = archive.get_for_update(source)
     if found is None:
         raise CommandError(NO_SUCH_KEY)
     if source == destination:

@@ -70,5 +70,5 @@ def memory_usage(ctx: CommandContext, argv: list[bytes]):
             i += 2
         else:
             raise CommandError(SYNTAX)
-    value = _value(ctx, argv[2])
-    return None if value is None else len(argv[2]) + len(value) + ENTRY_OVERHEAD
+    found = ctx.archive.get_for_update(argv[2])  # not counted as a read, as in Redis
+    return None if found is None else len(argv[2]) + len(found[0]) + ENTRY_OVERHEAD

@@ -53,7 +53,7 @@ def setrange(ctx: CommandContext, argv: list[bytes]):
         raise CommandError("ERR offset is out of range")
     piece = argv[3]
     archive = ctx.archive
-    found = archive.get_with_deadline(argv[1])
+    found = archive.get_for_update(argv[1])
     if not piece:
         return 0 if found is None else len(found[0])
     if offset + len(piece) > value_size_limit(ctx):

@@ -110,7 +110,7 @@ def format_long_double(value: np.longdouble) -> bytes:
 @command("INCRBYFLOAT", arity=3, flags=("write", "denyoom", "fast"), group="string", summary="Increment the floating point value of a key", args="key increment", since="2.6.0", keys=_KEY)
 def incrbyfloat(ctx: CommandContext, argv: list[bytes]):
     archive = ctx.archive
-    found = archive.get_with_deadline(argv[1])
+    found = archive.get_for_update(argv[1])
     current = np.longdouble(0) if found is None else parse_long_double(found[0])
     increment = parse_long_double(argv[2])
     with np.errstate(all="ignore"):

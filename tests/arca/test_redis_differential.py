@@ -137,6 +137,32 @@ def test_watch_and_transactions_on_two_connections_match_redis(arca, redis_port,
     assert not differences, f"{len(differences)} replies differ:\n" + "\n".join(differences[:40])
 
 
+_COUNTED = [line.split() for line in (
+    "OBJECT ENCODING a;OBJECT ENCODING nokey;MEMORY USAGE a;TOUCH a;EXPIRETIME a;PEXPIRETIME nokey;COPY a b;"
+    "LCS a b;GETRANGE a 0 1;SETRANGE a 0 x;SETBIT a 1 1;GETBIT a 1;BITCOUNT a;BITPOS a 1;GETEX a;GETSET a 2;"
+    "INCRBYFLOAT a 1;RENAME a c;MSETNX x 1;EXPIRE c 100;PERSIST c;PERSIST nokey;EXPIRE nokey 5;TTL c;"
+    "RENAMENX c d;COPY d e REPLACE;GETEX d PERSIST;SUBSTR nokey 0 1;SETRANGE nokey 1 x;SETBIT nokey2 1 1"
+).split(";")]
+
+
+@pytest.mark.timeout(60)
+def test_keyspace_hits_and_misses_count_as_redis_counts(arca, redis_port):
+    """Reads count as keyspace hits or misses; the lookups of writes (SETRANGE, EXPIRE, ...) do not."""
+    counters = []
+    for client in (RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)):
+        client.call("FLUSHALL")
+        client.call("SET", "a", "1")
+        client.call("CONFIG", "RESETSTAT")
+        seen = []
+        for argv in _COUNTED:
+            client.call(*argv)
+            stats = client.call("INFO", "stats").decode().split("\r\n")
+            seen.append((argv, [line for line in stats if line.startswith(("keyspace_hits:", "keyspace_misses:"))]))
+        counters.append(seen)
+        client.close()
+    assert counters[0] == counters[1]
+
+
 @pytest.mark.timeout(60)
 def test_info_cpu_and_slowlog_shapes_match_redis(arca, redis_port):
     ours, theirs = RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)
