@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: run test arca install clean bench
+.PHONY: run test arca install clean bench soak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,7 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Twenty minutes of mixed load on ARCA and a node (ARCA killed and restarted once).
+soak: $(STAMP)
+	$(PY) bench/soak.py

@@ -32,7 +32,8 @@ OPTIONS: tuple[Option, ...] = (
            "Password every client must send with AUTH (or HELLO ... AUTH) first; empty = no password.",
            env=PASSWORD_ENV),
     Option("server", "protected-mode", bool, True,
-           "Refuse to start on a non-loopback address without a password."),
+           "Without a password, serve only loopback clients (checked as clients connect, also "
+           "after CONFIG SET requirepass \"\"), and refuse to start on a non-loopback address."),
     Option("server", "maxclients", int, 10000, "Most simultaneous client connections; more are refused."),
     Option("server", "log-level", str, "info", "Log verbosity.", choices=LEVELS),
     Option("server", "slowlog-log-slower-than", int, 10000,
@@ -89,9 +90,11 @@ def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host.partition("%")[0])  # an IPv6 zone does not matter
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is 127.0.0.1
+    return (mapped or address).is_loopback
 
 
 def _positive(values: Mapping[str, Any], name: str) -> int:

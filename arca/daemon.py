@@ -167,7 +167,10 @@ def main(argv: list[str]) -> int:
         log.error("cannot listen on %s:%d: %s", config.host, config.port, exc.strerror or exc)
         return EXIT_BIND
     finally:
-        archive.close()
+        try:
+            archive.close()
+        except ArchiveError as exc:  # a full disk at shutdown: what it held was never acknowledged
+            log.error("the last commit failed (%s); the writes it held were never acknowledged", exc)
         loop.close()
     log.info("ARCA stopped; every acknowledged write is committed")
     return 0

@@ -290,6 +290,11 @@ class Decoder:
         """Bytes of incomplete commands held for this connection."""
         return len(self._slow.buf)
 
+    def discard(self) -> None:
+        """Drop everything buffered (the connection closed); the decoder is not fed again."""
+        self._slow = _SlowParser(self._slow.limits)
+        self._reader = hiredis.Reader(notEnoughData=_NOT_ENOUGH)
+
     def feed(self, data: bytes) -> list[list[bytes]]:
         if self._slow.idle and len(data) <= self._fast_max and self.error is None:
             if data[:1] == b"*":

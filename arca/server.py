@@ -9,6 +9,13 @@ replies are held back; once per event-loop tick (after every read of that tick h
 processed) the server commits once and only then releases the held replies. So every
 acknowledged write is committed, and N concurrent writers cost one transaction, not N. In
 `everysec` durability replies leave at once and a timer commits once a second.
+
+A commit that fails (a full disk) is logged once, and the server then refuses write
+commands with -MISCONF, answers reads at once (they are no longer held) and retries the
+commit every second; the connections whose replies waited for the failed commit keep
+waiting for a retry that succeeds (then get their replies) or are closed after
+STALLED_REPLY_SECONDS, never told that a write which did not commit succeeded. The first
+successful retry is logged once and everything returns to normal.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import time
 from typing import Any
 
 from arca.commands import dispatch
-from arca.commands.registry import CommandContext
+from arca.archive.errors import ArchiveError
+from arca.commands.registry import DENIED, CommandContext, Incremental
+from arca.config import is_loopback
 from arca.protocol import OK, UNAUTHENTICATED, Decoder, encode, encode_error
 from arca.state import ClientState, ServerOptions, ServerState
 
@@ -27,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
+DENIED_REPLY = encode_error(DENIED)
 SHUTDOWN_GRACE_SECONDS = 5.0
 # How often the server looks for idle time: a period without any command lets the archive
 # rewrite its L1 log in small steps (see arca/archive/entry_log.py).
@@ -34,6 +44,10 @@ IDLE_CHECK_SECONDS = 0.1
 # A batch of pipelined commands stops producing replies past this many bulk bytes and goes
 # on when the client has read them, so one read cannot make the server buffer gigabytes.
 OUTPUT_BATCH_BYTES = 4 * 1024 * 1024
+# While commits fail: how often one is retried, and how long replies that wait for the
+# failed commit are held before their connection is closed instead.
+COMMIT_RETRY_SECONDS = 1.0
+STALLED_REPLY_SECONDS = 10.0
 
 
 _GET_NAMES = frozenset((b"GET", b"get"))
@@ -58,10 +72,14 @@ def _encode_safely(reply: object, resp: int, argv: list[bytes]) -> bytes:
         return encode_error("ERR internal error: the command produced an invalid reply; see the server log")
 
 
+def _nothing_buffered() -> int:
+    return 0
+
+
 class Connection(asyncio.Protocol):
     """One client: decode, dispatch, encode, and hold replies until their writes commit."""
 
-    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog",
+    __slots__ = ("server", "transport", "decoder", "client", "ctx", "held", "closing", "backlog", "slow",
                  "write_paused", "reading_paused", "eof", "strict_limits", "run_plain", "max_bulk", "max_items")
 
     def __init__(self, server: ArcaServer) -> None:
@@ -72,6 +90,7 @@ class Connection(asyncio.Protocol):
         self.held: list[bytes] | None = None  # replies waiting for the tick's commit
         self.closing = False
         self.backlog: list[list[bytes]] | None = None  # commands left over by a huge batch
+        self.slow: Incremental | None = None  # a reply computed in slices (KEYS), the backlog waits for it
         self.write_paused = False  # the transport's buffer is above its high-water mark
         self.reading_paused = False
         self.eof = False  # the client half-closed: close once everything is answered
@@ -99,10 +118,17 @@ class Connection(asyncio.Protocol):
             id=state.new_client_id(),
             addr=f"{peer[0]}:{peer[1]}",
             laddr=f"{local[0]}:{local[1]}",
+            loopback=is_loopback(str(peer[0])),
             authenticated=state.requirepass is None,
             query_buffer=lambda: self.decoder.buffered,
             output_buffer=lambda: self.transport.get_write_buffer_size() if self.transport else 0,
         )
+        if state.refuses(self.client):
+            transport.write(DENIED_REPLY)  # type: ignore[attr-defined]
+            transport.close()
+            self.client = None
+            self.closing = True
+            return
         self.ctx = CommandContext(server.archive, self.client, state)
         state.clients[self.client.id] = self.client
         server.connections.add(self)
@@ -113,7 +139,15 @@ class Connection(asyncio.Protocol):
                 self.server.archive.unwatch(self.client.watch)
             self.server.state.clients.pop(self.client.id, None)
             self.server.connections.discard(self)
-        self.transport = None
+            # Nothing may keep this connection alive past its close: the client's buffer
+            # gauges are closures over it (a reference cycle the cyclic collector would
+            # free only when it next runs, with a half-received bulk of up to
+            # proto-max-bulk-len inside). Break them and drop every buffer now.
+            self.client.query_buffer = self.client.output_buffer = _nothing_buffered
+        if self.slow is not None:
+            self.slow.cancel()
+        self.decoder.discard()
+        self.transport = self.slow = self.backlog = self.held = None
 
     def eof_received(self) -> bool:
         # The client finished sending (half-close): answer what it sent, then close.
@@ -134,7 +168,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.backlog:
+        if self.backlog is not None:
             self.server.loop.call_soon(self._continue)
         self._update_reading()
 
@@ -143,8 +177,7 @@ class Connection(asyncio.Protocol):
             return
         client = self.client
         if (client.multi is None and client.authenticated and not self.strict_limits
-                and self.backlog is None and self.decoder.idle
-                and not self.server.state.slowlog.times_each_command):
+                and self.backlog is None and self.decoder.idle and self.ctx.server.plain_path_open):
             # The plain path: the read's leading plain commands (GET, SET key value, MGET,
             # MSET, INCR and the like, PING) run in the archive's L1 table straight from the
             # bytes (no argv lists, no dispatch).
@@ -170,10 +203,10 @@ class Connection(asyncio.Protocol):
         ctx = self.ctx
         client = ctx.client
         # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
-        # frame) while nothing else applies: not queueing for MULTI, authenticated, SLOWLOG not
-        # timing each command. Only a dispatched command can change that, so it is read again
-        # after each one.
-        plain = client.multi is None and client.authenticated and not ctx.server.slowlog.times_each_command
+        # frame) while nothing else applies: not queueing for MULTI, authenticated, commits
+        # succeeding, SLOWLOG not timing each command. Only a dispatched command can change
+        # that, so it is read again after each one.
+        plain = client.multi is None and client.authenticated and ctx.server.plain_path_open
         done = self._run_each(commands, out, plain) if commands else 0
         if done:
             client.last_command = commands[done - 1][0]
@@ -214,7 +247,13 @@ class Connection(asyncio.Protocol):
                 continue
             else:
                 reply = dispatch(ctx, argv)
-                plain = client.multi is None and client.authenticated and not ctx.server.slowlog.times_each_command
+                plain = client.multi is None and client.authenticated and ctx.server.plain_path_open
+                if type(reply) is Incremental:
+                    if not reply.step():  # more than one slice: the rest runs between other clients
+                        self.slow = reply
+                        self.backlog = commands[done:]
+                        break
+                    reply = reply.value
             kind = type(reply)
             if kind is bytes:
                 append(b"$%d\r\n%b\r\n" % (len(reply), reply))
@@ -249,11 +288,20 @@ class Connection(asyncio.Protocol):
                 self.server.loop.call_soon(self._continue)
 
     def _continue(self) -> None:
-        """Run the rest of a batch cut short by its output size, once the client reads."""
+        """Run the rest of a batch cut short by its output size (once the client reads) or
+        by a reply computed in slices (one slice per event-loop turn until it is ready)."""
         if self.backlog is None or self.write_paused or self.transport is None:
             return
+        out: list[bytes] = []
+        slow = self.slow
+        if slow is not None:
+            if not slow.step():
+                self.server.loop.call_soon(self._continue)
+                return
+            self.slow = None
+            out.append(_encode_safely(slow.value, self.client.resp, [slow.spec.name.encode()]))
         commands, self.backlog = self.backlog, None
-        self._execute(commands, [])
+        self._execute(commands, out)
         if self.backlog is None and self.eof and not self.closing:
             self._close_when_answered()
         self._update_reading()
@@ -304,6 +352,9 @@ class ArcaServer:
         self.hold_replies = options.durability != "everysec"
         self.pending_queues = archive.pending_queues
         self._waiting: list[Connection] = []
+        # While commits fail: connections whose replies wait for a retry, and until when.
+        self._stalled: list[tuple[Connection, float]] = []
+        self._retry_timer: asyncio.TimerHandle | None = None
         self._commit_scheduled = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -340,28 +391,68 @@ class ArcaServer:
 
     def _commit(self) -> bool:
         if not self.archive.pending_writes:
+            self._commits_work()
             return True
         started = time.perf_counter()
         try:
             self.archive.commit()
-        except Exception:
-            log.exception("commit failed; the writes of this tick are not acknowledged")
+        except Exception as error:
+            self._commits_fail(error)
             return False
         stats = self.state.stats
         stats.commits += 1
         stats.commit_seconds += time.perf_counter() - started
+        self._commits_work()
         return True
+
+    def _commits_fail(self, error: Exception) -> None:
+        """Refuse writes, serve reads, retry: see the module docstring."""
+        state = self.state
+        if state.persistence_error is None:
+            log.error("commit failed: %s. Write commands are refused (-MISCONF) and the commit is "
+                      "retried every %g s; reads are served meanwhile", error, COMMIT_RETRY_SECONDS,
+                      exc_info=not isinstance(error, ArchiveError))
+            state.persistence_error = str(error)
+            self.hold_replies = False  # nothing new to commit: reads are answered at once
+        if self._retry_timer is None and not self.stopping:
+            self._retry_timer = self.loop.call_later(COMMIT_RETRY_SECONDS, self._retry_commit)  # type: ignore[union-attr]
+
+    def _commits_work(self) -> None:
+        state = self.state
+        if state.persistence_error is not None:
+            log.warning("commits succeed again: write commands are accepted")
+            state.persistence_error = None
+            self.hold_replies = self.options.durability != "everysec"
+        if self._stalled:
+            stalled, self._stalled = self._stalled, []
+            for conn, _ in stalled:
+                conn.release()
+
+    def _retry_commit(self) -> None:
+        self._retry_timer = None
+        if self._commit() or self.stopping:
+            return
+        now = time.monotonic()
+        keep = []
+        for conn, deadline in self._stalled:
+            if now < deadline:
+                keep.append((conn, deadline))
+            elif conn.transport is not None:
+                conn.held = None
+                conn.transport.abort()  # never acknowledge a write that did not commit
+        self._stalled = keep
 
     def _commit_tick(self) -> None:
         self._commit_scheduled = False
         committed = self._commit()
         waiting, self._waiting = self._waiting, []
-        for conn in waiting:
-            if committed:
+        if committed:
+            for conn in waiting:
                 conn.release()
-            elif conn.transport is not None:
-                conn.held = None
-                conn.transport.abort()  # never acknowledge a write that did not commit
+            return
+        # Their replies may acknowledge writes of the failed commit: they wait for a retry.
+        deadline = time.monotonic() + STALLED_REPLY_SECONDS
+        self._stalled += [(conn, deadline) for conn in waiting if conn.transport is not None]
 
     def _every_second(self) -> None:
         self._commit()
@@ -375,7 +466,7 @@ class ArcaServer:
         processed = self.state.stats.commands_processed
         idle = processed == self._seen_commands
         self._seen_commands = processed
-        if idle and self.archive.maintenance_due():
+        if idle and self.state.persistence_error is None and self.archive.maintenance_due():
             self._maintain_while_idle()
         if not self.stopping:
             self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)  # type: ignore[union-attr]
@@ -400,7 +491,7 @@ class ArcaServer:
         if self.stopping:
             return
         self.stopping = True
-        for timer in (self._timer, self._idle_timer):
+        for timer in (self._timer, self._idle_timer, self._retry_timer):
             if timer is not None:
                 timer.cancel()
         if self._server is not None:

@@ -22,6 +22,7 @@ class ClientState:
     id: int
     addr: str = ""
     laddr: str = ""
+    loopback: bool = True  # connected from a loopback address (protected mode spares it)
     name: bytes = b""
     lib_name: bytes = b""
     lib_ver: bytes = b""
@@ -183,6 +184,9 @@ class ServerState:
     slowlog: SlowLog = field(default_factory=SlowLog)
     # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
     request_shutdown: Callable[[], None] | None = None
+    # Why the last commit failed (a full disk, say), while write commands are refused
+    # (-MISCONF); None while commits succeed.
+    persistence_error: str | None = None
 
     @classmethod
     def from_options(cls, options: ServerOptions) -> ServerState:
@@ -193,6 +197,19 @@ class ServerState:
         client_id = self.next_client_id
         self.next_client_id += 1
         return client_id
+
+    @property
+    def plain_path_open(self) -> bool:
+        """Whether plain commands may skip dispatch (the plain path in C, the server's GET/SET
+        shortcut): commits succeed (writes are refused while they fail) and SLOWLOG does
+        not need each command timed."""
+        return self.persistence_error is None and not self.slowlog.times_each_command
+
+    def refuses(self, client: ClientState) -> bool:
+        """Protected mode: with no password set, only loopback clients are served (checked
+        when a client connects and before an unauthenticated client's commands, so a
+        password removed at run time does not open the server to everyone)."""
+        return self.options.protected_mode and self.requirepass is None and not client.loopback
 
     def password_matches(self, candidate: bytes) -> bool:
         """Constant-time comparison with the configured password."""

@@ -30,21 +30,27 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def node_process(model: str, *extra: str, ctx: int = 2048, parallel: int = 4) -> Iterator[str]:
+def node_server(model: str, *extra: str, ctx: int = 2048, parallel: int = 4,
+                env: dict[str, str] | None = None,
+                home: Path | None = None) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    """(url, process, home) of a node serving `model`; `env` overrides the benchmark defaults
+    (no prefix cache, no speculation); `home` keeps REAME_HOME where the caller wants it."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="reame-bench-") as home:
-        env = {**os.environ, "REAME_HOME": home, "REAME_CACHE_ENABLED": "false",
-               "REAME_SPECULATIVE_ENABLED": "false"}
-        log = open(Path(home) / "node.log", "wb")
+    with tempfile.TemporaryDirectory(prefix="reame-bench-") as scratch:
+        home = Path(scratch) if home is None else home
+        full_env = {**os.environ, "REAME_HOME": str(home), "REAME_CACHE_ENABLED": "false",
+                    "REAME_SPECULATIVE_ENABLED": "false", **(env or {})}
+        log_path = home / "node.log"
+        log = open(log_path, "wb")
         process = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "run", model, "--serve", "--port", str(port), "--ctx", str(ctx),
-             "--parallel", str(parallel), *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+             "--parallel", str(parallel), *extra], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 180
             while True:
                 if process.poll() is not None:
-                    raise RuntimeError(f"the node exited: {(Path(home) / 'node.log').read_text()[-2000:]}")
+                    raise RuntimeError(f"the node exited: {log_path.read_text()[-2000:]}")
                 try:
                     with urllib.request.urlopen(f"{url}/health", timeout=2):
                         break
@@ -52,7 +58,7 @@ def node_process(model: str, *extra: str, ctx: int = 2048, parallel: int = 4) ->
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
-            yield url
+            yield url, process, home
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -60,6 +66,12 @@ def node_process(model: str, *extra: str, ctx: int = 2048, parallel: int = 4) ->
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+
+
+@contextlib.contextmanager
+def node_process(model: str, *extra: str, ctx: int = 2048, parallel: int = 4) -> Iterator[str]:
+    with node_server(model, *extra, ctx=ctx, parallel=parallel) as (url, _process, _home):
+        yield url
 
 
 def percentile(values: list[float], fraction: float) -> float:

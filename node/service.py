@@ -162,6 +162,10 @@ class CompletionService:
 
     def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
              options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False) -> Job:
+        outside = [token for token in options.sampling.logit_bias if token >= self.model.n_vocab]
+        if outside:
+            raise InvalidRequest(f"'logit_bias' holds token ids outside the vocabulary of "
+                                 f"{self.model.n_vocab}: {outside[:5]}", param="logit_bias", code="invalid_value")
         key = None
         if self.options.l1_enabled and options.deterministic:
             key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,

@@ -253,6 +253,7 @@ class Archive:
                 "pending_writes": journal.pending_writes,
                 "commits": journal.commits,
                 "wal_checkpoints": self._store.checkpoints,
+                "wal_restart_checkpoints": self._store.restart_checkpoints,
                 "commit_failures": journal.failures,
                 "last_commit_us": journal.last_commit_us,
                 "last_commit_time": journal.last_commit_unix,

@@ -59,6 +59,7 @@ class GroupCommit:
             return
         started = time.perf_counter()
         try:
+            self._store.bound_wal()
             with self._store.transaction() as conn:
                 for part in parts:
                     part.write_pending(conn)

@@ -5,6 +5,12 @@ process (whose in-memory index would diverge) from opening the same directory. T
 runs in WAL mode; `synchronous` follows the durability mode. At open the file is checked
 (`PRAGMA quick_check` plus the schema version); a damaged file raises `ArchiveCorruptError`
 naming the file and how to recover, and nothing is served from it.
+
+A new database is built under a temporary name and renamed into place, so `archive.db`
+is never empty on disk. An empty (0-byte) or missing `archive.db` beside a WAL that
+holds pages, or an empty one alone, is therefore damage (a truncated or deleted file),
+refused before SQLite opens it: SQLite would take it for a new database and throw the
+WAL's pages away.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import fcntl
 import logging
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .checkpoint import Checkpointer
+from .checkpoint import CHECKPOINT_WAL_BYTES, RESTART_WAL_BYTES, WAL_HARD_BYTES, Checkpointer
 from .config import ArchiveConfig
 from .entry_log import create_batches_table
 from .errors import ArchiveCorruptError, ArchiveError
@@ -25,10 +32,12 @@ from .errors import ArchiveCorruptError, ArchiveError
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-# The WAL is checkpointed in the background once it holds this much...
-CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024
-# ...and truncated back to this size when it restarts after a checkpoint.
-WAL_SIZE_LIMIT = 64 * 1024 * 1024
+# The WAL file is truncated back to this size when it starts over after a checkpoint.
+WAL_SIZE_LIMIT = RESTART_WAL_BYTES
+# A commit waits this long for a lock (a RESTART checkpoint holds writers briefly).
+BUSY_TIMEOUT_SECONDS = 30.0
+# How long a commit waits for the background checkpoint before checkpointing past the bound.
+RESTART_WAIT_SECONDS = 5.0
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -70,15 +79,20 @@ class Store:
         config.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = _acquire_lock(config.directory / "archive.lock")
         try:
+            self._check_files()
+            if not self.path.exists():
+                self._create(config)
             self.connection = self._open(config)
         except BaseException:
             self._lock_file.close()
             raise
         self._checkpointer = Checkpointer(self.path, CHECKPOINT_WAL_BYTES)
+        self.forced_checkpoints = 0
 
     def _open(self, config: ArchiveConfig) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=BUSY_TIMEOUT_SECONDS)
         except sqlite3.Error as error:
             raise ArchiveError(f"cannot open archive database {self.path}: {error}") from error
         try:
@@ -104,6 +118,46 @@ class Store:
             raise
         return conn
 
+    def _check_files(self) -> None:
+        """Refuse an empty or missing database file that a WAL still needs, and an empty one."""
+        wal = Path(f"{self.path}-wal")
+        db_bytes, wal_bytes = _size(self.path), _size(wal)
+        exists = self.path.exists()
+        if exists and db_bytes > 0:
+            return
+        if wal_bytes > 0:
+            state = "is empty (0 bytes)" if exists else "is missing"
+            raise ArchiveCorruptError(
+                self.path, f"the database file {state} while {wal.name} holds {wal_bytes} bytes of its pages",
+                hint=f"the file was truncated or deleted: restore {self.path.name} from a copy, or, to "
+                     f"start with an empty archive, stop every process using it and move "
+                     f"{self.path.name}, {wal.name} and {self.path.name}-shm aside")
+        if exists:
+            raise ArchiveCorruptError(
+                self.path, "the database file is empty (0 bytes); ARCA never leaves it so",
+                hint=f"the file was truncated: restore it from a copy, or, if this archive never held "
+                     f"data, delete {self.path.name} to start with an empty archive")
+
+    def _create(self, config: ArchiveConfig) -> None:
+        """Build a new, empty database (WAL mode, current schema) and rename it into place."""
+        temporary = self.path.with_name(self.path.name + ".new")
+        for leftover in (temporary, Path(f"{temporary}-wal"), Path(f"{temporary}-shm")):
+            leftover.unlink(missing_ok=True)
+        conn = sqlite3.connect(temporary, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            self._migrate(conn)
+        finally:
+            conn.close()  # the last connection checkpoints everything into the file
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
     def _quick_check(self, conn: sqlite3.Connection) -> None:
         problems = [row[0] for row in conn.execute("PRAGMA quick_check(20)")]
         if problems != ["ok"]:
@@ -127,10 +181,16 @@ class Store:
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # A COMMIT that fails (a full disk) may leave the transaction open: end it, or
+            # every later BEGIN would fail too.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as error:
+                    log.debug("rollback after a failed transaction failed too: %s", error)
             raise
-        conn.execute("COMMIT")
 
     def meta(self, name: str, default: int = 0) -> int:
         row = self.connection.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
@@ -140,9 +200,32 @@ class Store:
         """Bytes of the database file and of its write-ahead log."""
         return _size(self.path), _size(Path(f"{self.path}-wal"))
 
+    def bound_wal(self) -> None:
+        """Before a commit: checkpoint here (RESTART) if the WAL has passed WAL_HARD_BYTES,
+        which only happens when the checkpointer thread cannot keep up (see checkpoint.py)."""
+        if self._checkpointer.wal_size() <= WAL_HARD_BYTES:
+            return
+        # The background thread may be in a checkpoint of its own (then SQLite answers busy
+        # at once): wait for it to finish, holding this commit, a few seconds at most.
+        deadline = time.monotonic() + RESTART_WAIT_SECONDS
+        while True:
+            try:
+                busy = self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
+            except sqlite3.Error as error:  # the commit itself will tell whether the disk is full
+                log.debug("checkpoint before a commit failed: %s", error)
+                return
+            if not busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        self.forced_checkpoints += 1
+
     @property
     def checkpoints(self) -> int:
         return self._checkpointer.checkpoints
+
+    @property
+    def restart_checkpoints(self) -> int:
+        return self._checkpointer.restarts + self.forced_checkpoints
 
     def close(self) -> None:
         try:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from arca.commands.args import SYNTAX, expire_at_ms, now_ms, parse_int
-from arca.commands.glob import compile_glob
-from arca.commands.registry import CommandContext, CommandError, Status, command
+from arca.commands.glob import Glob, compile_glob
+from arca.commands.registry import CommandContext, CommandError, Incremental, Status, command
 
 _KEYS = (1, -1, 1)
+# KEYS yields to other clients after this much matching work: key bytes times the
+# pattern's tokens, plus KEY_WORK per key (a few milliseconds of work at most).
+KEYS_SLICE_WORK = 1 << 18
+KEY_WORK = 64
 _KEY = (1, 1, 1)
 
 
@@ -112,8 +116,29 @@ def type_(ctx: CommandContext, argv: list[bytes]):
 
 @command("KEYS", arity=2, flags=("readonly",), group="generic", summary="All keys matching a pattern", args="pattern")
 def keys(ctx: CommandContext, argv: list[bytes]):
-    matches = compile_glob(argv[1])
-    return [key for key in ctx.archive.keys() if matches(key)]
+    return Incremental("KEYS", matching_keys(ctx.archive, compile_glob(argv[1])))
+
+
+def matching_keys(archive, glob: Glob, budget: int | None = None):
+    """The live keys matching, yielding after each `budget` of work (see Incremental).
+
+    The key list is taken when KEYS starts; each key is checked (still there, not expired)
+    when its slice reaches it, so keys written or deleted while KEYS runs may or may not be
+    listed, as with SCAN."""
+    found: list[bytes] = []
+    append = found.append
+    matches = glob.match
+    per_byte = glob.cost_per_byte
+    budget = budget or KEYS_SLICE_WORK
+    work = 0
+    for key in archive.keys():
+        if matches(key):
+            append(key)
+        work += KEY_WORK + len(key) * per_byte
+        if work >= budget:
+            work = 0
+            yield
+    return found
 
 
 @command("SCAN", arity=-2, flags=("readonly",), group="generic", summary="Iterate over the keys", args="cursor [MATCH pattern] [COUNT count] [TYPE type]", since="2.8.0")

@@ -6,6 +6,10 @@ Redis's exact error strings: lookup (case-insensitive), subcommands (`CLIENT|SET
 arity, authentication, commands refused inside MULTI (flag `no_multi`), timing for SLOWLOG,
 and turning errors into error replies in this one place. COMMAND COUNT/DOCS/INFO/LIST are
 generated from the specs registered here.
+
+A command whose work grows with the keyspace (KEYS) returns an `Incremental`: a reply
+computed in slices of bounded work. The server runs one slice at a time and serves other
+clients in between; EXEC and direct callers run it to the end with `finish`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from arca.archive.errors import ArchiveError, ArchiveOOMError
 from arca.protocol import ErrorReply, Status
@@ -29,6 +33,8 @@ __all__ = [
     "call",
     "command",
     "dispatch",
+    "finish",
+    "Incremental",
     "lookup",
 ]
 
@@ -38,6 +44,13 @@ Reply = Any
 Handler = Callable[["CommandContext", list[bytes]], Reply]
 
 NOAUTH = ErrorReply("NOAUTH Authentication required.")
+DENIED = ErrorReply(
+    "DENIED protected mode: no password is set, so only clients on a loopback address are "
+    "served. Set one (CONFIG SET requirepass, from the server's own host), or restart with "
+    "--protected-mode no if a firewall already guards the port")
+MISCONF = ErrorReply(
+    "MISCONF the archive cannot commit to disk (see the server log: a full disk?), so write "
+    "commands are refused until a commit succeeds again; reads are served")
 OOM = "OOM command not allowed when used memory > 'maxmemory'."
 
 
@@ -72,6 +85,10 @@ class CommandSpec:
     since: str = "1.0.0"
     keys: tuple[int, int, int] = (0, 0, 0)  # first key, last key, step
     subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
+    writes: bool = False  # flagged "write": refused while commits fail
+
+    def __post_init__(self) -> None:
+        self.writes = "write" in self.flags
 
     @property
     def fullname(self) -> str:
@@ -171,6 +188,49 @@ def _help(spec: CommandSpec) -> list[bytes]:
     return [line.encode() for line in lines]
 
 
+class Incremental:
+    """A reply computed in slices: `steps` yields after each slice of bounded work and
+    returns the reply value. `step()` runs one slice and says whether the reply is ready
+    (then in `value`); an exception inside becomes an error reply, as in dispatch."""
+
+    __slots__ = ("spec", "_steps", "value", "slices")
+
+    def __init__(self, spec_name: str, steps: Generator[None, None, Reply]) -> None:
+        self.spec = lookup(spec_name.encode())
+        self._steps = steps
+        self.value: Reply = None
+        self.slices = 0
+
+    def step(self) -> bool:
+        self.slices += 1
+        try:
+            next(self._steps)
+        except StopIteration as done:
+            self.value = done.value
+            return True
+        except CommandError as exc:
+            self.value = ErrorReply(exc.message)
+            return True
+        except Exception as exc:
+            self.value = _failure(self.spec, exc)
+            return True
+        return False
+
+    def cancel(self) -> None:
+        """The client went away: drop the work (and what it holds) now."""
+        self._steps.close()
+        self.value = None
+
+
+def finish(reply: Reply) -> Reply:
+    """The final value of a reply, running an Incremental to its end."""
+    if type(reply) is Incremental:
+        while not reply.step():
+            pass
+        return reply.value
+    return reply
+
+
 QUEUED = Status("QUEUED")
 # Run at once inside MULTI rather than queued (WATCH to answer its own error there).
 _TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET", "WATCH"})
@@ -181,7 +241,8 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     """Run one command and return its reply value; every failure becomes an ErrorReply."""
     spec = _TABLE.get(argv[0])
     client = ctx.client
-    if spec is None or spec.subcommands or client.multi is not None or not client.authenticated:
+    if (spec is None or spec.subcommands or client.multi is not None or not client.authenticated
+            or ctx.server.persistence_error is not None):
         return _dispatch_checked(ctx, argv)
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
@@ -218,13 +279,27 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
     if not client.authenticated and not spec.no_auth:
         if ctx.server.requirepass is not None:
             return _refuse(client, NOAUTH)
+        if ctx.server.refuses(client):  # the password was removed: protected mode holds
+            client.close_after_reply = True
+            return DENIED
         client.authenticated = True  # the password was removed (CONFIG SET requirepass "")
+    if ctx.server.persistence_error is not None and _writes(spec, client):
+        if spec.name == "EXEC":
+            client.end_transaction()
+        return _refuse(client, MISCONF)
     if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
         if "no_multi" in spec.flags:
             return _refuse(client, NOT_IN_MULTI)
         client.multi.append((spec, argv))
         return QUEUED
     return call(spec, ctx, argv)
+
+
+def _writes(spec: CommandSpec, client: ClientState) -> bool:
+    """A write command, or an EXEC of a transaction holding one."""
+    if spec.name == "EXEC":
+        return bool(client.multi) and any(queued.writes for queued, _ in client.multi)
+    return spec.writes
 
 
 def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:

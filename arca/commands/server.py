@@ -183,6 +183,24 @@ def _set_failed(name: str, why: str) -> CommandError:
     return CommandError(f"ERR CONFIG SET failed (possibly related to argument '{name}') - {why}")
 
 
+MAXCLIENTS_RANGE = (1, 2**32 - 1)  # Redis's: an unsigned int
+
+
+def _integer_setting(name: str, text: bytes, low: int, high: int = INT_MAX) -> int:
+    """A CONFIG SET integer: strictly written, within low..high, with Redis's errors."""
+    try:
+        value = parse_int(text)
+    except CommandError:
+        raise _set_failed(name, "argument couldn't be parsed into an integer") from None
+    if not low <= value <= high:
+        raise _set_failed(name, f"argument must be between {low} and {high} inclusive")
+    return value
+
+
+def _maxclients(text: bytes) -> int:
+    return _integer_setting("maxclients", text, *MAXCLIENTS_RANGE)
+
+
 @command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients, slowlog-log-slower-than, slowlog-max-len)", args="parameter value [parameter value ...]", since="2.0.0")
 def config_set(ctx: CommandContext, argv: list[bytes]):
     if len(argv) % 2:
@@ -200,10 +218,7 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
     slowlog_changes = {name: _slowlog_setting(name, changes.pop(name)) for name in _SLOWLOG_SETTINGS
                        if name in changes}
     if "maxclients" in changes:
-        text = changes["maxclients"]
-        if not text.isdigit() or int(text) < 1:
-            raise _set_failed("maxclients", "argument couldn't be parsed into an integer")
-        ctx.server.maxclients = int(text)
+        ctx.server.maxclients = _maxclients(changes["maxclients"])
     if "requirepass" in changes:
         password = changes["requirepass"].decode("utf-8", "surrogateescape")
         ctx.server.requirepass = password or None
@@ -220,13 +235,7 @@ _SETTABLE = frozenset({"requirepass", "maxclients", *_SLOWLOG_SETTINGS})
 
 
 def _slowlog_setting(name: str, text: bytes) -> int:
-    try:
-        value = parse_int(text)
-    except CommandError:
-        raise _set_failed(name, "argument couldn't be parsed into an integer") from None
-    if value < _SLOWLOG_SETTINGS[name]:
-        raise _set_failed(name, f"argument must be between {_SLOWLOG_SETTINGS[name]} and {INT_MAX} inclusive")
-    return value
+    return _integer_setting(name, text, _SLOWLOG_SETTINGS[name])
 
 
 @command("SHUTDOWN", arity=-1, flags=("admin", "noscript", "loading", "stale", "no_multi"), group="server", summary="Commit everything and stop the server", args="[NOSAVE | SAVE] [NOW] [FORCE]")

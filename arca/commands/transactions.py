@@ -12,7 +12,7 @@ queueing, which aborts the transaction, as in Redis.
 from __future__ import annotations
 
 from arca.archive.watch import Watcher
-from arca.commands.registry import CommandContext, CommandError, call, command
+from arca.commands.registry import CommandContext, CommandError, call, command, finish
 from arca.protocol import NULL_ARRAY, OK
 
 
@@ -44,7 +44,7 @@ def exec_(ctx: CommandContext, argv: list[bytes]):
         raise CommandError("EXECABORT Transaction discarded because of previous errors.")
     if changed:
         return NULL_ARRAY
-    return [call(spec, ctx, queued_argv) for spec, queued_argv in queued]
+    return [finish(call(spec, ctx, queued_argv)) for spec, queued_argv in queued]
 
 
 @command("DISCARD", arity=1, flags=("noscript", "loading", "stale", "fast", "allow_busy"), group="transactions", summary="Drop the commands queued since MULTI", since="2.0.0")

@@ -9,7 +9,8 @@ only preloads disk states into RAM (L3 in the embedded archive would be a second
 the node's own disk tier on the same disk). Sessions live under `<home>/sessions`.
 Shutdown order: pending writes, fleet pushes, engine, cache, archive.
 Middlewares, outermost first: metrics (route, status,
-latency), CORS (when `[server] enable_cors`), the error envelope, Bearer auth.
+latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
+Content-Length over it is a 413 before any body is read), Bearer auth.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from node.api.errors import Handler, Unauthorized, error_middleware
+from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
 from node.api.metrics import CacheStats, LiveStats, Metrics
 from node.api.cache_routes import setup_cache_routes
 from node.api.routes import setup_routes
@@ -81,6 +82,21 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return response
 
 
+def body_limit_middleware(limit: int):
+    """A declared Content-Length over the limit is refused at once, before any body is read
+    (aiohttp alone would wait for the body and refuse it only after `limit` bytes)."""
+
+    @web.middleware
+    async def check_length(request: web.Request, handler: Handler) -> web.StreamResponse:
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes "
+                                  f"([server] max_request_size_mb)")
+        return await handler(request)
+
+    return check_length
+
+
 def auth_middleware(api_key: str):
     expected = f"Bearer {api_key}".encode()
 
@@ -89,7 +105,10 @@ def auth_middleware(api_key: str):
         path = request.path
         if path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/"):
             return await handler(request)
-        given = request.headers.get("Authorization", "").encode()
+        try:
+            given = request.headers.get("Authorization", "").encode()
+        except UnicodeEncodeError:  # bytes that are not UTF-8 can never be the key
+            given = b""
         if not hmac.compare_digest(given, expected):
             raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'",
                                headers={"WWW-Authenticate": "Bearer"})
@@ -104,6 +123,7 @@ def create_app(settings: Any, *, engine: Any = None, archive: ArchiveClient | No
     if server.enable_cors:
         middlewares.append(cors_middleware)
     middlewares.append(error_middleware)
+    middlewares.append(body_limit_middleware(server.max_request_size_mb * MIB))
     if server.api_key:
         middlewares.append(auth_middleware(server.api_key))
     app = web.Application(client_max_size=server.max_request_size_mb * MIB, middlewares=middlewares)

@@ -18,6 +18,8 @@ from typing import Callable, TypeVar
 import orjson
 from aiohttp import web
 
+from node import __version__
+from node.api import openapi
 from node.api.errors import ApiError, InternalError, InvalidRequest, ModelNotFound, NotFound, Overloaded
 from node.api.metrics import CONTENT_TYPE
 from node.api.schemas import parse_chat, parse_completion
@@ -193,6 +195,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
+async def openapi_description(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return json_response(openapi.document(state.model.model_id, __version__,
+                                         auth=bool(state.settings.server.api_key)))
+
+
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
@@ -204,5 +212,6 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model}", model_detail)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_description)
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC_DIR, show_index=False)

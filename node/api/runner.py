@@ -14,6 +14,7 @@ import signal
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from node.api.app import create_app
 from node.api.state import STATE
@@ -21,9 +22,23 @@ from node.api.state import STATE
 log = logging.getLogger(__name__)
 
 
+class HttpServerLog(logging.LoggerAdapter):
+    """aiohttp's server log, where a malformed request (bad request line, header or framing:
+    the client's fault) is one WARNING line instead of an ERROR with a traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError) and 400 <= (exc_info.code or 500) < 500:
+            peer = args[0] if args else "a client"
+            detail = (exc_info.message or type(exc_info).__name__).splitlines()[0][:200]
+            self.warning("malformed HTTP request from %s: %s %s", peer, exc_info.code, detail)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start `app` on host:port (0 = any free port); returns the runner and the bound port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0,
+                           logger=HttpServerLog(logging.getLogger("node.api.http"), {}))
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

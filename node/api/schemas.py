@@ -23,6 +23,7 @@ MAX_MESSAGES = 4096
 MAX_LOGIT_BIAS = 1024
 MAX_TOP_LOGPROBS = 20
 MAX_TOKENS_LIMIT = 1_000_000
+MIN_REPEAT_PENALTY = 0.01  # logits are divided by it: smaller values overflow them
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512  # the CLI's default; the context may clip it further
 
@@ -115,12 +116,15 @@ class Fields:
             raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
         return value
 
-    def number(self, key: str, default: float, lo: float, hi: float) -> float:
+    def number(self, key: str, default: float, lo: float, hi: float, *, above_lo: bool = False) -> float:
+        """A number in [lo, hi], or in (lo, hi] with `above_lo`."""
         value = self.body.get(key)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(key, f"must be a number, got {type_name(value)}")
+        if above_lo and not lo < value <= hi:
+            raise self.fail(key, f"must be above {lo} and at most {hi}, got {value}")
         if not lo <= value <= hi:
             raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
         return float(value)
@@ -194,14 +198,20 @@ def parse_sampling(fields: Fields) -> SamplingParams:
     return SamplingParams(
         temperature=fields.number("temperature", base.temperature, 0.0, 2.0),
         top_k=fields.integer("top_k", base.top_k, 0, 1_000_000),
-        top_p=fields.number("top_p", base.top_p, 0.0, 1.0),
+        top_p=fields.number("top_p", base.top_p, 0.0, 1.0, above_lo=True),
         min_p=fields.number("min_p", base.min_p, 0.0, 1.0),
-        repeat_penalty=fields.number("repeat_penalty", base.repeat_penalty, 0.0, 10.0),
+        repeat_penalty=fields.number("repeat_penalty", base.repeat_penalty, MIN_REPEAT_PENALTY, 10.0),
         presence_penalty=fields.number("presence_penalty", base.presence_penalty, -2.0, 2.0),
         frequency_penalty=fields.number("frequency_penalty", base.frequency_penalty, -2.0, 2.0),
         logit_bias=parse_logit_bias(fields),
-        seed=fields.integer("seed", None, -(2**63), 2**64 - 1),
+        seed=parse_seed(fields),
     )
+
+
+def parse_seed(fields: Fields) -> int | None:
+    """A seed in 0..2**64-1; -1 asks for a fresh random one, as llama.cpp's server takes it."""
+    seed = fields.integer("seed", None, -1, 2**64 - 1)
+    return None if seed == -1 else seed
 
 
 def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | None) -> GenerationOptions:

@@ -22,7 +22,7 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
 from node.engine.hooks import DraftProposer, PrefixCacheHook
 from node.engine.llama import KV_TYPES, LlamaContext, LlamaModel, ModelInfo
-from node.engine.sampling import fresh_seed
+from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
 from node.engine.types import Event, Finished, GenerationRequest
@@ -191,6 +191,9 @@ class Engine:
         n_vocab = self._model.n_vocab
         if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= n_vocab:
             raise InvalidRequest(f"prompt token ids must be in 0..{n_vocab - 1}")
+        validate_params(req.sampling, n_vocab)  # a 400 at submit, not a failure inside the engine thread
+        if req.sampling.seed is not None and req.sampling.seed < 0:
+            raise InvalidRequest(f"seed must be >= 0, got {req.sampling.seed}")
         need = len(req.prompt_tokens) + n * (req.max_tokens + self.config.max_draft)
         if need > self._ctx.n_ctx:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)

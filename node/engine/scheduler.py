@@ -184,21 +184,34 @@ class Scheduler:
                     return  # arrival order: the head waits for room, nobody overtakes it
                 self._queue.popleft()
             try:
-                seq.make_sampler(self._model.n_vocab, self._grammar)
-            except InvalidRequest as exc:
-                seq.finish("error", str(exc))
-                continue
-            self._budget.take(seq, own, leader.share if leader else None)
-            seq.t_admit = time.perf_counter()
-            self._active.append(seq)
-            if leader is not None:
-                seq.phase, seq.leader = Phase.FOLLOWER, leader
-                leader.followers.append(seq)
-                self.counters["shared_prefills"] += 1
-            else:
-                seq.phase = Phase.PREFILL
-                self._ctx.seq_rm(seq.slot)
-                self._restore_prefix(seq)
+                self._start(seq, own, leader)
+            except Exception as exc:  # this request alone fails; what it took is given back
+                self._refuse(seq, exc)
+
+    def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
+        """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
+        seq.make_sampler(self._model.n_vocab, self._grammar)
+        self._budget.take(seq, own, leader.share if leader else None)
+        seq.t_admit = time.perf_counter()
+        self._active.append(seq)
+        if leader is not None:
+            seq.phase, seq.leader = Phase.FOLLOWER, leader
+            leader.followers.append(seq)
+            self.counters["shared_prefills"] += 1
+        else:
+            seq.phase = Phase.PREFILL
+            self._ctx.seq_rm(seq.slot)
+            self._restore_prefix(seq)
+
+    def _refuse(self, seq: Sequence, exc: Exception) -> None:
+        """End a request that failed while being admitted, releasing its slot and cells."""
+        if isinstance(exc, InvalidRequest):
+            log.warning("request %s refused at admission: %s", seq.request.request_id or id(seq), exc)
+            message = str(exc)
+        else:
+            log.exception("request %s failed at admission", seq.request.request_id or id(seq))
+            message = f"{type(exc).__name__}: {exc}"
+        self._end(seq, "error", message)
 
     def _grammar(self, gbnf: str) -> Grammar:
         return Grammar(self._model.vocab, gbnf)
@@ -416,21 +429,24 @@ class Scheduler:
     # -- ending ----------------------------------------------------------------------------------
 
     def _end(self, seq: Sequence, reason, error: str | None = None) -> None:
+        """Free what seq holds and finish it; the finish reaches the client whatever fails."""
         if seq.phase is Phase.DONE:
             return
-        if seq.phase is Phase.PREFILL and seq.followers:
-            self._hand_over(seq)
-        elif seq.phase is Phase.FOLLOWER and seq.leader is not None:
-            seq.leader.followers.remove(seq)
-        if seq in self._active:
-            self._active.remove(seq)
-        if (reason in ("stop", "length") and seq.request.store_final_state and self._prefix_cache is not None
-                and seq.phase is Phase.DECODE):
-            self._store_final(seq)
-        slot = self._budget.release(seq)
-        if slot is not None:
-            self._ctx.seq_rm(slot)
-        seq.finish(reason, error)
+        try:
+            if seq.phase is Phase.PREFILL and seq.followers:
+                self._hand_over(seq)
+            elif seq.phase is Phase.FOLLOWER and seq.leader is not None:
+                seq.leader.followers.remove(seq)
+            if seq in self._active:
+                self._active.remove(seq)
+            if (reason in ("stop", "length") and seq.request.store_final_state and self._prefix_cache is not None
+                    and seq.phase is Phase.DECODE):
+                self._store_final(seq)
+            slot = self._budget.release(seq)
+            if slot is not None:
+                self._ctx.seq_rm(slot)
+        finally:
+            seq.finish(reason, error)
 
     def _hand_over(self, leader: Sequence) -> None:
         """A leader leaves mid-prefill: its first follower takes over the KV done so far."""

@@ -82,7 +82,8 @@ def start_server(tmp_path: Path, **options) -> ServerThread:
 
 
 def run(ctx, *argv):
-    """dispatch() with str or bytes arguments."""
+    """dispatch() with str or bytes arguments; a reply computed in slices is run to its end."""
     from arca.commands import dispatch
+    from arca.commands.registry import finish
 
-    return dispatch(ctx, [a if isinstance(a, bytes) else str(a).encode() for a in argv])
+    return finish(dispatch(ctx, [a if isinstance(a, bytes) else str(a).encode() for a in argv]))

@@ -7,6 +7,8 @@ admits a single request at a time), each with its own archive.
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 
 import aiohttp
@@ -98,6 +100,12 @@ async def test_bodies_that_are_not_json_objects(plain, body, code):
         ("text", {"prompt": {"x": 1}}, "prompt"),
         ("text", {"prompt": [999999999]}, "prompt"),
         ("text", {"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+        ("chat", {"seed": -5}, "seed"),
+        ("chat", {"top_p": 0}, "top_p"),
+        ("text", {"prompt": "x", "repeat_penalty": 0.001}, "repeat_penalty"),
+        ("text", {"prompt": "x", "seed": -(2**63)}, "seed"),
+        ("chat", {"logit_bias": {"999999": 5}}, "logit_bias"),
+        ("text", {"prompt": "x", "logit_bias": {"262144": -1}}, "logit_bias"),
     ],
 )
 async def test_wrong_fields_are_400_naming_the_field(plain, path, change, param):
@@ -245,3 +253,59 @@ async def test_metrics_are_prometheus_text(plain):
         assert series in text, series
     hits = next(line for line in text.splitlines() if line.startswith("reame_archive_hits_total"))
     assert float(hits.split()[-1]) >= 1
+
+
+async def test_seed_minus_one_asks_for_a_random_seed(plain):
+    for _ in range(2):
+        status, _, reply = await post(f"{plain.url}/v1/chat/completions", {**CHAT, "seed": -1, "temperature": 0.9})
+        assert status == 200 and reply["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+async def test_a_flood_of_bad_seeds_leaves_the_node_serving(nodes):
+    single = nodes["single"]  # one request in flight at most: a leaked place would lock it out
+    for _ in range(6):
+        status, _, _ = await post(f"{single.url}/v1/chat/completions", {**CHAT, "seed": -7, "temperature": 0.8})
+        assert status == 400
+    status, _, reply = await post(f"{single.url}/v1/chat/completions", {**CHAT, "seed": 7, "temperature": 0.8})
+    assert status == 200
+
+
+def raw_http(port: int, data: bytes, timeout: float = 10.0) -> tuple[float, bytes]:
+    """Send raw bytes, return (seconds until the first reply bytes, the reply's start)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        started = time.monotonic()
+        sock.sendall(data)
+        reply = sock.recv(4096)
+        return time.monotonic() - started, reply
+
+
+async def test_bearer_bytes_that_are_not_utf8_are_401(nodes):
+    keyed = nodes["keyed"]
+    for token in (b"\xff\xfe", b"\xc3", "ñé".encode()):
+        request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+                   b"\r\nContent-Length: 2\r\n\r\n{}")
+        _, reply = await asyncio.to_thread(raw_http, keyed.port, request)
+        assert reply.startswith(b"HTTP/1.1 401"), reply[:80]
+
+
+async def test_a_declared_length_over_the_limit_is_413_before_the_body(plain):
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 99999999999\r\n\r\n{\"mod")
+    waited, reply = await asyncio.to_thread(raw_http, plain.port, request)
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:80]
+    assert waited < 5  # answered without waiting for the 100 GB it announced
+    assert b"request_too_large" in reply
+
+
+async def test_malformed_http_is_one_warning_line_not_a_traceback(plain, caplog):
+    with caplog.at_level(logging.INFO):
+        for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+                     b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n"):
+            _, reply = await asyncio.to_thread(raw_http, plain.port, junk)
+            assert reply.startswith(b"HTTP/1.") and b" 400 " in reply[:20], reply[:80]
+        await asyncio.sleep(0.2)
+    server_records = [r for r in caplog.records if r.name.startswith(("aiohttp", "node.api"))]
+    assert server_records, "the malformed requests were not logged at all"
+    for record in server_records:
+        assert record.levelno <= logging.WARNING and record.exc_info is None, record.getMessage()
+        assert "malformed HTTP request" in record.getMessage()
