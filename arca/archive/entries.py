@@ -1,8 +1,8 @@
 """L1 entries: bytes keys and values with TTLs under an LRU byte budget, served from RAM.
 
 Every entry lives in the L1 table (`_l1table.Table`, a C extension: one hash probe per
-read or write, an exact LRU list, the deadline and the dirty mark in one 48-byte slot);
-this module is its Python face: the budget check that answers `-OOM`, active expiry,
+read or write, key and value bytes inline in one allocation per entry, an exact LRU list
+and the dirty mark in a 24-byte slot); this module is its Python face: the budget check that answers `-OOM`, active expiry,
 SCAN cursors, loading at open and handing dirty keys to the entry log. Holding all values
 in RAM keeps GET a hash probe rather than a SQLite read (~5 us), and the byte budget
 (key + value + ENTRY_OVERHEAD per entry) bounds that RAM. The database is the durable
@@ -30,6 +30,8 @@ from .entry_log import DamagedBatch, EntryLog
 from .scan import ScanCursors
 
 log = logging.getLogger(__name__)
+
+_KEYS_CHUNK = 1024  # keys made into bytes objects at a time by Entries.keys()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +68,16 @@ class Entries:
         return self.table.contains(key)
 
     def keys(self) -> Iterator[bytes]:
-        contains = self.table.contains
-        for key in self.table.keys():
-            if contains(key):
-                yield key
+        """Every live key, least recently used first, made into bytes objects a chunk at a
+        time (the table holds keys inline, so a full list would cost a bytes object per key)."""
+        contains, snapshot = self.table.contains, self.table.snapshot()
+        for start in range(0, len(snapshot), _KEYS_CHUNK):
+            for key in snapshot[start:start + _KEYS_CHUNK]:
+                if contains(key):
+                    yield key
 
     def scan(self, cursor: int, count: int) -> tuple[int, list[bytes]]:
-        return self._scans.page(cursor, count, self.table.keys, self.table.contains)
+        return self._scans.page(cursor, count, self.table.snapshot, self.table.contains)
 
     # -- writes --------------------------------------------------------------------------
 
@@ -175,14 +180,14 @@ class Entries:
         """Start a rewrite when one is due, then re-log up to `max_keys` keys of the running
         one; True while it has more to do."""
         if self.log.rewrite_due(len(self.table), idle):
-            self.log.start_rewrite(conn, self.table.keys())
+            self.log.start_rewrite(conn, self.table.snapshot())
         return self.log.rewrite_step(conn, self.table.encode, max_keys)
 
     def compact(self, conn: sqlite3.Connection) -> int:
         """Rewrite the whole log now (inside the caller's transaction); returns the records
         it held before."""
         before = self.log.records
-        self.log.start_rewrite(conn, self.table.keys())
+        self.log.start_rewrite(conn, self.table.snapshot())
         while self.log.rewrite_step(conn, self.table.encode, 1 << 20):
             pass
         return before
