@@ -41,6 +41,13 @@
  * stale mark can never look current. A key deleted and written again in one epoch may be
  * listed twice, which is harmless: the log records the key's current state each time.
  *
+ * Active expiry. `due` is a binary min-heap of (deadline, slot number), 16 bytes per
+ * deadline set, pushed whenever an entry gets a new deadline; `expire_due` pops the pairs
+ * that are due and removes the entry in the slot when its own deadline has passed (a pair
+ * left by a changed deadline or a freed slot is skipped; a reused slot whose new key is due
+ * is due anyway). The heap is rebuilt from the slots when it holds more than twice as many
+ * pairs as there are deadlines (plus 1024).
+ *
  * Snapshots. `snapshot()` records (slot number, hash) per live entry in LRU order, 8 bytes
  * per key, for SCAN cursors and log rewrites; reading it back yields the key now in that
  * slot when the slot still holds an entry with that hash (a key present throughout stays
@@ -67,6 +74,11 @@ typedef struct {
 _Static_assert(sizeof(Slot) == 24, "a slot is 24 bytes");
 
 typedef struct {
+    int64_t deadline;
+    int32_t slot;
+} Due;
+
+typedef struct {
     PyObject_HEAD
     Slot *slots;
     int32_t slots_cap;
@@ -84,6 +96,8 @@ typedef struct {
     PyObject *dirty;     /* list of keys */
     char *out;           /* reply buffer reused by run() */
     size_t out_cap;
+    Due *due;            /* the active-expiry heap (see above) */
+    size_t due_len, due_cap;
 } Table;
 
 static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET, *NAME_MSET, *NAME_INCR, *NAME_DECR, *NAME_INCRBY,
@@ -406,6 +420,76 @@ lru_touch(Table *t, int32_t s)
     }
 }
 
+/* ---------------------------------------------------------------- the deadline heap */
+
+static void
+due_sift_down(Due *h, size_t n, size_t i)
+{
+    Due item = h[i];
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= n)
+            break;
+        if (child + 1 < n && h[child + 1].deadline < h[child].deadline)
+            child++;
+        if (h[child].deadline >= item.deadline)
+            break;
+        h[i] = h[child];
+        i = child;
+    }
+    h[i] = item;
+}
+
+/* Refill the heap with one pair per entry that has a deadline (there are fewer of them than
+ * pairs, so it fits). */
+static void
+due_rebuild(Table *t)
+{
+    t->due_len = 0;
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next) {
+        int64_t deadline = slot_deadline(&t->slots[s]);
+        if (deadline)
+            t->due[t->due_len++] = (Due){deadline, s};
+    }
+    for (size_t i = t->due_len / 2; i-- > 0;)
+        due_sift_down(t->due, t->due_len, i);
+}
+
+/* Queue slot s, whose entry now has `deadline`, for active expiry. */
+static int
+due_push(Table *t, int32_t s, int64_t deadline)
+{
+    if (t->due_len > 2 * (size_t)t->ttl_count + 1024) {
+        due_rebuild(t); /* includes slot s */
+        return 0;
+    }
+    if (t->due_len == t->due_cap) {
+        size_t cap = t->due_cap ? t->due_cap * 2 : 16;
+        Due *due = array_grow(t->due, t->due_cap * sizeof(Due), cap * sizeof(Due));
+        if (due == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->due = due;
+        t->due_cap = cap;
+    }
+    size_t i = t->due_len++;
+    while (i > 0 && t->due[(i - 1) / 2].deadline > deadline) {
+        t->due[i] = t->due[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    t->due[i] = (Due){deadline, s};
+    return 0;
+}
+
+static void
+due_clear(Table *t)
+{
+    array_free(t->due, t->due_cap * sizeof(Due));
+    t->due = NULL;
+    t->due_len = t->due_cap = 0;
+}
+
 /* ---------------------------------------------------------------- slots */
 
 /* Append the key to the dirty list unless this slot is already listed in this epoch.
@@ -440,8 +524,9 @@ next_epoch(Table *t)
 /* Give a stored entry a deadline (0: none), keeping ttl_count; the entry is rebuilt when
  * its deadline field appears or goes. Returns 0 or -1. */
 static int
-slot_set_deadline(Table *t, Slot *slot, int64_t deadline)
+slot_set_deadline(Table *t, int32_t s, int64_t deadline)
 {
+    Slot *slot = &t->slots[s];
     View v;
     entry_view(slot->entry, &v);
     if ((v.deadline != 0) == (deadline != 0)) {
@@ -455,7 +540,7 @@ slot_set_deadline(Table *t, Slot *slot, int64_t deadline)
         slot->entry = e;
     }
     t->ttl_count += (deadline != 0) - (v.deadline != 0);
-    return 0;
+    return deadline && deadline != v.deadline ? due_push(t, s, deadline) : 0;
 }
 
 /* Room for one more entry: grow the slot array and the index as needed. Returns 1 when
@@ -610,6 +695,8 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObjec
         t->used_bytes += (long long)value_len - v.value_len;
         t->ttl_count += (deadline != 0) - (v.deadline != 0);
         lru_touch(t, s);
+        if (deadline && deadline != v.deadline && due_push(t, s, deadline) < 0)
+            return -1;
     } else {
         int rebuilt = reserve_one(t);
         if (rebuilt < 0)
@@ -620,7 +707,7 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObjec
         if (e == NULL)
             return -1;
         s = insert_new(t, pos, e, hash);
-        if (mark_dirty(t, &t->slots[s], key_obj) < 0)
+        if (mark_dirty(t, &t->slots[s], key_obj) < 0 || (deadline && due_push(t, s, deadline) < 0))
             return -1;
     }
     if (t->used_bytes > t->max_bytes && evict_to_fit(t) < 0)
@@ -707,6 +794,7 @@ Table_dealloc(Table *t)
     if (t->index != NULL)
         array_free(t->index, (t->index_mask + 1) * sizeof(int32_t));
     PyMem_Free(t->out);
+    due_clear(t);
     Py_XDECREF(t->dirty);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
@@ -813,7 +901,7 @@ Table_set_deadline(Table *t, PyObject *args)
     if (s == NIL)
         Py_RETURN_FALSE;
     Slot *slot = &t->slots[s];
-    if (mark_dirty(t, slot, key) < 0 || slot_set_deadline(t, slot, deadline) < 0)
+    if (mark_dirty(t, slot, key) < 0 || slot_set_deadline(t, s, deadline) < 0)
         return NULL;
     Py_RETURN_TRUE;
 }
@@ -853,6 +941,38 @@ Table_evict(Table *t, PyObject *unused)
 {
     long long n = evict_to_fit(t);
     return n < 0 ? NULL : PyLong_FromLongLong(n);
+}
+
+/* expire_due(limit=1000, now=None): active expiry, see the layout notes. */
+static PyObject *
+Table_expire_due(Table *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"limit", "now", NULL};
+    Py_ssize_t limit = 1000;
+    PyObject *now_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nO", kwlist, &limit, &now_obj))
+        return NULL;
+    int64_t now;
+    if (now_obj == Py_None)
+        now = now_ms();
+    else if ((now = PyLong_AsLongLong(now_obj)) == -1 && PyErr_Occurred())
+        return NULL;
+    long long n = 0;
+    while (t->due_len && t->due[0].deadline <= now && n < limit) {
+        int32_t s = t->due[0].slot;
+        t->due[0] = t->due[--t->due_len];
+        due_sift_down(t->due, t->due_len, 0);
+        if (s >= t->slots_used || t->slots[s].entry == NULL)
+            continue;
+        int64_t deadline = slot_deadline(&t->slots[s]);
+        if (deadline && deadline <= now) {
+            t->expired++;
+            n++;
+            if (remove_slot(t, s, position_of(t, s)) < 0)
+                return NULL;
+        }
+    }
+    return PyLong_FromLongLong(n);
 }
 
 static PyObject *
@@ -899,6 +1019,7 @@ static PyObject *
 Table_clear(Table *t, PyObject *unused)
 {
     drop_all(t);
+    due_clear(t);
     array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
     t->slots = NULL;
     t->slots_cap = 0;
@@ -1525,6 +1646,8 @@ static PyMethodDef Table_methods[] = {
     {"delete", (PyCFunction)Table_delete, METH_O, "delete(key) -> bool"},
     {"expire", (PyCFunction)Table_expire, METH_O, "expire(key) -> bool: delete counted as expired"},
     {"evict", (PyCFunction)Table_evict, METH_NOARGS, "evict() -> entries dropped to fit max_bytes"},
+    {"expire_due", (PyCFunction)(void (*)(void))Table_expire_due, METH_VARARGS | METH_KEYWORDS,
+     "expire_due(limit=1000, now=None) -> entries removed (at most limit) whose deadline <= now (ms)"},
     {"keys", (PyCFunction)Table_keys, METH_NOARGS, "keys() -> list, least recently used first"},
     {"snapshot", (PyCFunction)Table_snapshot, METH_NOARGS,
      "snapshot() -> the keys now, least recently used first, 8 bytes each; read back as they are then"},

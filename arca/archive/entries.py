@@ -2,8 +2,8 @@
 
 Every entry lives in the L1 table (`_l1table.Table`, a C extension: one hash probe per
 read or write, key and value bytes inline in one allocation per entry, an exact LRU list
-and the dirty mark in a 24-byte slot); this module is its Python face: the budget check that answers `-OOM`, active expiry,
-SCAN cursors, loading at open and handing dirty keys to the entry log. Holding all values
+and the dirty mark in a 24-byte slot); this module is its Python face: the budget check that answers `-OOM`, active expiry (the
+table's deadline heap), SCAN cursors, loading at open and handing dirty keys to the entry log. Holding all values
 in RAM keeps GET a hash probe rather than a SQLite read (~5 us), and the byte budget
 (key + value + ENTRY_OVERHEAD per entry) bounds that RAM. The database is the durable
 copy: it is read once at open (LRU order is rebuilt from write order) and written by
@@ -25,7 +25,7 @@ from typing import Iterator
 from ._l1table import Table
 from .config import ENTRY_OVERHEAD
 from .errors import ArchiveCorruptError, ArchiveOOMError
-from .expiry import ExpiryQueue, now_ms
+from .expiry import now_ms
 from .entry_log import DamagedBatch, EntryLog
 from .scan import ScanCursors
 
@@ -43,7 +43,6 @@ class Entry:
 class Entries:
     def __init__(self, max_bytes: int) -> None:
         self.table = Table(max_bytes, ENTRY_OVERHEAD)
-        self._expiry = ExpiryQueue(self.table)
         self._flushes: list[None] = []  # a FLUSH not yet committed (a list: see pending_queues)
         self._scans = ScanCursors()
         self.log = EntryLog()
@@ -89,7 +88,6 @@ class Entries:
             if expire_at_ms <= now_ms():
                 self.table.delete(key)
                 return
-            self._expiry.add(key, expire_at_ms)
         self.table.put(key, value, expire_at_ms)
 
     def put_many(self, pairs: list[tuple[bytes, bytes]]) -> None:
@@ -121,12 +119,10 @@ class Entries:
             table.delete(key)
         else:
             table.set_deadline(key, expire_at_ms)
-            self._expiry.add(key, expire_at_ms)
         return True
 
     def flush(self) -> None:
         self.table.clear()
-        self._expiry.clear()
         self._scans.clear()
         self._flushes[:] = [None]
 
@@ -134,11 +130,7 @@ class Entries:
         """Active expiry: delete up to `limit` keys whose deadline has passed."""
         if not self.table.ttl_count:
             return 0
-        due = self._expiry.due(now_ms(), limit)
-        expire = self.table.expire
-        for key in due:
-            expire(key)
-        return len(due)
+        return self.table.expire_due(limit)  # the table keeps the deadline heap
 
     # -- persistence ---------------------------------------------------------------------
 
@@ -215,7 +207,6 @@ class Entries:
             raise ArchiveCorruptError(path, f"{len(damaged)} L1 entries fail their checksum "
                                             f"(first key {damaged[0][:64]!r})")
         table.clear_dirty()  # what was just read is on disk already
-        self._expiry.rebuild()
         self.expire_due(limit=table.ttl_count + 1)
         if table.used_bytes > table.max_bytes:
             log.info("L1 budget is smaller than the stored entries: evicted %d", table.evict())

@@ -6,7 +6,9 @@ used_bytes > max_bytes, lazy expiry on reads, the dirty list (compared as a set 
 table may list a key more than once), the counters, the packed records of encode() and the
 GET/SET pipeline of run(). A snapshot() read back later holds, in order, every key of the
 moment it was taken that has been present ever since, and only keys present now (a key
-written meanwhile may appear: the table records slots, not keys).
+written meanwhile may appear: the table records slots, not keys). expire_due(limit)
+removes min(limit, due) entries whose deadline has passed, each counted as expired (which
+of them, when more are due than the limit, the model leaves open).
 
 Deadlines are either far in the future or in 1970, so expiry never depends on the clock
 moving during a test.
@@ -139,6 +141,9 @@ class Model:
 
     def keys(self) -> list[bytes]:
         return list(self.entries)
+
+    def due(self, now: int) -> set[bytes]:
+        return {k for k, (_, d) in self.entries.items() if d is not None and d <= now}
 
     def ttl_items(self) -> list[tuple[int, bytes]]:
         return [(d, k) for k, (_, d) in self.entries.items() if d is not None]
@@ -512,6 +517,18 @@ class TableMachine(RuleBasedStateMachine):
     def keys(self):
         assert self.table.keys() == self.model.keys()
 
+    @rule(limit=st.sampled_from([0, 1, 2, 1000]))
+    def expire_due(self, limit):
+        now = now_ms()
+        due, before = self.model.due(now), set(self.table.keys())
+        count = self.table.expire_due(limit, now)
+        removed = before - set(self.table.keys())
+        assert count == len(removed) == min(limit, len(due)) and removed <= due
+        for key in self.table.keys() if limit >= len(due) else ():
+            assert key not in due
+        for key in removed:
+            assert self.model.expire(key)
+
     @rule()
     def take_snapshot(self):
         snap = self.table.snapshot()
@@ -574,6 +591,43 @@ def test_snapshot_reads_back_keys_as_they_are_now():
         snap[b"x"]
     t.clear()
     assert snap[:] == [] and len(snap) == 4 and t.snapshot()[:] == [] and len(t.snapshot()) == 0
+
+
+def test_expire_due_pops_the_deadline_heap():
+    t = Table(1 << 20, 0)
+    now = 10_000
+    for i in range(10):
+        t.put(b"k%d" % i, b"v", now - 90 + i * 20)        # k0..k4 due at `now`, k5..k9 later
+    t.put(b"plain", b"v")
+    t.set_deadline(b"k0", now + 10**6)                      # its old pair is stale now
+    t.set_deadline(b"plain", now - 1)                        # due through set_deadline
+    t.delete(b"k1")                                          # a pair for a freed slot
+    t.clear_dirty()
+    assert t.expire_due(2, now) == 2 and t.expired == 2
+    assert t.expire_due(1000, now) == 2 and t.expired == 4
+    assert set(t.dirty) == {b"plain", b"k2", b"k3", b"k4"}
+    assert sorted(t.keys()) == [b"k0", b"k5", b"k6", b"k7", b"k8", b"k9"]
+    assert t.expire_due(1000, now) == 0 and t.expire_due(0, now + 10**7) == 0
+    assert t.expire_due(now=now + 10**7) == 6 and len(t) == 0 and t.ttl_count == 0
+
+
+def test_deadline_heap_is_rebuilt_when_stale_pairs_pile_up():
+    t = Table(1 << 30, 0)
+    t.put(b"a", b"1", FUTURE)
+    t.put(b"b", b"1", PAST + 5)
+    for i in range(5000):                                    # 5000 stale pairs for one key
+        t.set_deadline(b"a", FUTURE + i)
+    t.clear_dirty()
+    assert t.expire_due(10, now_ms()) == 1 and t.keys() == [b"a"]
+    assert t.expire_due(now=FUTURE + 4998) == 0 and t.expire_due(now=FUTURE + 4999) == 1
+    for i in range(3000):                                    # and keys gone with their pairs
+        t.put(b"x%d" % i, b"v", FUTURE)
+        t.delete(b"x%d" % i)
+    t.put(b"c", b"v", PAST)
+    assert t.expire_due(now=now_ms()) == 1 and len(t) == 0
+    t.put(b"d", b"v", PAST)
+    t.clear()
+    assert t.expire_due(now=now_ms()) == 0
 
 
 def test_dirty_epoch_wraps_without_losing_a_mark():
