@@ -32,6 +32,10 @@ from .scan import ScanCursors
 log = logging.getLogger(__name__)
 
 _KEYS_CHUNK = 1024  # keys made into bytes objects at a time by Entries.keys()
+# Records loaded between clearings of the dirty list at open: held to the end, the listed
+# key objects (one per key) left their pymalloc arenas resident among the entries, about
+# 25 MiB of RSS per million keys after a restart, measured.
+_LOAD_CLEAN_EVERY = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +193,9 @@ class Entries:
         table, damaged = self.table, []
         budget, table.max_bytes = table.max_bytes, 1 << 62  # evict once everything is read
         try:
-            for key, value, expire_at, crc in self.log.read(conn):
+            for count, (key, value, expire_at, crc) in enumerate(self.log.read(conn), 1):
+                if not count % _LOAD_CLEAN_EVERY:
+                    table.clear_dirty()  # what is read is on disk already (see below)
                 key = bytes(key)
                 if value is None:
                     table.delete(key)
