@@ -2,8 +2,9 @@
 
 Every entry lives in the L1 table (`_l1table.Table`, a C extension: one hash probe per
 read or write, key and value bytes inline in one allocation per entry, an exact LRU list
-and the dirty mark in a 24-byte slot); this module is its Python face: the budget check that answers `-OOM`, active expiry (the
-table's deadline heap), SCAN cursors, loading at open and handing dirty keys to the entry log. Holding all values
+and the dirty mark in a 24-byte slot, the deadline heap of active expiry); this module is
+its Python face: the budget check that answers `-OOM`, running active expiry, SCAN
+cursors, loading at open and handing dirty keys to the entry log. Holding all values
 in RAM keeps GET a hash probe rather than a SQLite read (~5 us), and the byte budget
 (key + value + ENTRY_OVERHEAD per entry) bounds that RAM. The database is the durable
 copy: it is read once at open (LRU order is rebuilt from write order) and written by
