@@ -36,6 +36,9 @@ OPTIONS: tuple[Option, ...] = (
            "after CONFIG SET requirepass \"\"), and refuse to start on a non-loopback address."),
     Option("server", "maxclients", int, 10000, "Most simultaneous client connections; more are refused."),
     Option("server", "log-level", str, "info", "Log verbosity.", choices=LEVELS),
+    Option("server", "slowlog-log-slower-than", int, 10000,
+           "SLOWLOG keeps commands that ran at least this many microseconds; 0 keeps all, -1 none."),
+    Option("server", "slowlog-max-len", int, 128, "Most entries SLOWLOG keeps (the oldest go first)."),
     Option("storage", "dir", str, "~/.reame/arca", "Directory of the archive database (created if missing)."),
     Option("storage", "max-mb", int, 256,
            "L1 budget (exact answers) in MB, held in RAM and on disk; least recently used entries are evicted to fit."),
@@ -65,6 +68,8 @@ class ArcaConfig:
     protected_mode: bool
     maxclients: int
     log_level: str
+    slowlog_log_slower_than: int
+    slowlog_max_len: int
     directory: Path
     max_mb: int
     corpus_max_mb: int
@@ -99,6 +104,13 @@ def _positive(values: Mapping[str, Any], name: str) -> int:
     return value
 
 
+def _at_least(values: Mapping[str, Any], name: str, lowest: int) -> int:
+    value = values[name]
+    if value < lowest:
+        raise ConfigError(f"[{name.replace('.', '] ')}: must be at least {lowest}, got {value}")
+    return value
+
+
 def load_config(
     flags: Mapping[str, Any] | None = None,
     file: Path | None = None,
@@ -123,6 +135,8 @@ def load_config(
         protected_mode=values["server.protected-mode"],
         maxclients=_positive(values, "server.maxclients"),
         log_level=values["server.log-level"],
+        slowlog_log_slower_than=_at_least(values, "server.slowlog-log-slower-than", -1),
+        slowlog_max_len=_at_least(values, "server.slowlog-max-len", 0),
         directory=Path(values["storage.dir"]).expanduser(),
         max_mb=_positive(values, "storage.max-mb"),
         corpus_max_mb=_positive(values, "storage.corpus-max-mb"),

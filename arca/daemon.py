@@ -96,6 +96,8 @@ def server_options(config: ArcaConfig) -> ServerOptions:
         durability=config.durability,
         limits=config.limits,
         maxclients=config.maxclients,
+        slowlog_log_slower_than=config.slowlog_log_slower_than,
+        slowlog_max_len=config.slowlog_max_len,
         requirepass=config.requirepass,
         protected_mode=config.protected_mode,
         directory=str(config.directory),

@@ -73,6 +73,15 @@ class _NoReply:
 NO_REPLY = _NoReply()
 
 
+class _NullArray:
+    """A null array (`*-1` in RESP2, `_` in RESP3): EXEC's reply when a watched key changed."""
+
+    __slots__ = ()
+
+
+NULL_ARRAY = _NullArray()
+
+
 # ---------------------------------------------------------------------------- decoding
 
 
@@ -412,4 +421,6 @@ def encode(value: Any, resp: int = 2) -> bytes:
         return encode(int(value), resp)
     if value is NO_REPLY:
         return b""
+    if value is NULL_ARRAY:
+        return b"*-1\r\n" if resp == 2 else b"_\r\n"
     raise TypeError(f"cannot encode a reply of type {kind.__name__}")

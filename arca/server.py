@@ -135,6 +135,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client is not None:
+            if self.client.watch is not None:
+                self.server.archive.unwatch(self.client.watch)
             self.server.state.clients.pop(self.client.id, None)
             self.server.connections.discard(self)
             # Nothing may keep this connection alive past its close: the client's buffer
@@ -175,7 +177,7 @@ class Connection(asyncio.Protocol):
             return
         client = self.client
         if (client.multi is None and client.authenticated and not self.strict_limits
-                and self.backlog is None and self.decoder.idle and self.ctx.server.persistence_error is None):
+                and self.backlog is None and self.decoder.idle and self.ctx.server.plain_path_open):
             # The plain path: the read's leading plain commands (GET, SET key value, MGET,
             # MSET, INCR and the like, PING) run in the archive's L1 table straight from the
             # bytes (no argv lists, no dispatch).
@@ -201,9 +203,10 @@ class Connection(asyncio.Protocol):
         ctx = self.ctx
         client = ctx.client
         # GET key and SET key value skip the generic dispatch (spec lookup, arity, handler
-        # frame) while nothing else applies: not queueing for MULTI, authenticated. Only a
-        # dispatched command can change that, so it is read again after each one.
-        plain = client.multi is None and client.authenticated and ctx.server.persistence_error is None
+        # frame) while nothing else applies: not queueing for MULTI, authenticated, commits
+        # succeeding, SLOWLOG not timing each command. Only a dispatched command can change
+        # that, so it is read again after each one.
+        plain = client.multi is None and client.authenticated and ctx.server.plain_path_open
         done = self._run_each(commands, out, plain) if commands else 0
         if done:
             client.last_command = commands[done - 1][0]
@@ -244,7 +247,7 @@ class Connection(asyncio.Protocol):
                 continue
             else:
                 reply = dispatch(ctx, argv)
-                plain = client.multi is None and client.authenticated and ctx.server.persistence_error is None
+                plain = client.multi is None and client.authenticated and ctx.server.plain_path_open
                 if type(reply) is Incremental:
                     if not reply.step():  # more than one slice: the rest runs between other clients
                         self.slow = reply

@@ -10,7 +10,7 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 from arca.protocol import Limits
 
@@ -34,6 +34,7 @@ class ClientState:
     close_after_reply: bool = False
     multi: list | None = None  # commands queued since MULTI, or None outside a transaction
     multi_failed: bool = False  # a command was refused while queueing: EXEC must abort
+    watch: Any = None  # the archive's Watcher for this connection's WATCHed keys, or None
     # Set by the network layer: bytes buffered in and out, for CLIENT LIST.
     query_buffer: Callable[[], int] = lambda: 0
     output_buffer: Callable[[], int] = lambda: 0
@@ -83,6 +84,73 @@ class ServerStats:
         return round((last - first) / (end - start)) if end > start else 0
 
 
+@dataclass(slots=True)
+class SlowLog:
+    """SLOWLOG: the most recent commands that ran longer than `log_slower_than_us`.
+
+    `log_slower_than_us` < 0 logs nothing, 0 logs every command (slowlog-log-slower-than);
+    at most `max_len` entries are kept, newest first (slowlog-max-len).
+    """
+
+    log_slower_than_us: int = 10000
+    max_len: int = 128
+    entries: deque = field(default_factory=deque)
+    next_id: int = 0
+
+    MAX_ARGS: ClassVar[int] = 32
+    MAX_ARG_BYTES: ClassVar[int] = 128
+
+    def record(self, argv: list[bytes], duration_us: int, client: ClientState) -> None:
+        """Log one command: passwords redacted, long argument lists and long arguments cut
+        as Redis cuts them."""
+        argv = _redacted(argv)
+        shown = argv if len(argv) <= self.MAX_ARGS else argv[: self.MAX_ARGS - 1]
+        args = [a if len(a) <= self.MAX_ARG_BYTES else
+                a[: self.MAX_ARG_BYTES] + b"... (%d more bytes)" % (len(a) - self.MAX_ARG_BYTES) for a in shown]
+        if len(argv) > self.MAX_ARGS:
+            args.append(b"... (%d more arguments)" % (len(argv) - self.MAX_ARGS + 1))
+        entry = (self.next_id, int(time.time()), duration_us, args, client.addr.encode(), client.name)
+        self.next_id += 1
+        self.entries.appendleft(entry)
+        self.trim()
+
+    def trim(self) -> None:
+        while len(self.entries) > self.max_len:
+            self.entries.pop()
+
+    @property
+    def times_each_command(self) -> bool:
+        """Whether every command must be timed on its own (the plain path in C times none)."""
+        return 0 <= self.log_slower_than_us < PLAIN_PATH_SLOWLOG_FLOOR_US
+
+
+REDACTED = b"(redacted)"
+
+
+def _redacted(argv: list[bytes]) -> list[bytes]:
+    """argv with its secrets replaced as Redis replaces them in SLOWLOG: every AUTH argument,
+    the user and password after HELLO's AUTH, the value of CONFIG SET requirepass."""
+    name = argv[0].upper()
+    if name == b"AUTH":
+        return [argv[0]] + [REDACTED] * (len(argv) - 1)
+    secrets: set[int] = set()
+    if name == b"HELLO":
+        for i, arg in enumerate(argv):
+            if arg.upper() == b"AUTH":
+                secrets.update((i + 1, i + 2))
+    elif name == b"CONFIG" and len(argv) > 1 and argv[1].upper() == b"SET":
+        secrets.update(i + 1 for i in range(2, len(argv), 2) if argv[i].lower() == b"requirepass")
+    if not secrets:
+        return argv
+    return [REDACTED if i in secrets else arg for i, arg in enumerate(argv)]
+
+
+# Below this slowlog-log-slower-than, the server sends every command through dispatch, which
+# times each one; the plain path (plain GET/SET/INCR/... answered in C, microseconds each)
+# runs while the threshold is above it or logging is off.
+PLAIN_PATH_SLOWLOG_FLOOR_US = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
     """The server's settings as configured at start (arca.config builds them)."""
@@ -92,6 +160,8 @@ class ServerOptions:
     durability: str = "commit"  # "commit" | "fsync" | "everysec"
     limits: Limits = Limits()
     maxclients: int = 10000
+    slowlog_log_slower_than: int = 10000
+    slowlog_max_len: int = 128
     requirepass: str | None = None
     protected_mode: bool = True
     directory: str = ""
@@ -111,6 +181,7 @@ class ServerState:
     stats: ServerStats = field(default_factory=ServerStats)
     next_client_id: int = 1
     tcp_port: int = 0
+    slowlog: SlowLog = field(default_factory=SlowLog)
     # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
     request_shutdown: Callable[[], None] | None = None
     # Why the last commit failed (a full disk, say), while write commands are refused
@@ -119,12 +190,20 @@ class ServerState:
 
     @classmethod
     def from_options(cls, options: ServerOptions) -> ServerState:
-        return cls(options, maxclients=options.maxclients, requirepass=options.requirepass)
+        return cls(options, maxclients=options.maxclients, requirepass=options.requirepass,
+                   slowlog=SlowLog(options.slowlog_log_slower_than, options.slowlog_max_len))
 
     def new_client_id(self) -> int:
         client_id = self.next_client_id
         self.next_client_id += 1
         return client_id
+
+    @property
+    def plain_path_open(self) -> bool:
+        """Whether plain commands may skip dispatch (the plain path in C, the server's GET/SET
+        shortcut): commits succeed (writes are refused while they fail) and SLOWLOG does
+        not need each command timed."""
+        return self.persistence_error is None and not self.slowlog.times_each_command
 
     def refuses(self, client: ClientState) -> bool:
         """Protected mode: with no password set, only loopback clients are served (checked

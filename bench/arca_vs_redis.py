@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/arca_vs_redis.py [--requests-p1 N] [--requests-p16 N] [--rounds R]
         [--tests set,get,...] [--modes commit,everysec] [--no-rss]
+    .venv/bin/python bench/arca_vs_redis.py --rss-only [--keys N]
 
 Three configurations (`--modes`), each server on a free port of 127.0.0.1:
   commit        ARCA durability=commit (every acked write committed, group commit per
@@ -17,6 +18,12 @@ best run is the least disturbed one). Then ARCA's RSS holding 1M keys (redis-ser
 comparison) and, when the corpus commands exist, ARCA.DRAFT latency over loopback with a
 1M-token corpus. The machine's load average is printed with every table: on a shared
 machine, compare ratios measured under similar load.
+
+`--rss-only` runs just the RSS measurement: both servers (ARCA durability=commit, redis
+without persistence) get the same `--keys` keys (`key:%09d` -> `value:%09d`, piped through
+`redis-cli --pipe`), and the bench prints each one's VmRSS before and after the fill, the
+bytes per key and the ARCA/redis ratio of the filled RSS against the 1.3x target, then
+ARCA's RSS after a restart on the same directory (the keys read back from its log).
 """
 
 from __future__ import annotations
@@ -90,6 +97,42 @@ def fill(port: int, count: int) -> None:
         for k, v in ((b"key:%09d" % i, b"value:%09d" % i) for i in range(count))
     )
     subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=payload, capture_output=True, check=True, timeout=900)
+
+
+RSS_TARGET = 1.3  # ARCA's RSS with the keys over redis-server's, at most
+
+
+def measure_rss(base: Path, keys: int, then=None) -> tuple[list[str], int, int]:
+    """Fill ARCA and redis-server with the same keys; the report lines and both filled RSS.
+    `then(arca_port)`, when given, runs against the filled ARCA and its line is reported
+    too; both servers are stopped afterwards."""
+    (base / "rss-a").mkdir()
+    (base / "rss-r").mkdir()
+    arca, arca_port = start_arca(base / "rss-a", "commit")
+    redis, redis_port = start_redis(base / "rss-r", False)
+    try:
+        empty = {"ARCA": rss_bytes(arca.pid), "redis": rss_bytes(redis.pid)}
+        fill(arca_port, keys)
+        fill(redis_port, keys)
+        time.sleep(1.0)  # a commit tick and idle maintenance settle
+        full = {"ARCA": rss_bytes(arca.pid), "redis": rss_bytes(redis.pid)}
+        after = [then(arca_port)] if then is not None else []
+        stop(arca)
+        began = time.perf_counter()
+        arca, arca_port = start_arca(base / "rss-a", "commit")  # the same keys, read back from disk
+        reopened, reopen_s = rss_bytes(arca.pid), time.perf_counter() - began
+    finally:
+        stop(arca)
+        stop(redis)
+    lines = [f"RSS with {keys:,} keys ({load_average()}):"]
+    for name in ("ARCA", "redis"):
+        lines.append(f"  {name:<5} {full[name] / 2**20:7,.1f} MiB (empty {empty[name] / 2**20:5.1f} MiB, "
+                     f"{(full[name] - empty[name]) / keys:5.1f} bytes per key)")
+    ratio = full["ARCA"] / full["redis"]
+    lines.append(f"  ratio {ratio:.2f}x (target <= {RSS_TARGET:.1f}x): {'met' if ratio <= RSS_TARGET else 'NOT met'}")
+    lines.append(f"  ARCA after a restart on the same keys: {reopened / 2**20:,.1f} MiB "
+                 f"({reopened / full['redis']:.2f}x redis; reopened in {reopen_s:.1f} s)")
+    return lines + after, full["ARCA"], full["redis"]
 
 
 def draft_latency(port: int) -> str:
@@ -200,6 +243,8 @@ def main() -> int:
     parser.add_argument("--modes", type=lambda text: text.split(","), default=list(CONFIGURATIONS),
                         help=f"configurations to run: {','.join(CONFIGURATIONS)}")
     parser.add_argument("--no-rss", action="store_true", help="skip the RSS and ARCA.DRAFT measurements")
+    parser.add_argument("--rss-only", action="store_true",
+                        help="only ARCA's and redis-server's RSS with --keys keys, and their ratio")
     args = parser.parse_args()
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if shutil.which(tool) is None:
@@ -210,6 +255,11 @@ def main() -> int:
         parser.error(f"unknown mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGURATIONS)}")
     report: list[str] = []
     measured: dict[tuple[str, str, int], float] = {}
+    if args.rss_only:
+        with tempfile.TemporaryDirectory(prefix="arca-bench-") as tmp:
+            lines, _, _ = measure_rss(Path(tmp), args.keys)
+        print("\n".join(lines))
+        return 0
     with tempfile.TemporaryDirectory(prefix="arca-bench-") as tmp:
         base = Path(tmp)
         for mode in args.modes:
@@ -229,22 +279,9 @@ def main() -> int:
         if args.no_rss:
             print("\n" + "\n".join(report))
             return 0
-        (base / "rss-a").mkdir()
-        (base / "rss-r").mkdir()
-        arca, arca_port = start_arca(base / "rss-a", "commit")
-        redis, redis_port = start_redis(base / "rss-r", False)
-        try:
-            fill(arca_port, args.keys)
-            fill(redis_port, args.keys)
-            a, r = rss_bytes(arca.pid), rss_bytes(redis.pid)
-            report.append(f"RSS with {args.keys:,} keys: ARCA {a / 2**20:,.0f} MiB, redis {r / 2**20:,.0f} MiB "
-                          f"({a / r:.1f}x)")
-            print(report[-1], flush=True)
-            report.append(draft_latency(arca_port))
-            print(report[-1], flush=True)
-        finally:
-            stop(arca)
-            stop(redis)
+        lines, _, _ = measure_rss(base, args.keys, then=draft_latency)
+        report += lines
+        print("\n".join(lines), flush=True)
     print("\n" + "\n".join(report))
     return 0
 

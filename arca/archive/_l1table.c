@@ -5,21 +5,54 @@
  * Why C. With 100k random keys a Python OrderedDict costs four or five hash probes per SET
  * (get, set, move_to_end, the dirty set), each a cache miss, plus the interpreter's work per
  * command; profiles showed dict lookups alone at a quarter of the daemon's CPU. Here an
- * entry is one 48-byte slot found with one probe of an index array, the LRU list links
+ * entry is one 24-byte slot found with one probe of an index array, the LRU list links
  * slots by number, and `run` parses RESP straight from the read buffer.
  *
- * Layout. `slots` is an array of Slot; a slot holds a key and a value (exact bytes objects,
- * owned references), the key's hash (CPython's bytes hash, so it is seeded per process and
- * hash flooding costs an attacker what it costs against a dict), the deadline in ms since
- * the epoch (0 = none), and prev/next slot numbers of the LRU list (head = least recently
- * used). Free slots chain through `next`. `index` is an open-addressing array (linear
- * probing, power-of-two size, load <= 1/2) of slot numbers, -1 = empty; deletion shifts the
- * following run back, so there are no tombstones.
+ * Memory layout (what one entry costs; 1M keys of 13 bytes with 15-byte values measured
+ * 221-224 MiB of daemon RSS when key and value were two Python bytes objects in a 48-byte
+ * slot, 142 MiB with this layout, redis-server 120 MiB; see docs/BENCHMARKS.md):
  *
- * Dirty tracking. A change appends the key to the `dirty` list unless the slot's
- * `dirty_epoch` says it is already there; `clear_dirty` empties the list and starts a new
- * epoch (O(1)). A key deleted and written again in one epoch may be listed twice, which is
- * harmless: the log records the key's current state each time.
+ *   entry  one PyMem allocation holding the key and value bytes themselves:
+ *            varint(key_len * 2 + has_deadline)   LEB128, 7 bits a byte
+ *            varint(value_len)
+ *            deadline                             int64 ms since the epoch, host order,
+ *                                                 present only when has_deadline
+ *            key bytes, value bytes
+ *          so a short pair is one pymalloc block (16-byte classes; 13 + 15 bytes -> 32)
+ *          where two bytes objects cost 33 bytes of header each, rounded up (96 bytes).
+ *          Python bytes are made only when a key or value is handed to Python; the plain
+ *          path copies replies straight from the entry.
+ *   slot   24 bytes in the `slots` array: the entry pointer (NULL in a free slot), the low
+ *          32 bits of the key's hash, the prev/next slot numbers of the LRU list (head =
+ *          least recently used; a free slot uses next for the free list) and the 32-bit
+ *          dirty epoch. The array grows by doubling with realloc; the part beyond the
+ *          high-water mark is never touched, so it costs address space, not RSS.
+ *   index  an open-addressing array of int32 slot numbers (-1 = empty), linear probing,
+ *          power-of-two size, load <= 1/2: 4 to 8 bytes per entry. Deletion shifts the
+ *          following run back, so there are no tombstones.
+ *
+ * The hash is CPython's bytes hash (seeded per process, so hash flooding costs an attacker
+ * what it costs against a dict); the index needs only its low 32 bits (at most 2^31 slots,
+ * so the index never exceeds 2^32 positions), and comparing them first keeps a probe from
+ * reading the entries of other keys.
+ *
+ * Dirty tracking. A change appends the key (a bytes object) to the `dirty` list unless the
+ * slot's `dirty_epoch` says it is already there; `clear_dirty` empties the list and starts
+ * a new epoch (O(1)). When the 32-bit epoch wraps, every slot's mark is reset first, so a
+ * stale mark can never look current. A key deleted and written again in one epoch may be
+ * listed twice, which is harmless: the log records the key's current state each time.
+ *
+ * Active expiry. `due` is a binary min-heap of (deadline, slot number), 16 bytes per
+ * deadline set, pushed whenever an entry gets a new deadline; `expire_due` pops the pairs
+ * that are due and removes the entry in the slot when its own deadline has passed (a pair
+ * left by a changed deadline or a freed slot is skipped; a reused slot whose new key is due
+ * is due anyway). The heap is rebuilt from the slots when it holds more than twice as many
+ * pairs as there are deadlines (plus 1024).
+ *
+ * Snapshots. `snapshot()` records (slot number, hash) per live entry in LRU order, 8 bytes
+ * per key, for SCAN cursors and log rewrites; reading it back yields the key now in that
+ * slot when the slot still holds an entry with that hash (a key present throughout stays
+ * in its slot, so it is always found).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -33,13 +66,18 @@
 #define MIN_INDEX 16
 
 typedef struct {
-    PyObject *key;      /* NULL in a free slot */
-    PyObject *value;
-    Py_hash_t hash;
-    int64_t deadline;   /* ms since the epoch; 0 = no TTL */
-    int32_t prev, next; /* LRU neighbours; a free slot uses next for the free list */
-    uint64_t dirty_epoch; /* listed in `dirty` when equal to the table's epoch */
+    unsigned char *entry; /* NULL in a free slot */
+    uint32_t hash;        /* low 32 bits of the key's hash */
+    int32_t prev, next;   /* LRU neighbours; a free slot uses next for the free list */
+    uint32_t dirty_epoch; /* listed in `dirty` when equal to the table's epoch */
 } Slot;
+
+_Static_assert(sizeof(Slot) == 24, "a slot is 24 bytes");
+
+typedef struct {
+    int64_t deadline;
+    int32_t slot;
+} Due;
 
 typedef struct {
     PyObject_HEAD
@@ -54,11 +92,13 @@ typedef struct {
     int32_t lru_head, lru_tail;
     long long max_bytes, used_bytes, overhead;
     long long hits, misses, evicted, expired;
-    uint64_t epoch;      /* 64 bits: never wraps, so a stale mark can never look current */
+    uint32_t epoch;      /* never 0 (see next_epoch) */
     int initialised;
     PyObject *dirty;     /* list of keys */
     char *out;           /* reply buffer reused by run() */
     size_t out_cap;
+    Due *due;            /* the active-expiry heap (see above) */
+    size_t due_len, due_cap;
 } Table;
 
 static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET, *NAME_MSET, *NAME_INCR, *NAME_DECR, *NAME_INCRBY,
@@ -74,15 +114,22 @@ now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static Py_hash_t
+/* The low 32 bits of what bytes.__hash__ returns for the same bytes. */
+static uint32_t
 hash_buffer(const char *data, Py_ssize_t len)
 {
 #if PY_VERSION_HEX >= 0x030E0000
-    return Py_HashBuffer(data, len);
+    return (uint32_t)Py_HashBuffer(data, len);
 #else
     Py_hash_t h = _Py_HashBytes(data, len);
-    return h == -1 ? -2 : h; /* what bytes.__hash__ returns for the same bytes */
+    return (uint32_t)(h == -1 ? -2 : h);
 #endif
+}
+
+static inline uint32_t
+hash_object(PyObject *key)
+{
+    return (uint32_t)PyObject_Hash(key); /* an exact bytes object: cannot fail */
 }
 
 static int
@@ -95,12 +142,173 @@ check_bytes(PyObject *obj, const char *what)
     return 0;
 }
 
+/* ---------------------------------------------------------------- large arrays
+ *
+ * The slot array and the index come straight from mmap once they pass BIG_ARRAY bytes:
+ * growing the slot array is then an mremap (no copy, and pages beyond the high-water mark
+ * stay untouched) and a replaced index goes back to the system at once. Through malloc they
+ * landed in the brk heap once glibc's mmap threshold had risen, and the copies a resize left
+ * behind stayed resident: about 16 MiB of 100 per million keys, measured. Smaller arrays use
+ * PyMem (a table in a test is a few hundred bytes). */
+
+#include <sys/mman.h>
+
+#define BIG_ARRAY ((size_t)1 << 20)
+
+static void *
+array_alloc(size_t size)
+{
+    if (size < BIG_ARRAY)
+        return PyMem_Malloc(size);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void
+array_free(void *p, size_t size)
+{
+    if (p == NULL)
+        return;
+    if (size < BIG_ARRAY)
+        PyMem_Free(p);
+    else
+        munmap(p, size);
+}
+
+/* Resize an array of old_size bytes to size bytes (size > old_size); NULL on failure, the
+ * old array then still valid. */
+static void *
+array_grow(void *p, size_t old_size, size_t size)
+{
+    if (size < BIG_ARRAY)
+        return PyMem_Realloc(p, size);
+    if (p != NULL && old_size >= BIG_ARRAY) {
+        void *q = mremap(p, old_size, size, MREMAP_MAYMOVE);
+        return q == MAP_FAILED ? NULL : q;
+    }
+    void *q = array_alloc(size);
+    if (q != NULL && p != NULL) {
+        memcpy(q, p, old_size);
+        array_free(p, old_size);
+    }
+    return q;
+}
+
+/* ---------------------------------------------------------------- entries (see the layout above) */
+
+typedef struct {
+    char *key, *value;
+    Py_ssize_t key_len, value_len;
+    int64_t deadline; /* 0 = none */
+} View;
+
+static inline const unsigned char *
+varint_get(const unsigned char *p, size_t *out)
+{
+    size_t v = 0;
+    int shift = 0;
+    unsigned char b;
+    do {
+        b = *p++;
+        v |= (size_t)(b & 0x7f) << shift;
+        shift += 7;
+    } while (b & 0x80);
+    *out = v;
+    return p;
+}
+
+static inline unsigned char *
+varint_put(unsigned char *p, size_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (unsigned char)v;
+    return p;
+}
+
+static inline size_t
+varint_len(size_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline void
+entry_view(const unsigned char *e, View *v)
+{
+    size_t first, value_len;
+    const unsigned char *p = varint_get(e, &first);
+    p = varint_get(p, &value_len);
+    v->deadline = 0;
+    if (first & 1) {
+        memcpy(&v->deadline, p, sizeof(int64_t));
+        p += sizeof(int64_t);
+    }
+    v->key = (char *)p;
+    v->key_len = (Py_ssize_t)(first >> 1);
+    v->value = v->key + v->key_len;
+    v->value_len = (Py_ssize_t)value_len;
+}
+
+/* A new entry holding copies of key and value (which may point into another entry). */
+static unsigned char *
+entry_new(const char *key, Py_ssize_t key_len, const char *value, Py_ssize_t value_len, int64_t deadline)
+{
+    size_t first = (size_t)key_len * 2 + (deadline != 0);
+    size_t size = varint_len(first) + varint_len((size_t)value_len) + (deadline ? sizeof(int64_t) : 0)
+                  + (size_t)key_len + (size_t)value_len;
+    unsigned char *e = PyMem_Malloc(size), *p;
+    if (e == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    p = varint_put(e, first);
+    p = varint_put(p, (size_t)value_len);
+    if (deadline) {
+        memcpy(p, &deadline, sizeof(int64_t));
+        p += sizeof(int64_t);
+    }
+    memcpy(p, key, (size_t)key_len);
+    memcpy(p + key_len, value, (size_t)value_len);
+    return e;
+}
+
+static inline PyObject *
+key_object(const Slot *slot)
+{
+    View v;
+    entry_view(slot->entry, &v);
+    return PyBytes_FromStringAndSize(v.key, v.key_len);
+}
+
+static inline PyObject *
+value_object(const Slot *slot)
+{
+    View v;
+    entry_view(slot->entry, &v);
+    return PyBytes_FromStringAndSize(v.value, v.value_len);
+}
+
+static inline int64_t
+slot_deadline(const Slot *slot)
+{
+    View v;
+    entry_view(slot->entry, &v);
+    return v.deadline;
+}
+
 /* ---------------------------------------------------------------- the index */
 
 /* Position in `index` holding the slot of (data, len, hash), or the empty position where it
  * would go; *found is the slot number or NIL. */
 static size_t
-probe(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int32_t *found)
+probe(Table *t, const char *data, Py_ssize_t len, uint32_t hash, int32_t *found)
 {
     size_t mask = t->index_mask, pos = (size_t)hash & mask;
     for (;;) {
@@ -110,10 +318,13 @@ probe(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int32_t *found
             return pos;
         }
         Slot *slot = &t->slots[s];
-        if (slot->hash == hash && PyBytes_GET_SIZE(slot->key) == len
-                && memcmp(PyBytes_AS_STRING(slot->key), data, (size_t)len) == 0) {
-            *found = s;
-            return pos;
+        if (slot->hash == hash) {
+            View v;
+            entry_view(slot->entry, &v);
+            if (v.key_len == len && memcmp(v.key, data, (size_t)len) == 0) {
+                *found = s;
+                return pos;
+            }
         }
         pos = (pos + 1) & mask;
     }
@@ -122,9 +333,8 @@ probe(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int32_t *found
 static int32_t
 find_key(Table *t, PyObject *key, size_t *pos_out)
 {
-    Py_hash_t hash = PyObject_Hash(key);
     int32_t found;
-    size_t pos = probe(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash, &found);
+    size_t pos = probe(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &found);
     if (pos_out)
         *pos_out = pos;
     return found;
@@ -154,7 +364,7 @@ index_remove(Table *t, size_t pos)
 static int
 index_resize(Table *t, size_t size)
 {
-    int32_t *index = PyMem_Malloc(size * sizeof(int32_t));
+    int32_t *index = array_alloc(size * sizeof(int32_t));
     if (index == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -167,7 +377,7 @@ index_resize(Table *t, size_t size)
             pos = (pos + 1) & mask;
         index[pos] = s;
     }
-    PyMem_Free(t->index);
+    array_free(t->index, (t->index_mask + 1) * sizeof(int32_t));
     t->index = index;
     t->index_mask = mask;
     return 0;
@@ -211,30 +421,127 @@ lru_touch(Table *t, int32_t s)
     }
 }
 
-/* ---------------------------------------------------------------- entries */
+/* ---------------------------------------------------------------- the deadline heap */
 
-static inline long long
-entry_size(Table *t, PyObject *key, PyObject *value)
+static void
+due_sift_down(Due *h, size_t n, size_t i)
 {
-    return (long long)PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value) + t->overhead;
+    Due item = h[i];
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= n)
+            break;
+        if (child + 1 < n && h[child + 1].deadline < h[child].deadline)
+            child++;
+        if (h[child].deadline >= item.deadline)
+            break;
+        h[i] = h[child];
+        i = child;
+    }
+    h[i] = item;
 }
 
-/* Append the key to the dirty list unless this slot is already listed in this epoch. */
+/* Refill the heap with one pair per entry that has a deadline (there are fewer of them than
+ * pairs, so it fits). */
+static void
+due_rebuild(Table *t)
+{
+    t->due_len = 0;
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next) {
+        int64_t deadline = slot_deadline(&t->slots[s]);
+        if (deadline)
+            t->due[t->due_len++] = (Due){deadline, s};
+    }
+    for (size_t i = t->due_len / 2; i-- > 0;)
+        due_sift_down(t->due, t->due_len, i);
+}
+
+/* Queue slot s, whose entry now has `deadline`, for active expiry. */
+static int
+due_push(Table *t, int32_t s, int64_t deadline)
+{
+    if (t->due_len > 2 * (size_t)t->ttl_count + 1024) {
+        due_rebuild(t); /* includes slot s */
+        return 0;
+    }
+    if (t->due_len == t->due_cap) {
+        size_t cap = t->due_cap ? t->due_cap * 2 : 16;
+        Due *due = array_grow(t->due, t->due_cap * sizeof(Due), cap * sizeof(Due));
+        if (due == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->due = due;
+        t->due_cap = cap;
+    }
+    size_t i = t->due_len++;
+    while (i > 0 && t->due[(i - 1) / 2].deadline > deadline) {
+        t->due[i] = t->due[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    t->due[i] = (Due){deadline, s};
+    return 0;
+}
+
+static void
+due_clear(Table *t)
+{
+    array_free(t->due, t->due_cap * sizeof(Due));
+    t->due = NULL;
+    t->due_len = t->due_cap = 0;
+}
+
+/* ---------------------------------------------------------------- slots */
+
+/* Append the key to the dirty list unless this slot is already listed in this epoch.
+ * key_obj, when given, is the key as a bytes object (saves making one). */
 static inline int
-mark_dirty(Table *t, Slot *slot)
+mark_dirty(Table *t, Slot *slot, PyObject *key_obj)
 {
     if (slot->dirty_epoch == t->epoch)
         return 0;
-    slot->dirty_epoch = t->epoch;
-    return PyList_Append(t->dirty, slot->key);
+    PyObject *key = key_obj != NULL ? Py_NewRef(key_obj) : key_object(slot);
+    if (key == NULL)
+        return -1;
+    int rc = PyList_Append(t->dirty, key);
+    Py_DECREF(key);
+    if (rc == 0)
+        slot->dirty_epoch = t->epoch;
+    return rc;
 }
 
-/* Give a stored entry a deadline (0: none), keeping ttl_count. */
-static inline void
-set_deadline(Table *t, Slot *slot, int64_t deadline)
+/* Start a new dirty epoch. On wrap-around every slot's mark is reset, so no slot marked
+ * 2^32 epochs ago can look listed. */
+static void
+next_epoch(Table *t)
 {
-    t->ttl_count += (deadline != 0) - (slot->deadline != 0);
-    slot->deadline = deadline;
+    if (++t->epoch == 0) {
+        for (int32_t s = 0; s < t->slots_used; s++)
+            t->slots[s].dirty_epoch = 0;
+        t->epoch = 1;
+    }
+}
+
+/* Give a stored entry a deadline (0: none), keeping ttl_count; the entry is rebuilt when
+ * its deadline field appears or goes. Returns 0 or -1. */
+static int
+slot_set_deadline(Table *t, int32_t s, int64_t deadline)
+{
+    Slot *slot = &t->slots[s];
+    View v;
+    entry_view(slot->entry, &v);
+    if ((v.deadline != 0) == (deadline != 0)) {
+        if (deadline)
+            memcpy(v.key - sizeof(int64_t), &deadline, sizeof(int64_t));
+    } else {
+        unsigned char *e = entry_new(v.key, v.key_len, v.value, v.value_len, deadline);
+        if (e == NULL)
+            return -1;
+        PyMem_Free(slot->entry);
+        slot->entry = e;
+    }
+    t->ttl_count += (deadline != 0) - (v.deadline != 0);
+    return deadline && deadline != v.deadline ? due_push(t, s, deadline) : 0;
 }
 
 /* Room for one more entry: grow the slot array and the index as needed. Returns 1 when
@@ -254,7 +561,7 @@ reserve_one(Table *t)
             return -1;
         }
         int32_t cap = t->slots_cap ? t->slots_cap * 2 : 64;
-        Slot *slots = PyMem_Realloc(t->slots, (size_t)cap * sizeof(Slot));
+        Slot *slots = array_grow(t->slots, (size_t)t->slots_cap * sizeof(Slot), (size_t)cap * sizeof(Slot));
         if (slots == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -265,10 +572,10 @@ reserve_one(Table *t)
     return rebuilt;
 }
 
-/* A new entry at index position pos (from a probe that found nothing, still valid after
- * reserve_one). Steals the key and value references. */
+/* A new slot for entry e at index position pos (from a probe that found nothing, still
+ * valid after reserve_one). Takes ownership of e. */
 static int32_t
-insert_new(Table *t, size_t pos, PyObject *key, PyObject *value, Py_hash_t hash, int64_t deadline)
+insert_new(Table *t, size_t pos, unsigned char *e, uint32_t hash)
 {
     int32_t s;
     if (t->free_head != NIL) {
@@ -278,17 +585,17 @@ insert_new(Table *t, size_t pos, PyObject *key, PyObject *value, Py_hash_t hash,
         s = t->slots_used++;
     }
     Slot *slot = &t->slots[s];
-    slot->key = key;
-    slot->value = value;
+    View v;
+    entry_view(e, &v);
+    slot->entry = e;
     slot->hash = hash;
-    slot->deadline = deadline;
     slot->dirty_epoch = t->epoch - 1;
     t->index[pos] = s;
     lru_append(t, s);
     t->count++;
-    if (deadline)
+    if (v.deadline)
         t->ttl_count++;
-    t->used_bytes += entry_size(t, key, value);
+    t->used_bytes += (long long)v.key_len + v.value_len + t->overhead;
     return s;
 }
 
@@ -298,28 +605,29 @@ static int
 remove_slot(Table *t, int32_t s, size_t pos)
 {
     Slot *slot = &t->slots[s];
-    int rc = mark_dirty(t, slot);
+    int rc = mark_dirty(t, slot, NULL);
+    View v;
+    entry_view(slot->entry, &v);
     index_remove(t, pos);
     lru_unlink(t, s);
-    t->used_bytes -= entry_size(t, slot->key, slot->value);
+    t->used_bytes -= (long long)v.key_len + v.value_len + t->overhead;
     t->count--;
-    if (slot->deadline)
+    if (v.deadline)
         t->ttl_count--;
-    PyObject *key = slot->key, *value = slot->value;
-    slot->key = slot->value = NULL;
+    PyMem_Free(slot->entry);
+    slot->entry = NULL;
     slot->next = t->free_head;
     t->free_head = s;
-    Py_DECREF(key);
-    Py_DECREF(value);
     return rc;
 }
 
 static size_t
 position_of(Table *t, int32_t s)
 {
-    Slot *slot = &t->slots[s];
+    View v;
     int32_t found;
-    return probe(t, PyBytes_AS_STRING(slot->key), PyBytes_GET_SIZE(slot->key), slot->hash, &found);
+    entry_view(t->slots[s].entry, &v);
+    return probe(t, v.key, v.key_len, t->slots[s].hash, &found);
 }
 
 /* Evict least recently used entries until the budget holds; returns how many, -1 on error. */
@@ -340,13 +648,13 @@ evict_to_fit(Table *t)
 /* The slot of key if present and not past its deadline; an expired entry is removed here
  * (counted in `expired`). NIL when absent; -2 on error. */
 static int32_t
-live_slot(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int64_t *now)
+live_slot(Table *t, const char *data, Py_ssize_t len, uint32_t hash, int64_t *now)
 {
     int32_t s;
     size_t pos = probe(t, data, len, hash, &s);
     if (s == NIL)
         return NIL;
-    int64_t deadline = t->slots[s].deadline;
+    int64_t deadline = slot_deadline(&t->slots[s]);
     if (deadline) {
         if (*now == 0)
             *now = now_ms();
@@ -358,44 +666,49 @@ live_slot(Table *t, const char *data, Py_ssize_t len, Py_hash_t hash, int64_t *n
     return s;
 }
 
-/* Store value under key (bytes objects borrowed); the key becomes most recently used.
- * key_data/key_len/hash describe the key; key_obj may be NULL, then a bytes object is made
- * only if the key is new. Returns 0 or -1. */
+/* Store value under key; the key becomes most recently used. key_obj, when given, is the
+ * key as a bytes object (put to the dirty list instead of a new one). A replaced value of
+ * the same length (and a deadline present or absent as before) is overwritten in place.
+ * Returns 0 or -1. */
 static int
-store(Table *t, const char *key_data, Py_ssize_t key_len, Py_hash_t hash, PyObject *key_obj,
-      PyObject *value, int64_t deadline)
+store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObject *key_obj,
+      const char *value, Py_ssize_t value_len, int64_t deadline)
 {
     int32_t s;
     size_t pos = probe(t, key_data, key_len, hash, &s);
     if (s != NIL) {
         Slot *slot = &t->slots[s];
-        if (mark_dirty(t, slot) < 0)
+        if (mark_dirty(t, slot, key_obj) < 0)
             return -1;
-        PyObject *old = slot->value;
-        Py_INCREF(value);
-        slot->value = value;
-        t->used_bytes += PyBytes_GET_SIZE(value) - PyBytes_GET_SIZE(old);
-        Py_DECREF(old);
-        set_deadline(t, slot, deadline);
+        View v;
+        entry_view(slot->entry, &v);
+        if (v.value_len == value_len && (v.deadline != 0) == (deadline != 0)) {
+            memmove(v.value, value, (size_t)value_len);
+            if (deadline)
+                memcpy(v.key - sizeof(int64_t), &deadline, sizeof(int64_t));
+        } else {
+            unsigned char *e = entry_new(v.key, v.key_len, value, value_len, deadline);
+            if (e == NULL)
+                return -1;
+            PyMem_Free(slot->entry);
+            slot->entry = e;
+        }
+        t->used_bytes += (long long)value_len - v.value_len;
+        t->ttl_count += (deadline != 0) - (v.deadline != 0);
         lru_touch(t, s);
+        if (deadline && deadline != v.deadline && due_push(t, s, deadline) < 0)
+            return -1;
     } else {
         int rebuilt = reserve_one(t);
         if (rebuilt < 0)
             return -1;
         if (rebuilt)
             pos = probe(t, key_data, key_len, hash, &s);
-        PyObject *key;
-        if (key_obj != NULL) {
-            Py_INCREF(key_obj);
-            key = key_obj;
-        } else {
-            key = PyBytes_FromStringAndSize(key_data, key_len);
-            if (key == NULL)
-                return -1;
-        }
-        Py_INCREF(value);
-        s = insert_new(t, pos, key, value, hash, deadline);
-        if (mark_dirty(t, &t->slots[s]) < 0)
+        unsigned char *e = entry_new(key_data, key_len, value, value_len, deadline);
+        if (e == NULL)
+            return -1;
+        s = insert_new(t, pos, e, hash);
+        if (mark_dirty(t, &t->slots[s], key_obj) < 0 || (deadline && due_push(t, s, deadline) < 0))
             return -1;
     }
     if (t->used_bytes > t->max_bytes && evict_to_fit(t) < 0)
@@ -464,8 +777,8 @@ static void
 drop_all(Table *t)
 {
     for (int32_t s = 0; s < t->slots_used; s++) {
-        Py_CLEAR(t->slots[s].key);
-        Py_CLEAR(t->slots[s].value);
+        PyMem_Free(t->slots[s].entry);
+        t->slots[s].entry = NULL;
     }
     t->slots_used = 0;
     t->free_head = t->lru_head = t->lru_tail = NIL;
@@ -478,9 +791,11 @@ Table_dealloc(Table *t)
 {
     if (t->slots != NULL)
         drop_all(t);
-    PyMem_Free(t->slots);
-    PyMem_Free(t->index);
+    array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
+    if (t->index != NULL)
+        array_free(t->index, (t->index_mask + 1) * sizeof(int32_t));
     PyMem_Free(t->out);
+    due_clear(t);
     Py_XDECREF(t->dirty);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
@@ -498,7 +813,7 @@ read_key(Table *t, PyObject *key)
     if (check_bytes(key, "key") < 0)
         return -2;
     int64_t now = 0;
-    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), PyObject_Hash(key), &now);
+    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
     if (s == NIL)
         t->misses++;
     else if (s >= 0) {
@@ -516,7 +831,7 @@ Table_get(Table *t, PyObject *key)
         return NULL;
     if (s == NIL)
         Py_RETURN_NONE;
-    return Py_NewRef(t->slots[s].value);
+    return value_object(&t->slots[s]);
 }
 
 static PyObject *
@@ -527,10 +842,11 @@ Table_get_with_deadline(Table *t, PyObject *key)
         return NULL;
     if (s == NIL)
         Py_RETURN_NONE;
-    Slot *slot = &t->slots[s];
-    if (slot->deadline)
-        return Py_BuildValue("(OL)", slot->value, (long long)slot->deadline);
-    return Py_BuildValue("(OO)", slot->value, Py_None);
+    View v;
+    entry_view(t->slots[s].entry, &v);
+    if (v.deadline)
+        return Py_BuildValue("(y#L)", v.value, v.value_len, (long long)v.deadline);
+    return Py_BuildValue("(y#O)", v.value, v.value_len, Py_None);
 }
 
 static PyObject *
@@ -539,9 +855,10 @@ Table_deadline(Table *t, PyObject *key)
     if (check_bytes(key, "key") < 0)
         return NULL;
     int32_t s = find_key(t, key, NULL);
-    if (s == NIL || !t->slots[s].deadline)
+    int64_t deadline = s == NIL ? 0 : slot_deadline(&t->slots[s]);
+    if (!deadline)
         Py_RETURN_NONE;
-    return PyLong_FromLongLong(t->slots[s].deadline);
+    return PyLong_FromLongLong(deadline);
 }
 
 static PyObject *
@@ -550,7 +867,7 @@ Table_contains(Table *t, PyObject *key)
     if (check_bytes(key, "key") < 0)
         return NULL;
     int64_t now = 0;
-    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), PyObject_Hash(key), &now);
+    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
     if (s == -2)
         return NULL;
     return PyBool_FromLong(s != NIL);
@@ -566,7 +883,8 @@ Table_put(Table *t, PyObject *args, PyObject *kwds)
         return NULL;
     if (check_bytes(key, "key") < 0 || check_bytes(value, "value") < 0 || parse_deadline(deadline_obj, &deadline) < 0)
         return NULL;
-    if (store(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), PyObject_Hash(key), key, value, deadline) < 0)
+    if (store(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), key,
+              PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), deadline) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -584,9 +902,8 @@ Table_set_deadline(Table *t, PyObject *args)
     if (s == NIL)
         Py_RETURN_FALSE;
     Slot *slot = &t->slots[s];
-    if (mark_dirty(t, slot) < 0)
+    if (mark_dirty(t, slot, key) < 0 || slot_set_deadline(t, s, deadline) < 0)
         return NULL;
-    set_deadline(t, slot, deadline);
     Py_RETURN_TRUE;
 }
 
@@ -601,6 +918,8 @@ delete_key(Table *t, PyObject *key, int count_expired)
         Py_RETURN_FALSE;
     if (count_expired)
         t->expired++;
+    if (mark_dirty(t, &t->slots[s], key) < 0)
+        return NULL;
     if (remove_slot(t, s, pos) < 0)
         return NULL;
     Py_RETURN_TRUE;
@@ -625,6 +944,38 @@ Table_evict(Table *t, PyObject *unused)
     return n < 0 ? NULL : PyLong_FromLongLong(n);
 }
 
+/* expire_due(limit=1000, now=None): active expiry, see the layout notes. */
+static PyObject *
+Table_expire_due(Table *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"limit", "now", NULL};
+    Py_ssize_t limit = 1000;
+    PyObject *now_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nO", kwlist, &limit, &now_obj))
+        return NULL;
+    int64_t now;
+    if (now_obj == Py_None)
+        now = now_ms();
+    else if ((now = PyLong_AsLongLong(now_obj)) == -1 && PyErr_Occurred())
+        return NULL;
+    long long n = 0;
+    while (t->due_len && t->due[0].deadline <= now && n < limit) {
+        int32_t s = t->due[0].slot;
+        t->due[0] = t->due[--t->due_len];
+        due_sift_down(t->due, t->due_len, 0);
+        if (s >= t->slots_used || t->slots[s].entry == NULL)
+            continue;
+        int64_t deadline = slot_deadline(&t->slots[s]);
+        if (deadline && deadline <= now) {
+            t->expired++;
+            n++;
+            if (remove_slot(t, s, position_of(t, s)) < 0)
+                return NULL;
+        }
+    }
+    return PyLong_FromLongLong(n);
+}
+
 static PyObject *
 Table_keys(Table *t, PyObject *unused)
 {
@@ -632,8 +983,14 @@ Table_keys(Table *t, PyObject *unused)
     if (keys == NULL)
         return NULL;
     Py_ssize_t i = 0;
-    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next)
-        PyList_SET_ITEM(keys, i++, Py_NewRef(t->slots[s].key));
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next) {
+        PyObject *key = key_object(&t->slots[s]);
+        if (key == NULL) {
+            Py_DECREF(keys);
+            return NULL;
+        }
+        PyList_SET_ITEM(keys, i++, key);
+    }
     return keys;
 }
 
@@ -644,10 +1001,11 @@ Table_ttl_items(Table *t, PyObject *unused)
     if (items == NULL)
         return NULL;
     for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next) {
-        Slot *slot = &t->slots[s];
-        if (!slot->deadline)
+        View v;
+        entry_view(t->slots[s].entry, &v);
+        if (!v.deadline)
             continue;
-        PyObject *item = Py_BuildValue("(LO)", (long long)slot->deadline, slot->key);
+        PyObject *item = Py_BuildValue("(Ly#)", (long long)v.deadline, v.key, v.key_len);
         if (item == NULL || PyList_Append(items, item) < 0) {
             Py_XDECREF(item);
             Py_DECREF(items);
@@ -662,12 +1020,13 @@ static PyObject *
 Table_clear(Table *t, PyObject *unused)
 {
     drop_all(t);
-    PyMem_Free(t->slots);
+    due_clear(t);
+    array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
     t->slots = NULL;
     t->slots_cap = 0;
     if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
         return NULL;
-    t->epoch++;
+    next_epoch(t);
     if (index_resize(t, MIN_INDEX) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -678,7 +1037,7 @@ Table_clear_dirty(Table *t, PyObject *unused)
 {
     if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
         return NULL;
-    t->epoch++;
+    next_epoch(t);
     Py_RETURN_NONE;
 }
 
@@ -739,16 +1098,19 @@ Table_encode(Table *t, PyObject *keys)
             goto error;
         int32_t s = find_key(t, key, NULL);
         Py_ssize_t key_len = PyBytes_GET_SIZE(key);
-        Py_ssize_t value_len = s == NIL ? 0 : PyBytes_GET_SIZE(t->slots[s].value);
+        View v = {0};
+        if (s != NIL)
+            entry_view(t->slots[s].entry, &v);
+        Py_ssize_t value_len = v.value_len;
         if (out_reserve(t, &len, 16 + (size_t)key_len + (size_t)value_len) < 0)
             goto error;
         char *p = t->out + len;
         put_le(p, (uint64_t)key_len, 4);
         put_le(p + 4, s == NIL ? 0xffffffffu : (uint64_t)value_len, 4);
-        put_le(p + 8, s == NIL ? 0 : (uint64_t)t->slots[s].deadline, 8);
+        put_le(p + 8, (uint64_t)v.deadline, 8);
         memcpy(p + 16, PyBytes_AS_STRING(key), (size_t)key_len);
         if (s != NIL)
-            memcpy(p + 16 + key_len, PyBytes_AS_STRING(t->slots[s].value), (size_t)value_len);
+            memcpy(p + 16 + key_len, v.value, (size_t)value_len);
         len += 16 + (size_t)key_len + (size_t)value_len;
     }
     Py_DECREF(seq);
@@ -885,12 +1247,13 @@ reply_value(Table *t, size_t *len, int32_t s, const char *null_reply, size_t nul
     }
     t->hits++;
     lru_touch(t, s);
-    PyObject *v = t->slots[s].value;
-    Py_ssize_t n = PyBytes_GET_SIZE(v);
+    View v;
+    entry_view(t->slots[s].entry, &v);
+    Py_ssize_t n = v.value_len;
     if (out_reserve(t, len, (size_t)n + 32) < 0)
         return -1;
     *len += format_line(t->out + *len, '$', n);
-    memcpy(t->out + *len, PyBytes_AS_STRING(v), (size_t)n);
+    memcpy(t->out + *len, v.value, (size_t)n);
     *len += (size_t)n;
     t->out[(*len)++] = '\r';
     t->out[(*len)++] = '\n';
@@ -969,12 +1332,8 @@ Table_run(Table *t, PyObject *args)
                 break;
             if ((long long)key_len + value_len + t->overhead > t->max_bytes)
                 break; /* refused with -OOM by the general path */
-            PyObject *v = PyBytes_FromStringAndSize(value, value_len);
-            if (v == NULL)
-                goto error;
-            int rc = store(t, key, key_len, hash_buffer(key, key_len), NULL, v, 0);
-            Py_DECREF(v);
-            if (rc < 0 || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
+            if (store(t, key, key_len, hash_buffer(key, key_len), NULL, value, value_len, 0) < 0
+                    || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_SET;
         } else if ((argc == 2 && (name_is(name, name_len, "INCR") || name_is(name, name_len, "DECR")))
@@ -989,17 +1348,18 @@ Table_run(Table *t, PyObject *args)
                     break; /* the error replies come from the general path */
                 delta *= amount;
             }
-            Py_hash_t hash = hash_buffer(key, key_len);
+            uint32_t hash = hash_buffer(key, key_len);
             int32_t s = live_slot(t, key, key_len, hash, &now);
             if (s == -2)
                 goto error;
             long long current = 0;
             int64_t deadline = 0;
             if (s != NIL) {
-                PyObject *old = t->slots[s].value;
-                if (!parse_ll(PyBytes_AS_STRING(old), PyBytes_GET_SIZE(old), &current))
+                View old;
+                entry_view(t->slots[s].entry, &old);
+                if (!parse_ll(old.value, old.value_len, &current))
                     break; /* not an integer: -ERR from the general path (which counts the read) */
-                deadline = t->slots[s].deadline;
+                deadline = old.deadline;
             }
             if (__builtin_add_overflow(current, delta, &result) || key_len + 20 + t->overhead > t->max_bytes)
                 break;
@@ -1009,12 +1369,8 @@ Table_run(Table *t, PyObject *args)
                 t->hits++;
             char digits[24];
             size_t n = format_ll(digits, result);
-            PyObject *v = PyBytes_FromStringAndSize(digits, (Py_ssize_t)n);
-            if (v == NULL)
-                goto error;
-            int rc = store(t, key, key_len, hash, NULL, v, deadline);
-            Py_DECREF(v);
-            if (rc < 0 || out_reserve(t, &len, 32) < 0)
+            if (store(t, key, key_len, hash, NULL, digits, (Py_ssize_t)n, deadline) < 0
+                    || out_reserve(t, &len, 32) < 0)
                 goto error;
             len += format_line(t->out + len, ':', result);
             last = (name[0] & 0xdf) == 'I' ? (argc == 2 ? NAME_INCR : NAME_INCRBY) : (argc == 2 ? NAME_DECR : NAME_DECRBY);
@@ -1032,12 +1388,7 @@ Table_run(Table *t, PyObject *args)
             for (const char *k = pairs; k < q;) {
                 k = parse_bulk(k, end, max_bulk, &key, &key_len);
                 k = parse_bulk(k, end, max_bulk, &value, &value_len);
-                PyObject *v = PyBytes_FromStringAndSize(value, value_len);
-                if (v == NULL)
-                    goto error;
-                int rc = store(t, key, key_len, hash_buffer(key, key_len), NULL, v, 0);
-                Py_DECREF(v);
-                if (rc < 0)
+                if (store(t, key, key_len, hash_buffer(key, key_len), NULL, value, value_len, 0) < 0)
                     goto error;
             }
             if (reply_bytes(t, &len, "+OK\r\n", 5) < 0)
@@ -1078,6 +1429,131 @@ error:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- snapshots of the key list
+ *
+ * snapshot() -> a sequence over the keys live now, least recently used first, stored as
+ * (slot number, low hash bits): 8 bytes per key instead of a bytes object each. Reading it
+ * (len, an index, a slice) yields the key now in each recorded slot, or skips the slot (an
+ * index gives None) when it is free or holds another key (a different hash). A key live
+ * from the snapshot to the read is always yielded; a key written meanwhile may be, when it
+ * took a recorded slot with equal low hash bits. */
+
+typedef struct {
+    int32_t slot;
+    uint32_t hash;
+} Mark;
+
+typedef struct {
+    PyObject_HEAD
+    Table *table;
+    Py_ssize_t n;
+    Mark *marks;
+} Snapshot;
+
+static PyTypeObject SnapshotType;
+
+/* The key now at mark i, a new reference; Py_None when the slot no longer holds it. */
+static PyObject *
+Snapshot_key(Snapshot *snap, Py_ssize_t i)
+{
+    Table *t = snap->table;
+    Mark m = snap->marks[i];
+    if (m.slot >= t->slots_used || t->slots[m.slot].entry == NULL || t->slots[m.slot].hash != m.hash)
+        Py_RETURN_NONE;
+    return key_object(&t->slots[m.slot]);
+}
+
+static Py_ssize_t
+Snapshot_len(Snapshot *snap)
+{
+    return snap->n;
+}
+
+static PyObject *
+Snapshot_subscript(Snapshot *snap, PyObject *item)
+{
+    if (PyIndex_Check(item)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            return NULL;
+        if (i < 0)
+            i += snap->n;
+        if (i < 0 || i >= snap->n) {
+            PyErr_SetString(PyExc_IndexError, "snapshot index out of range");
+            return NULL;
+        }
+        return Snapshot_key(snap, i);
+    }
+    if (!PySlice_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "snapshot indices must be integers or slices, not %.100s",
+                     Py_TYPE(item)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(item, &start, &stop, &step) < 0)
+        return NULL;
+    Py_ssize_t length = PySlice_AdjustIndices(snap->n, &start, &stop, step);
+    PyObject *keys = PyList_New(0);
+    if (keys == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0, i = start; k < length; k++, i += step) {
+        PyObject *key = Snapshot_key(snap, i);
+        if (key == NULL || (key != Py_None && PyList_Append(keys, key) < 0)) {
+            Py_XDECREF(key);
+            Py_DECREF(keys);
+            return NULL;
+        }
+        Py_DECREF(key);
+    }
+    return keys;
+}
+
+static void
+Snapshot_dealloc(Snapshot *snap)
+{
+    PyMem_Free(snap->marks);
+    Py_XDECREF(snap->table);
+    Py_TYPE(snap)->tp_free((PyObject *)snap);
+}
+
+static PyObject *
+Table_snapshot(Table *t, PyObject *unused)
+{
+    Snapshot *snap = PyObject_New(Snapshot, &SnapshotType);
+    if (snap == NULL)
+        return NULL;
+    snap->table = (Table *)Py_NewRef(t);
+    snap->n = 0;
+    snap->marks = PyMem_Malloc((size_t)(t->count ? t->count : 1) * sizeof(Mark));
+    if (snap->marks == NULL) {
+        Py_DECREF(snap);
+        return PyErr_NoMemory();
+    }
+    for (int32_t s = t->lru_head; s != NIL; s = t->slots[s].next)
+        snap->marks[snap->n++] = (Mark){s, t->slots[s].hash};
+    return (PyObject *)snap;
+}
+
+static PySequenceMethods Snapshot_as_sequence = {
+    .sq_length = (lenfunc)Snapshot_len,
+};
+
+static PyMappingMethods Snapshot_as_mapping = {
+    .mp_length = (lenfunc)Snapshot_len,
+    .mp_subscript = (binaryfunc)Snapshot_subscript,
+};
+
+static PyTypeObject SnapshotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "arca.archive._l1table.Snapshot",
+    .tp_doc = "The keys of a Table at one moment, LRU first, read back as they are now (see snapshot()).",
+    .tp_basicsize = sizeof(Snapshot),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Snapshot_dealloc,
+    .tp_as_sequence = &Snapshot_as_sequence,
+    .tp_as_mapping = &Snapshot_as_mapping,
+};
+
 /* ---------------------------------------------------------------- attributes */
 
 static int
@@ -1114,6 +1590,32 @@ COUNTER(evicted)
 COUNTER(expired)
 COUNTER(ttl_count)
 
+/* _epoch: the dirty epoch, settable so tests can reach its wrap-around. */
+static PyObject *
+Table_get_epoch(Table *t, void *unused)
+{
+    return PyLong_FromUnsignedLong(t->epoch);
+}
+
+static int
+Table_set_epoch(Table *t, PyObject *value, void *unused)
+{
+    unsigned long v = value == NULL ? 0 : PyLong_AsUnsignedLong(value);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    if (v == 0 || v > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "_epoch must be in 1..2**32-1");
+        return -1;
+    }
+    /* Marks of the old numbering mean nothing in the new one: none is listed any more. */
+    if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
+        return -1;
+    for (int32_t s = 0; s < t->slots_used; s++)
+        t->slots[s].dirty_epoch = (uint32_t)v - 1;
+    t->epoch = (uint32_t)v;
+    return 0;
+}
+
 static PyObject *
 Table_get_dirty(Table *t, void *unused)
 {
@@ -1130,6 +1632,7 @@ static PyGetSetDef Table_getset[] = {
     {"expired", (getter)Table_get_expired, NULL, "entries dropped at their deadline", NULL},
     {"ttl_count", (getter)Table_get_ttl_count, NULL, "entries with a deadline", NULL},
     {"dirty", (getter)Table_get_dirty, NULL, "keys changed since clear_dirty() (a key may repeat)", NULL},
+    {"_epoch", (getter)Table_get_epoch, (setter)Table_set_epoch, "the dirty epoch (setting it empties dirty)", NULL},
     {NULL},
 };
 
@@ -1144,7 +1647,11 @@ static PyMethodDef Table_methods[] = {
     {"delete", (PyCFunction)Table_delete, METH_O, "delete(key) -> bool"},
     {"expire", (PyCFunction)Table_expire, METH_O, "expire(key) -> bool: delete counted as expired"},
     {"evict", (PyCFunction)Table_evict, METH_NOARGS, "evict() -> entries dropped to fit max_bytes"},
+    {"expire_due", (PyCFunction)(void (*)(void))Table_expire_due, METH_VARARGS | METH_KEYWORDS,
+     "expire_due(limit=1000, now=None) -> entries removed (at most limit) whose deadline <= now (ms)"},
     {"keys", (PyCFunction)Table_keys, METH_NOARGS, "keys() -> list, least recently used first"},
+    {"snapshot", (PyCFunction)Table_snapshot, METH_NOARGS,
+     "snapshot() -> the keys now, least recently used first, 8 bytes each; read back as they are then"},
     {"ttl_items", (PyCFunction)Table_ttl_items, METH_NOARGS, "ttl_items() -> [(deadline, key)]"},
     {"clear", (PyCFunction)Table_clear, METH_NOARGS, "drop every entry and the dirty list"},
     {"clear_dirty", (PyCFunction)Table_clear_dirty, METH_NOARGS, "forget the dirty list"},
@@ -1182,7 +1689,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__l1table(void)
 {
-    if (PyType_Ready(&TableType) < 0)
+    if (PyType_Ready(&TableType) < 0 || PyType_Ready(&SnapshotType) < 0)
         return NULL;
     NAME_GET = PyBytes_FromString("get");
     NAME_SET = PyBytes_FromString("set");

@@ -21,10 +21,12 @@ from .errors import ArchiveCorruptError, ArchiveError
 from .journal import GroupCommit
 from .kvblocks import KVBlocks
 from .store import Store
+from .watch import Watcher
 
 log = logging.getLogger(__name__)
 
 InfoSections = dict[str, dict[str, "int | float | str"]]
+_COUNTERS = ("hits", "misses", "evicted", "expired")  # L1 table counters CONFIG RESETSTAT zeroes
 
 
 class Archive:
@@ -48,6 +50,7 @@ class Archive:
         self.put = self._entries.put
         self.get_with_deadline = self._entries.table.get_with_deadline
         self.run_plain = self._entries.table.run
+        self._counters_base = dict.fromkeys(_COUNTERS, 0)  # the counters at CONFIG RESETSTAT
         log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
                  len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
 
@@ -62,6 +65,13 @@ class Archive:
     def get_with_deadline(self, key: bytes) -> tuple[bytes, int | None] | None:
         """(value, expire_at_ms or None) or None; get_entry without building an Entry."""
         return self._entries.get_with_deadline(key)
+
+    def get_for_update(self, key: bytes) -> tuple[bytes, int | None] | None:
+        """get_with_deadline for a command about to write the key (SETRANGE, EXPIRE, ...):
+        not counted as a keyspace hit or miss, as Redis counts only reads."""
+        found = self._entries.table.get_with_deadline(key)
+        self._counters_base["hits" if found is not None else "misses"] += 1
+        return found
 
     def put(self, key: bytes, value: bytes, expire_at_ms: int | None = None) -> None:
         self._entries.put(key, value, expire_at_ms)
@@ -93,12 +103,33 @@ class Archive:
     def keys(self) -> Iterator[bytes]:
         return self._entries.keys()
 
+    def random_key(self) -> bytes | None:
+        return self._entries.random_key()
+
     def dbsize(self) -> int:
         self._entries.expire_due()
         return len(self._entries)
 
     def flush(self) -> None:
         self._entries.flush()
+
+    # -- WATCH ---------------------------------------------------------------------------
+
+    def watch(self, watcher: Watcher, keys: Sequence[bytes]) -> None:
+        """Watch `keys` for `watcher` (see watch.py); commits first when one of them has a
+        change not committed yet, so that its next change is seen."""
+        for key in keys:
+            self._entries.exists(key)  # a key already past its deadline goes now: not a change
+        if self._entries.watches.needs_commit(keys):
+            self.commit()
+        self._entries.watches.add(watcher, keys)
+
+    def unwatch(self, watcher: Watcher) -> None:
+        self._entries.watches.remove(watcher)
+
+    def watch_changed(self, watcher: Watcher) -> bool:
+        """Whether a key `watcher` watches changed, was deleted or expired since WATCH."""
+        return self._entries.watches.changed(watcher)
 
     def expire_cycle(self, limit: int = 1000) -> int:
         """Active expiry: drop up to `limit` keys past their deadline; returns how many.
@@ -193,9 +224,15 @@ class Archive:
 
     # -- introspection ---------------------------------------------------------------------
 
+    def reset_stats(self) -> None:
+        """Start the L1 counters INFO reports (hits, misses, evicted, expired) from zero."""
+        table = self._entries.table
+        self._counters_base = {name: getattr(table, name) for name in _COUNTERS}
+
     def info(self) -> InfoSections:
         entries, journal = self._entries, self._journal
         table = entries.table  # the L1 counters
+        counters = {name: getattr(table, name) - base for name, base in self._counters_base.items()}
         db_bytes, wal_bytes = self._store.file_sizes()
         maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {
@@ -205,8 +242,8 @@ class Archive:
                 "l1_used_bytes": table.used_bytes,
                 "maxmemory": table.max_bytes,
                 "maxmemory_policy": "allkeys-lru",
-                "evicted_keys": table.evicted,
-                "expired_keys": table.expired,
+                "evicted_keys": counters["evicted"],
+                "expired_keys": counters["expired"],
             },
             "persistence": {
                 "durability": self.config.durability,
@@ -226,8 +263,8 @@ class Archive:
             },
             "keyspace": _keyspace(len(table), table.ttl_count),
             "arca": {
-                "keyspace_hits": table.hits,
-                "keyspace_misses": table.misses,
+                "keyspace_hits": counters["hits"],
+                "keyspace_misses": counters["misses"],
                 **self._corpus.stats(),
                 **self._kv.stats(),
             },

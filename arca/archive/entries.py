@@ -1,9 +1,10 @@
 """L1 entries: bytes keys and values with TTLs under an LRU byte budget, served from RAM.
 
 Every entry lives in the L1 table (`_l1table.Table`, a C extension: one hash probe per
-read or write, an exact LRU list, the deadline and the dirty mark in one 48-byte slot);
-this module is its Python face: the budget check that answers `-OOM`, active expiry,
-SCAN cursors, loading at open and handing dirty keys to the entry log. Holding all values
+read or write, key and value bytes inline in one allocation per entry, an exact LRU list
+and the dirty mark in a 24-byte slot, the deadline heap of active expiry); this module is
+its Python face: the budget check that answers `-OOM`, running active expiry, SCAN
+cursors, loading at open and handing dirty keys to the entry log. Holding all values
 in RAM keeps GET a hash probe rather than a SQLite read (~5 us), and the byte budget
 (key + value + ENTRY_OVERHEAD per entry) bounds that RAM. The database is the durable
 copy: it is read once at open (LRU order is rebuilt from write order) and written by
@@ -16,6 +17,7 @@ Writes mark keys dirty in the table; `write_pending` packs them into log batches
 from __future__ import annotations
 
 import logging
+import random
 import sqlite3
 import zlib
 from dataclasses import dataclass
@@ -25,11 +27,18 @@ from typing import Iterator
 from ._l1table import Table
 from .config import ENTRY_OVERHEAD
 from .errors import ArchiveCorruptError, ArchiveOOMError
-from .expiry import ExpiryQueue, now_ms
+from .expiry import now_ms
 from .entry_log import DamagedBatch, EntryLog
 from .scan import ScanCursors
+from .watch import Watches
 
 log = logging.getLogger(__name__)
+
+_KEYS_CHUNK = 1024  # keys made into bytes objects at a time by Entries.keys()
+# Records loaded between clearings of the dirty list at open: held to the end, the listed
+# key objects (one per key) left their pymalloc arenas resident among the entries, about
+# 25 MiB of RSS per million keys after a restart, measured.
+_LOAD_CLEAN_EVERY = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +50,11 @@ class Entry:
 class Entries:
     def __init__(self, max_bytes: int) -> None:
         self.table = Table(max_bytes, ENTRY_OVERHEAD)
-        self._expiry = ExpiryQueue(self.table)
         self._flushes: list[None] = []  # a FLUSH not yet committed (a list: see pending_queues)
         self._scans = ScanCursors()
         self.log = EntryLog()
+        self.watches = Watches(self.table)
+        self._random = random.Random()
 
     def __len__(self) -> int:
         return len(self.table)
@@ -66,13 +76,35 @@ class Entries:
         return self.table.contains(key)
 
     def keys(self) -> Iterator[bytes]:
-        contains = self.table.contains
-        for key in self.table.keys():
-            if contains(key):
-                yield key
+        """Every live key, least recently used first, made into bytes objects a chunk at a
+        time (the table holds keys inline, so a full list would cost a bytes object per key)."""
+        contains, snapshot = self.table.contains, self.table.snapshot()
+        for start in range(0, len(snapshot), _KEYS_CHUNK):
+            for key in snapshot[start:start + _KEYS_CHUNK]:
+                if contains(key):
+                    yield key
 
     def scan(self, cursor: int, count: int) -> tuple[int, list[bytes]]:
-        return self._scans.page(cursor, count, self.table.keys, self.table.contains)
+        return self._scans.page(cursor, count, self.table.snapshot, self.table.contains)
+
+    def random_key(self) -> bytes | None:
+        """A live key drawn at random from a snapshot of the key list (8 bytes a key, no bytes
+        object per key); after a few draws that hit keys gone meanwhile, the first live key
+        from a random point on."""
+        snapshot, contains = self.table.snapshot(), self.table.contains
+        count = len(snapshot)
+        if not count:
+            return None
+        for _ in range(16):
+            key = snapshot[self._random.randrange(count)]
+            if key is not None and contains(key):
+                return key
+        start = self._random.randrange(count)
+        for index in range(count):
+            key = snapshot[(start + index) % count]
+            if key is not None and contains(key):
+                return key
+        return None
 
     # -- writes --------------------------------------------------------------------------
 
@@ -84,7 +116,6 @@ class Entries:
             if expire_at_ms <= now_ms():
                 self.table.delete(key)
                 return
-            self._expiry.add(key, expire_at_ms)
         self.table.put(key, value, expire_at_ms)
 
     def put_many(self, pairs: list[tuple[bytes, bytes]]) -> None:
@@ -116,12 +147,11 @@ class Entries:
             table.delete(key)
         else:
             table.set_deadline(key, expire_at_ms)
-            self._expiry.add(key, expire_at_ms)
         return True
 
     def flush(self) -> None:
+        self.watches.flushing()
         self.table.clear()
-        self._expiry.clear()
         self._scans.clear()
         self._flushes[:] = [None]
 
@@ -129,11 +159,7 @@ class Entries:
         """Active expiry: delete up to `limit` keys whose deadline has passed."""
         if not self.table.ttl_count:
             return 0
-        due = self._expiry.due(now_ms(), limit)
-        expire = self.table.expire
-        for key in due:
-            expire(key)
-        return len(due)
+        return self.table.expire_due(limit)  # the table keeps the deadline heap
 
     # -- persistence ---------------------------------------------------------------------
 
@@ -153,6 +179,7 @@ class Entries:
         self._advance_rewrite(conn, idle=False, max_keys=max(self.log.rewrite_slice, 2 * records))
 
     def committed(self) -> None:
+        self.watches.before_clear()
         self.table.clear_dirty()
         self._flushes.clear()
 
@@ -175,14 +202,14 @@ class Entries:
         """Start a rewrite when one is due, then re-log up to `max_keys` keys of the running
         one; True while it has more to do."""
         if self.log.rewrite_due(len(self.table), idle):
-            self.log.start_rewrite(conn, self.table.keys())
+            self.log.start_rewrite(conn, self.table.snapshot())
         return self.log.rewrite_step(conn, self.table.encode, max_keys)
 
     def compact(self, conn: sqlite3.Connection) -> int:
         """Rewrite the whole log now (inside the caller's transaction); returns the records
         it held before."""
         before = self.log.records
-        self.log.start_rewrite(conn, self.table.keys())
+        self.log.start_rewrite(conn, self.table.snapshot())
         while self.log.rewrite_step(conn, self.table.encode, 1 << 20):
             pass
         return before
@@ -192,7 +219,9 @@ class Entries:
         table, damaged = self.table, []
         budget, table.max_bytes = table.max_bytes, 1 << 62  # evict once everything is read
         try:
-            for key, value, expire_at, crc in self.log.read(conn):
+            for count, (key, value, expire_at, crc) in enumerate(self.log.read(conn), 1):
+                if not count % _LOAD_CLEAN_EVERY:
+                    table.clear_dirty()  # what is read is on disk already (see below)
                 key = bytes(key)
                 if value is None:
                     table.delete(key)
@@ -210,7 +239,6 @@ class Entries:
             raise ArchiveCorruptError(path, f"{len(damaged)} L1 entries fail their checksum "
                                             f"(first key {damaged[0][:64]!r})")
         table.clear_dirty()  # what was just read is on disk already
-        self._expiry.rebuild()
         self.expire_due(limit=table.ttl_count + 1)
         if table.used_bytes > table.max_bytes:
             log.info("L1 budget is smaller than the stored entries: evicted %d", table.evict())

@@ -112,8 +112,9 @@ class EntryLog:
         for start in range(0, count, BATCH_RECORDS):
             self._insert(conn, keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys, encode)
 
-    def start_rewrite(self, conn: sqlite3.Connection, live_keys: list[bytes]) -> None:
-        """Start re-logging `live_keys` (every key now live), unless a rewrite is running."""
+    def start_rewrite(self, conn: sqlite3.Connection, live_keys: Sequence[bytes]) -> None:
+        """Start re-logging `live_keys` (every key now live: a list, or the L1 table's
+        snapshot, whose slices hold the keys still live), unless a rewrite is running."""
         if self._rewrite is None:
             newest = conn.execute("SELECT coalesce(max(seq), 0) FROM entries_batches").fetchone()[0]
             self._rewrite = _Rewrite(live_keys, newest + 1, self.records)
@@ -140,6 +141,8 @@ class EntryLog:
         return False
 
     def _insert(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder) -> None:
+        if not keys:
+            return
         blob = encode(keys)
         conn.execute(_INSERT_BATCH, (blob, len(keys), zlib.crc32(blob)))
         self.records += len(keys)
@@ -168,7 +171,7 @@ class _Rewrite:
 
     __slots__ = ("keys", "position", "start_seq", "records_before")
 
-    def __init__(self, keys: list[bytes], start_seq: int, records_before: int) -> None:
+    def __init__(self, keys: Sequence[bytes], start_seq: int, records_before: int) -> None:
         self.keys = keys
         self.position = 0
         self.start_seq = start_seq  # batches with a smaller seq predate the rewrite

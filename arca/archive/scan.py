@@ -1,7 +1,7 @@
 """SCAN cursors that stay complete while keys are written, read, evicted and deleted.
 
-A scan starting at cursor 0 takes a snapshot of the key list (one pointer per key); the
-cursor encodes (snapshot id << 32) | position in it. Every key present from the start to
+A scan starting at cursor 0 takes a snapshot of the key list (the L1 table's `snapshot()`,
+8 bytes per key, or any sequence of keys whose slices are lists); the cursor encodes (snapshot id << 32) | position in it. Every key present from the start to
 the end of a full iteration is returned (keys deleted meanwhile are filtered out; keys
 added meanwhile may or may not appear, as in Redis). At most `keep` snapshots are held; a
 cursor whose snapshot was dropped (or that comes from before a restart) restarts on a fresh
@@ -11,7 +11,7 @@ snapshot at the same position, which may repeat or miss keys that changed meanwh
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Sequence
 
 _POSITION_BITS = 32
 
@@ -19,10 +19,10 @@ _POSITION_BITS = 32
 class ScanCursors:
     def __init__(self, keep: int = 16) -> None:
         self._keep = keep
-        self._snapshots: OrderedDict[int, list[bytes]] = OrderedDict()
+        self._snapshots: OrderedDict[int, Sequence[bytes]] = OrderedDict()
         self._next_id = 1
 
-    def page(self, cursor: int, count: int, snapshot_keys: Callable[[], list[bytes]],
+    def page(self, cursor: int, count: int, snapshot_keys: Callable[[], Sequence[bytes]],
              is_live: Callable[[bytes], bool]) -> tuple[int, list[bytes]]:
         if cursor < 0:
             raise ValueError("cursor must be >= 0")
@@ -39,7 +39,7 @@ class ScanCursors:
             return 0, keys
         return (snapshot_id << _POSITION_BITS) | end, keys
 
-    def _take(self, keys: list[bytes]) -> tuple[int, list[bytes]]:
+    def _take(self, keys: Sequence[bytes]) -> tuple[int, Sequence[bytes]]:
         snapshot_id = self._next_id
         self._next_id += 1
         self._snapshots[snapshot_id] = keys

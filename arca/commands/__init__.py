@@ -10,7 +10,8 @@ import importlib
 
 from arca.commands.registry import CommandContext, CommandError, Status, dispatch
 
-_FAMILIES = ("connection", "strings", "keys", "server", "introspection", "transactions", "corpus", "kvblocks")
+_FAMILIES = ("connection", "strings", "values", "ranges", "bits", "keys", "keyspace", "objects", "server",
+             "slowlog", "introspection", "transactions", "corpus", "kvblocks")
 
 for _family in _FAMILIES:
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from arca import __version__
 from arca.commands.args import NOT_INTEGER, SYNTAX, has_spaces_or_specials, parse_int
 from arca.commands.registry import CommandContext, CommandError, Status, command
+from arca.commands.transactions import release_watch
 from arca.protocol import OK
 
 REDIS_COMPAT_VERSION = "7.0.0"  # the Redis release whose commands and replies ARCA follows
@@ -104,6 +105,7 @@ def hello(ctx: CommandContext, argv: list[bytes]):
 @command("RESET", arity=1, flags=("fast", "no_auth"), group="connection", summary="Reset the connection", since="6.2.0")
 def reset(ctx: CommandContext, argv: list[bytes]):
     ctx.client.end_transaction()
+    release_watch(ctx)
     ctx.client.resp = 2
     ctx.client.name = b""
     ctx.client.authenticated = ctx.server.requirepass is None

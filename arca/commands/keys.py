@@ -33,7 +33,6 @@ def exists(ctx: CommandContext, argv: list[bytes]):
 
 def _expire(ctx: CommandContext, argv: list[bytes], unit_ms: int, absolute: bool) -> int:
     name = argv[0].decode().lower()
-    when = expire_at_ms(parse_int(argv[2]), unit_ms, absolute, name)
     flags = {arg.upper() for arg in argv[3:]}
     for arg in argv[3:]:
         if arg.upper() not in (b"NX", b"XX", b"GT", b"LT"):
@@ -42,10 +41,11 @@ def _expire(ctx: CommandContext, argv: list[bytes], unit_ms: int, absolute: bool
         raise CommandError("ERR NX and XX, GT or LT options at the same time are not compatible")
     if {b"GT", b"LT"} <= flags:
         raise CommandError("ERR GT and LT options at the same time are not compatible")
-    entry = ctx.archive.get_entry(argv[1])
-    if entry is None:
+    when = expire_at_ms(parse_int(argv[2]), unit_ms, absolute, name)  # after the options, as Redis
+    found = ctx.archive.get_for_update(argv[1])
+    if found is None:
         return 0
-    current = entry.expire_at_ms
+    current = found[1]
     if (b"NX" in flags and current is not None) or (b"XX" in flags and current is None):
         return 0
     if b"GT" in flags and (current is None or when <= current):
@@ -103,8 +103,8 @@ def pttl(ctx: CommandContext, argv: list[bytes]):
 
 @command("PERSIST", arity=2, flags=("write", "fast"), group="generic", summary="Remove a key's TTL", args="key", since="2.2.0", keys=_KEY)
 def persist(ctx: CommandContext, argv: list[bytes]):
-    entry = ctx.archive.get_entry(argv[1])
-    if entry is None or entry.expire_at_ms is None:
+    found = ctx.archive.get_for_update(argv[1])
+    if found is None or found[1] is None:
         return 0
     return int(ctx.archive.set_expire(argv[1], None))
 

@@ -3,8 +3,9 @@
 A command is a plain function `(ctx, argv) -> reply value` (see arca.protocol.encode for the
 value types) that never touches a socket. Dispatch does what every command shares, with
 Redis's exact error strings: lookup (case-insensitive), subcommands (`CLIENT|SETNAME`),
-arity, authentication, and turning errors into error replies in this one place. COMMAND
-COUNT/DOCS/INFO/LIST are generated from the specs registered here.
+arity, authentication, commands refused inside MULTI (flag `no_multi`), timing for SLOWLOG,
+and turning errors into error replies in this one place. COMMAND COUNT/DOCS/INFO/LIST are
+generated from the specs registered here.
 
 A command whose work grows with the keyspace (KEYS) returns an `Incremental`: a reply
 computed in slices of bounded work. The server runs one slice at a time and serves other
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any, Callable, Generator
 
 from arca.archive.errors import ArchiveError, ArchiveOOMError
@@ -230,7 +232,9 @@ def finish(reply: Reply) -> Reply:
 
 
 QUEUED = Status("QUEUED")
-_TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET"})
+# Run at once inside MULTI rather than queued (WATCH to answer its own error there).
+_TRANSACTION_CONTROL = frozenset({"EXEC", "DISCARD", "MULTI", "QUIT", "RESET", "WATCH"})
+NOT_IN_MULTI = ErrorReply("ERR Command not allowed inside a transaction")
 
 
 def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
@@ -243,12 +247,18 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
         return _wrong_arity(spec)
+    started = perf_counter_ns()
     try:
-        return spec.handler(ctx, argv)
+        reply = spec.handler(ctx, argv)
     except CommandError as exc:
-        return ErrorReply(exc.message)
+        reply = ErrorReply(exc.message)
     except Exception as exc:  # the rare path: typed archive errors and bugs
-        return _failure(spec, exc)
+        reply = _failure(spec, exc)
+    elapsed_ns = perf_counter_ns() - started
+    slowlog = ctx.server.slowlog
+    if 0 <= slowlog.log_slower_than_us * 1000 <= elapsed_ns:
+        slowlog.record(argv, elapsed_ns // 1000, client)
+    return reply
 
 
 def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
@@ -278,6 +288,8 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
             client.end_transaction()
         return _refuse(client, MISCONF)
     if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
+        if "no_multi" in spec.flags:
+            return _refuse(client, NOT_IN_MULTI)
         client.multi.append((spec, argv))
         return QUEUED
     return call(spec, ctx, argv)
@@ -297,13 +309,20 @@ def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:
 
 
 def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
-    """Run a resolved command, turning its exceptions into error replies."""
+    """Run a resolved command, turning its exceptions into error replies; SLOWLOG times it
+    (EXEC is not logged itself: each command it runs is)."""
+    started = perf_counter_ns()
     try:
-        return spec.handler(ctx, argv)
+        reply = spec.handler(ctx, argv)
     except CommandError as exc:
-        return ErrorReply(exc.message)
+        reply = ErrorReply(exc.message)
     except Exception as exc:
-        return _failure(spec, exc)
+        reply = _failure(spec, exc)
+    elapsed_ns = perf_counter_ns() - started
+    slowlog = ctx.server.slowlog
+    if 0 <= slowlog.log_slower_than_us * 1000 <= elapsed_ns and "skip_slowlog" not in spec.flags:
+        slowlog.record(argv, elapsed_ns // 1000, ctx.client)
+    return reply
 
 
 def _failure(spec: CommandSpec, exc: Exception) -> ErrorReply:

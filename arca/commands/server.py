@@ -1,4 +1,4 @@
-"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME SHUTDOWN.
+"""Server commands: DBSIZE FLUSHDB FLUSHALL INFO CONFIG GET/SET/RESETSTAT TIME SAVE SHUTDOWN.
 
 INFO combines the server's own counters (server, clients, stats) with the archive's
 `info()` (memory, persistence, keyspace, arca). CONFIG exposes the keys stock tools ask for
@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import time
 
 from arca import __version__
-from arca.commands.args import SYNTAX, parse_int
+from arca.commands.args import INT_MAX, SYNTAX, parse_int
 from arca.commands.connection import REDIS_COMPAT_VERSION
 from arca.commands.glob import compile_glob
 from arca.commands.registry import CommandContext, CommandError, ServerState, command
 from arca.protocol import NO_REPLY, OK
 
 _APPENDFSYNC = {"fsync": "always", "everysec": "everysec", "commit": "no"}
+_TITLES = {"cpu": "CPU"}  # section headers that are not the capitalized name
 
 
 @command("DBSIZE", arity=1, flags=("readonly", "fast"), group="server", summary="Number of keys")
@@ -57,6 +59,17 @@ def _rss_bytes() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cpu() -> dict[str, str]:
+    """INFO cpu: seconds of CPU used by the process, its waited-for children and this thread."""
+    fields = {}
+    for suffix, who in (("", resource.RUSAGE_SELF), ("_children", resource.RUSAGE_CHILDREN),
+                        ("_main_thread", getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))):
+        usage = resource.getrusage(who)
+        fields[f"used_cpu_sys{suffix}"] = f"{usage.ru_stime:.6f}"
+        fields[f"used_cpu_user{suffix}"] = f"{usage.ru_utime:.6f}"
+    return fields
 
 
 def _info_sections(ctx: CommandContext) -> dict[str, dict]:
@@ -108,6 +121,7 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "total_commits": stats.commits,
             "commit_seconds_total": round(stats.commit_seconds, 6),
         },
+        "cpu": _cpu(),
         "keyspace": keyspace,
         "arca": archive.get("arca", {}),
     }
@@ -122,7 +136,7 @@ def info(ctx: CommandContext, argv: list[bytes]):
     blocks = []
     for name, fields in sections.items():
         if name in wanted:
-            lines = [f"# {name.capitalize() if name != 'arca' else 'Arca'}"]
+            lines = [f"# {_TITLES.get(name, name.capitalize())}"]
             lines += [f"{key}:{value}" for key, value in fields.items()]
             blocks.append("\r\n".join(lines) + "\r\n")
     return "\r\n".join(blocks).encode()
@@ -145,6 +159,8 @@ def _config_view(server: ServerState) -> dict[str, str]:
         "protected-mode": "yes" if options.protected_mode else "no",
         "timeout": "0",
         "cluster-enabled": "no",
+        "slowlog-log-slower-than": str(server.slowlog.log_slower_than_us),
+        "slowlog-max-len": str(server.slowlog.max_len),
     }
     view["proto-max-bulk-len"] = str(limits.max_bulk_len)
     view["client-query-buffer-limit"] = str(limits.max_query_buffer)
@@ -170,19 +186,22 @@ def _set_failed(name: str, why: str) -> CommandError:
 MAXCLIENTS_RANGE = (1, 2**32 - 1)  # Redis's: an unsigned int
 
 
-def _maxclients(text: bytes) -> int:
-    """CONFIG SET maxclients: a strict 64-bit integer within MAXCLIENTS_RANGE, with Redis's errors."""
+def _integer_setting(name: str, text: bytes, low: int, high: int = INT_MAX) -> int:
+    """A CONFIG SET integer: strictly written, within low..high, with Redis's errors."""
     try:
         value = parse_int(text)
     except CommandError:
-        raise _set_failed("maxclients", "argument couldn't be parsed into an integer") from None
-    low, high = MAXCLIENTS_RANGE
+        raise _set_failed(name, "argument couldn't be parsed into an integer") from None
     if not low <= value <= high:
-        raise _set_failed("maxclients", f"argument must be between {low} and {high} inclusive")
+        raise _set_failed(name, f"argument must be between {low} and {high} inclusive")
     return value
 
 
-@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients)", args="parameter value [parameter value ...]", since="2.0.0")
+def _maxclients(text: bytes) -> int:
+    return _integer_setting("maxclients", text, *MAXCLIENTS_RANGE)
+
+
+@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients, slowlog-log-slower-than, slowlog-max-len)", args="parameter value [parameter value ...]", since="2.0.0")
 def config_set(ctx: CommandContext, argv: list[bytes]):
     if len(argv) % 2:
         raise CommandError("ERR wrong number of arguments for 'config|set' command")
@@ -192,18 +211,34 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
         name = argv[i].decode("utf-8", "replace").lower()
         if name not in view and name != "requirepass":
             raise CommandError(f"ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
-        if name not in ("requirepass", "maxclients"):
+        if name not in _SETTABLE:
             raise _set_failed(name, "can't set immutable config")
         changes[name] = argv[i + 1]
+    slowlog = ctx.server.slowlog
+    slowlog_changes = {name: _slowlog_setting(name, changes.pop(name)) for name in _SLOWLOG_SETTINGS
+                       if name in changes}
     if "maxclients" in changes:
         ctx.server.maxclients = _maxclients(changes["maxclients"])
     if "requirepass" in changes:
         password = changes["requirepass"].decode("utf-8", "surrogateescape")
         ctx.server.requirepass = password or None
+    if "slowlog-log-slower-than" in slowlog_changes:
+        slowlog.log_slower_than_us = slowlog_changes["slowlog-log-slower-than"]
+    if "slowlog-max-len" in slowlog_changes:
+        slowlog.max_len = slowlog_changes["slowlog-max-len"]
+        slowlog.trim()
     return OK
 
 
-@command("SHUTDOWN", arity=-1, flags=("admin", "loading", "stale"), group="server", summary="Commit everything and stop the server", args="[NOSAVE | SAVE] [NOW] [FORCE]")
+_SLOWLOG_SETTINGS = {"slowlog-log-slower-than": -1, "slowlog-max-len": 0}  # name: lowest value
+_SETTABLE = frozenset({"requirepass", "maxclients", *_SLOWLOG_SETTINGS})
+
+
+def _slowlog_setting(name: str, text: bytes) -> int:
+    return _integer_setting(name, text, _SLOWLOG_SETTINGS[name])
+
+
+@command("SHUTDOWN", arity=-1, flags=("admin", "noscript", "loading", "stale", "no_multi"), group="server", summary="Commit everything and stop the server", args="[NOSAVE | SAVE] [NOW] [FORCE]")
 def shutdown(ctx: CommandContext, argv: list[bytes]):
     for arg in argv[1:]:
         if arg.upper() not in (b"NOSAVE", b"SAVE", b"NOW", b"FORCE"):
@@ -215,7 +250,14 @@ def shutdown(ctx: CommandContext, argv: list[bytes]):
     return NO_REPLY  # like Redis: the client sees the connection close, not a reply
 
 
+@command("SAVE", arity=1, flags=("admin", "noscript", "no_multi"), group="server", summary="Commit every pending write now (writes are committed continuously anyway)")
+def save(ctx: CommandContext, argv: list[bytes]):
+    ctx.archive.commit()
+    return OK
+
+
 @command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")
 def config_resetstat(ctx: CommandContext, argv: list[bytes]):
     ctx.server.stats.__init__()
+    ctx.archive.reset_stats()
     return OK

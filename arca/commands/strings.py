@@ -6,7 +6,7 @@ Every value is a string; a write keeps or replaces the key's TTL exactly as Redi
 
 from __future__ import annotations
 
-from arca.commands.args import INT_MAX, INT_MIN, SYNTAX, expire_at_ms, parse_int
+from arca.commands.args import INT_MAX, INT_MIN, SYNTAX, TOO_LONG, expire_at_ms, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 from arca.protocol import OK
 
@@ -32,13 +32,14 @@ def set_(ctx: CommandContext, argv: list[bytes]):
     i = 3
     while i < len(argv):
         option = argv[i].upper()
-        if option in (b"NX", b"XX") and condition is None:
+        # An option may repeat (the last value counts), never meet its alternatives.
+        if option in (b"NX", b"XX") and condition in (None, option):
             condition = option
-        elif option == b"GET" and not want_old:
+        elif option == b"GET":
             want_old = True
-        elif option == b"KEEPTTL" and expiry is None and not keep_ttl:
+        elif option == b"KEEPTTL" and expiry is None:
             keep_ttl = True
-        elif option in _EXPIRE_UNITS and expiry is None and not keep_ttl and i + 1 < len(argv):
+        elif option in _EXPIRE_UNITS and expiry in (None, option) and not keep_ttl and i + 1 < len(argv):
             expiry = option
             amount = parse_int(argv[i + 1])
             if amount <= 0:
@@ -150,6 +151,8 @@ def append(ctx: CommandContext, argv: list[bytes]):
     if found is None:
         ctx.archive.put(argv[1], argv[2])
         return len(argv[2])
+    if len(found[0]) + len(argv[2]) > value_size_limit(ctx):
+        raise CommandError(TOO_LONG)
     value = found[0] + argv[2]
     ctx.archive.put(argv[1], value, found[1])
     return len(value)

@@ -4,7 +4,11 @@ The model (`Model`) implements the documented behaviour with an OrderedDict (lea
 used first): byte accounting of len(key) + len(value) + overhead per entry, eviction while
 used_bytes > max_bytes, lazy expiry on reads, the dirty list (compared as a set of keys: the
 table may list a key more than once), the counters, the packed records of encode() and the
-GET/SET pipeline of run().
+GET/SET pipeline of run(). A snapshot() read back later holds, in order, every key of the
+moment it was taken that has been present ever since, and only keys present now (a key
+written meanwhile may appear: the table records slots, not keys). expire_due(limit)
+removes min(limit, due) entries whose deadline has passed, each counted as expired (which
+of them, when more are due than the limit, the model leaves open).
 
 Deadlines are either far in the future or in 1970, so expiry never depends on the clock
 moving during a test.
@@ -41,6 +45,7 @@ class Model:
         self.used_bytes = 0
         self.hits = self.misses = self.evicted = self.expired = 0
         self.dirty: set[bytes] = set()
+        self.removals: list[bytes] = []   # every key removed, in order (for snapshots)
 
     # -- helpers
     def _size(self, key: bytes, value: bytes) -> int:
@@ -50,6 +55,7 @@ class Model:
         value, _ = self.entries.pop(key)
         self.used_bytes -= self._size(key, value)
         self.dirty.add(key)
+        self.removals.append(key)
 
     def _lazy_expire(self, key: bytes) -> bool:
         """True when the key is present and live after the lazy expiry check."""
@@ -88,6 +94,12 @@ class Model:
 
     def contains(self, key: bytes) -> bool:
         return self._lazy_expire(key)
+
+    def snapshot_keys(self, taken: list[bytes], removals_then: int) -> tuple[list[bytes], set[bytes]]:
+        """What a snapshot taken when the keys were `taken` (and `removals_then` removals had
+        happened) must yield now, in order, and the keys it may yield."""
+        removed = set(self.removals[removals_then:])
+        return [key for key in taken if key in self.entries and key not in removed], set(self.entries)
 
     def put(self, key: bytes, value: bytes, deadline=None) -> None:
         if key in self.entries:
@@ -130,10 +142,14 @@ class Model:
     def keys(self) -> list[bytes]:
         return list(self.entries)
 
+    def due(self, now: int) -> set[bytes]:
+        return {k for k, (_, d) in self.entries.items() if d is not None and d <= now}
+
     def ttl_items(self) -> list[tuple[int, bytes]]:
         return [(d, k) for k, (_, d) in self.entries.items() if d is not None]
 
     def clear(self) -> None:
+        self.removals += self.entries
         self.entries.clear()
         self.used_bytes = 0
         self.dirty.clear()
@@ -501,6 +517,36 @@ class TableMachine(RuleBasedStateMachine):
     def keys(self):
         assert self.table.keys() == self.model.keys()
 
+    @rule(limit=st.sampled_from([0, 1, 2, 1000]))
+    def expire_due(self, limit):
+        now = now_ms()
+        due, before = self.model.due(now), set(self.table.keys())
+        count = self.table.expire_due(limit, now)
+        removed = before - set(self.table.keys())
+        assert count == len(removed) == min(limit, len(due)) and removed <= due
+        for key in self.table.keys() if limit >= len(due) else ():
+            assert key not in due
+        for key in removed:
+            assert self.model.expire(key)
+
+    @rule()
+    def take_snapshot(self):
+        snap = self.table.snapshot()
+        assert snap[:] == self.model.keys() and len(snap) == len(self.model)
+        self.snapshots = getattr(self, "snapshots", [])[-2:] + [(snap, self.model.keys(), len(self.model.removals))]
+
+    @rule(which=st.integers(min_value=0, max_value=2))
+    def read_snapshot(self, which):
+        taken = getattr(self, "snapshots", [])
+        if not taken:
+            return
+        snap, keys_then, removals_then = taken[which % len(taken)]
+        must, may = self.model.snapshot_keys(keys_then, removals_then)
+        got = snap[:]
+        assert len(snap) == len(keys_then) and set(got) <= may and len(set(got)) == len(got)
+        assert [key for key in got if key in must] == must
+        assert [snap[i] for i in range(len(snap)) if snap[i] is not None] == got
+
     @rule(keys=st.lists(KEYS, max_size=6), as_generator=st.booleans())
     def encode(self, keys, as_generator):
         got = self.table.encode(iter(keys) if as_generator else keys)
@@ -522,6 +568,105 @@ TestTableMachine = TableMachine.TestCase
 
 
 # --------------------------------------------------------------------------- basics
+
+def test_snapshot_reads_back_keys_as_they_are_now():
+    t = Table(1 << 20, 0)
+    for key in (b"a", b"b", b"c", b"d"):
+        t.put(key, key * 3)
+    t.get(b"a")
+    snap = t.snapshot()
+    assert len(snap) == 4 and snap[:] == [b"b", b"c", b"d", b"a"] == t.keys()
+    assert (snap[0], snap[-1], snap[1:3], snap[::2], snap[::-1]) == \
+        (b"b", b"a", [b"c", b"d"], [b"b", b"d"], [b"a", b"d", b"c", b"b"])
+    assert t.delete(b"c")
+    assert snap[:] == [b"b", b"d", b"a"] and snap[1] is None and len(snap) == 4
+    t.put(b"e", b"x")                             # may take c's slot: its hash differs
+    assert snap[:] == [b"b", b"d", b"a"]
+    t.put(b"c", b"again")                         # back, in another slot
+    assert set(snap[:]) <= {b"b", b"c", b"d", b"a"} and snap[:3:2] == [b"b", b"d"]
+    for bad in (4, -5):
+        with pytest.raises(IndexError):
+            snap[bad]
+    with pytest.raises(TypeError):
+        snap[b"x"]
+    t.clear()
+    assert snap[:] == [] and len(snap) == 4 and t.snapshot()[:] == [] and len(t.snapshot()) == 0
+
+
+def test_expire_due_pops_the_deadline_heap():
+    t = Table(1 << 20, 0)
+    now = 10_000
+    for i in range(10):
+        t.put(b"k%d" % i, b"v", now - 90 + i * 20)        # k0..k4 due at `now`, k5..k9 later
+    t.put(b"plain", b"v")
+    t.set_deadline(b"k0", now + 10**6)                      # its old pair is stale now
+    t.set_deadline(b"plain", now - 1)                        # due through set_deadline
+    t.delete(b"k1")                                          # a pair for a freed slot
+    t.clear_dirty()
+    assert t.expire_due(2, now) == 2 and t.expired == 2
+    assert t.expire_due(1000, now) == 2 and t.expired == 4
+    assert set(t.dirty) == {b"plain", b"k2", b"k3", b"k4"}
+    assert sorted(t.keys()) == [b"k0", b"k5", b"k6", b"k7", b"k8", b"k9"]
+    assert t.expire_due(1000, now) == 0 and t.expire_due(0, now + 10**7) == 0
+    assert t.expire_due(now=now + 10**7) == 6 and len(t) == 0 and t.ttl_count == 0
+
+
+def test_deadline_heap_is_rebuilt_when_stale_pairs_pile_up():
+    t = Table(1 << 30, 0)
+    t.put(b"a", b"1", FUTURE)
+    t.put(b"b", b"1", PAST + 5)
+    for i in range(5000):                                    # 5000 stale pairs for one key
+        t.set_deadline(b"a", FUTURE + i)
+    t.clear_dirty()
+    assert t.expire_due(10, now_ms()) == 1 and t.keys() == [b"a"]
+    assert t.expire_due(now=FUTURE + 4998) == 0 and t.expire_due(now=FUTURE + 4999) == 1
+    for i in range(3000):                                    # and keys gone with their pairs
+        t.put(b"x%d" % i, b"v", FUTURE)
+        t.delete(b"x%d" % i)
+    t.put(b"c", b"v", PAST)
+    assert t.expire_due(now=now_ms()) == 1 and len(t) == 0
+    t.put(b"d", b"v", PAST)
+    t.clear()
+    assert t.expire_due(now=now_ms()) == 0
+
+
+def test_dirty_epoch_wraps_without_losing_a_mark():
+    t = Table(1 << 20, 0)
+    t.put(b"a", b"1")
+    t.put(b"b", b"1")
+    t._epoch = 2**32 - 2
+    assert t.dirty == [] and t._epoch == 2**32 - 2
+    t.put(b"a", b"2")
+    assert t.dirty == [b"a"]
+    for expected in (2**32 - 1, 1, 2):            # 0 is skipped; every old mark is reset
+        t.clear_dirty()
+        assert t._epoch == expected and t.dirty == []
+        t.put(b"a", b"3")
+        t.put(b"a", b"4")
+        t.set_deadline(b"b", FUTURE)
+        assert t.dirty == [b"a", b"b"]
+    for bad in (0, 2**32, -1):
+        with pytest.raises((ValueError, OverflowError)):
+            t._epoch = bad
+
+
+def test_values_are_stored_inline_and_replaced_in_place_or_not():
+    t = Table(1 << 20, 0)
+    t.put(b"k", b"abc")
+    t.put(b"k", b"xyz")                           # same length: overwritten in place
+    assert t.get(b"k") == b"xyz" and t.used_bytes == 4
+    t.put(b"k", b"longer value" * 50, FUTURE)     # longer, a deadline appears: a new entry
+    assert t.get_with_deadline(b"k") == (b"longer value" * 50, FUTURE) and t.ttl_count == 1
+    t.put(b"k", b"short value!" * 50, FUTURE + 1)
+    assert t.get_with_deadline(b"k") == (b"short value!" * 50, FUTURE + 1)
+    t.set_deadline(b"k", None)
+    assert t.get_with_deadline(b"k") == (b"short value!" * 50, None) and t.ttl_count == 0
+    big = bytes(range(256)) * 1000                # long lengths take several varint bytes
+    t.put(b"K" * 300, big)
+    assert t.get(b"K" * 300) == big and t.keys() == [b"k", b"K" * 300]
+    assert t.run(b"*2\r\n$3\r\nGET\r\n$300\r\n" + b"K" * 300 + b"\r\n", 2, 1 << 20, 1 << 20)[0] == \
+        b"$256000\r\n" + big + b"\r\n"
+
 
 def test_construction_and_attributes():
     t = Table(1000, 48)

@@ -1,0 +1,187 @@
+"""The same command sequences against a real redis-server and against ARCA: byte-identical replies.
+
+redis-server runs on a free 127.0.0.1 port configured as ARCA is (one database, an LRU
+policy under a maxmemory, proto-max-bulk-len 64 MiB, no persistence). Each script starts
+from FLUSHALL; every reply is compared as raw RESP bytes, in RESP2 and again in RESP3.
+Replies that legitimately differ (sizes, times, help texts) are checked elsewhere.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from differential_scripts import SCRIPTS, random_transactions
+
+REDIS_SERVER = shutil.which("redis-server")
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server not installed (apt-get install redis-server)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RawClient:
+    """Sends commands as RESP arrays and reads each reply back as its raw bytes."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.sock = socket.create_connection((host, port), timeout=10)
+        self.file = self.sock.makefile("rb")
+
+    def call(self, *argv: bytes | str) -> bytes:
+        parts = [a if isinstance(a, bytes) else str(a).encode() for a in argv]
+        self.sock.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%b\r\n" % (len(p), p) for p in parts))
+        return self._read()
+
+    def _read(self) -> bytes:
+        line = self.file.readline()
+        if not line:
+            raise ConnectionError("connection closed")
+        kind = line[:1]
+        if kind in b"$=!":
+            size = int(line[1:-2])
+            return line if size < 0 else line + self.file.read(size + 2)
+        if kind in b"*~>%|":
+            size = int(line[1:-2])
+            items = size * 2 if kind in b"%|" else max(size, 0)
+            raw = line + b"".join(self._read() for _ in range(items))
+            return raw + self._read() if kind == b"|" else raw  # an attribute precedes its reply
+        return line
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def redis_port(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("redis")
+    port = _free_port()
+    process = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--databases", "1", "--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru",
+         "--proto-max-bulk-len", "64mb", "--dir", str(directory), "--protected-mode", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client = RawClient("127.0.0.1", port)
+            if client.call("PING") == b"+PONG\r\n":
+                client.close()
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            pytest.skip("redis-server did not start")
+        time.sleep(0.05)
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def _differences(arca, redis_port: int, resp: int) -> list[str]:
+    ours, theirs = RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)
+    differences = []
+    try:
+        if resp == 3:
+            ours.call("HELLO", "3")
+            theirs.call("HELLO", "3")
+        for name, script in SCRIPTS.items():
+            for client in (ours, theirs):
+                client.call("FLUSHALL")
+            for argv in script:
+                mine, real = ours.call(*argv), theirs.call(*argv)
+                if mine != real:
+                    differences.append(f"[{name}] RESP{resp} {argv!r}:\n   redis {real!r}\n   arca  {mine!r}")
+    finally:
+        ours.close()
+        theirs.close()
+    return differences
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("resp", [2, 3])
+def test_replies_match_redis(arca, redis_port, resp):
+    differences = _differences(arca, redis_port, resp)
+    assert not differences, f"{len(differences)} replies differ:\n" + "\n".join(differences[:40])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("resp", [2, 3])
+def test_watch_and_transactions_on_two_connections_match_redis(arca, redis_port, resp):
+    ours = [RawClient(arca.host, arca.port) for _ in range(2)]
+    theirs = [RawClient("127.0.0.1", redis_port) for _ in range(2)]
+    differences = []
+    try:
+        for seed in range(8):
+            for client in (*ours, *theirs):
+                client.call("RESET")
+                client.call("HELLO", str(resp))
+            ours[0].call("FLUSHALL")
+            theirs[0].call("FLUSHALL")
+            for which, argv in random_transactions(seed, 400):
+                mine, real = ours[which].call(*argv), theirs[which].call(*argv)
+                if mine != real:
+                    differences.append(f"[seed {seed}] connection {which} {argv!r}:\n   redis {real!r}\n   arca  {mine!r}")
+    finally:
+        for client in (*ours, *theirs):
+            client.close()
+    assert not differences, f"{len(differences)} replies differ:\n" + "\n".join(differences[:40])
+
+
+_COUNTED = [line.split() for line in (
+    "OBJECT ENCODING a;OBJECT ENCODING nokey;MEMORY USAGE a;TOUCH a;EXPIRETIME a;PEXPIRETIME nokey;COPY a b;"
+    "LCS a b;GETRANGE a 0 1;SETRANGE a 0 x;SETBIT a 1 1;GETBIT a 1;BITCOUNT a;BITPOS a 1;GETEX a;GETSET a 2;"
+    "INCRBYFLOAT a 1;RENAME a c;MSETNX x 1;EXPIRE c 100;PERSIST c;PERSIST nokey;EXPIRE nokey 5;TTL c;"
+    "RENAMENX c d;COPY d e REPLACE;GETEX d PERSIST;SUBSTR nokey 0 1;SETRANGE nokey 1 x;SETBIT nokey2 1 1"
+).split(";")]
+
+
+@pytest.mark.timeout(60)
+def test_keyspace_hits_and_misses_count_as_redis_counts(arca, redis_port):
+    """Reads count as keyspace hits or misses; the lookups of writes (SETRANGE, EXPIRE, ...) do not."""
+    counters = []
+    for client in (RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)):
+        client.call("FLUSHALL")
+        client.call("SET", "a", "1")
+        client.call("CONFIG", "RESETSTAT")
+        seen = []
+        for argv in _COUNTED:
+            client.call(*argv)
+            stats = client.call("INFO", "stats").decode().split("\r\n")
+            seen.append((argv, [line for line in stats if line.startswith(("keyspace_hits:", "keyspace_misses:"))]))
+        counters.append(seen)
+        client.close()
+    assert counters[0] == counters[1]
+
+
+@pytest.mark.timeout(60)
+def test_info_cpu_and_slowlog_shapes_match_redis(arca, redis_port):
+    ours, theirs = RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)
+    try:
+        fields = []
+        for client in (ours, theirs):
+            body = client.call("INFO", "cpu").split(b"\r\n", 1)[1].decode()
+            fields.append([line.split(":")[0] for line in body.split("\r\n") if line])
+        assert fields[0] == fields[1]
+        for client in (ours, theirs):
+            client.call("SLOWLOG", "RESET")
+            client.call("CONFIG", "SET", "slowlog-log-slower-than", "0")
+            client.call("SET", "k", "v" * 300)
+        for client in (ours, theirs):
+            entry = client.call("SLOWLOG", "GET", "1")
+            client.call("CONFIG", "SET", "slowlog-log-slower-than", "10000")
+            assert entry.startswith(b"*1\r\n*6\r\n:")
+            cut = b"v" * 128 + b"... (172 more bytes)"
+            assert b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n%b\r\n" % (len(cut), cut) in entry
+    finally:
+        ours.close()
+        theirs.close()
