@@ -29,10 +29,18 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from itertools import groupby
+from typing import Final, Sequence, TypeAlias
 
 # Redis refuses to recurse deeper than this many stars (util.c); patterns past it never match.
 STAR_NESTING_LIMIT = 1000
-_STAR = None  # the token for a run of stars; every other token is a set of bytes (a `bytes` of 256 flags)
+_STAR: Final = None  # the token for a run of stars; every other token is a set of bytes (a `bytes` of 256 flags)
+
+# The atoms a pattern compiles to. A table: 256 flags, 1 at each byte the token accepts.
+Table: TypeAlias = bytes
+# A token: a table, or None (_STAR) for a run of stars.
+Token: TypeAlias = Table | None
+# A segment (the tokens between two stars): its literal bytes, or one table per token.
+SegmentTokens: TypeAlias = bytes | list[Table]
 
 
 def _single(byte: int) -> bytes:
@@ -49,11 +57,11 @@ _LITERAL_OF = {table: byte for byte, table in enumerate(_SINGLES)}
 REGEX_ATOMS = 256
 
 
-def _tokens(pattern: bytes) -> list[bytes | None]:
+def _tokens(pattern: bytes) -> list[Token]:
     """The pattern as tokens: _STAR, or a 256-byte table with 1 at the bytes the token accepts
     (shared between equal tokens, so a long pattern costs a reference per token)."""
-    tokens: list[bytes | None] = []
-    sets: dict[bytes, bytes] = {}
+    tokens: list[Token] = []
+    sets: dict[Table, Table] = {}
     i, n = 0, len(pattern)
     while i < n:
         ch = pattern[i]
@@ -74,7 +82,7 @@ def _tokens(pattern: bytes) -> list[bytes | None]:
     return tokens
 
 
-def _bracket(pattern: bytes, i: int) -> tuple[int, bytes]:
+def _bracket(pattern: bytes, i: int) -> tuple[int, Table]:
     """The set starting at pattern[i] (just after '['): (index of its last byte, table)."""
     n = len(pattern)
     negate = i < n and pattern[i] == 0x5E  # '^'
@@ -114,13 +122,13 @@ class _Segment:
 
     __slots__ = ("size", "literal", "regex", "tokens")
 
-    def __init__(self, tokens: bytes | list[bytes]) -> None:
+    def __init__(self, tokens: SegmentTokens) -> None:
         """`tokens`: the literal bytes, or one 256-byte table per token."""
         self.size = len(tokens)
         self.literal: bytes | None = None
-        self.regex = None
-        self.tokens: list[bytes] = []
-        if type(tokens) is bytes:
+        self.regex: re.Pattern[bytes] | None = None
+        self.tokens: list[Table] = []
+        if isinstance(tokens, bytes):
             self.literal = tokens
             return
         singles = [_LITERAL_OF.get(table, -1) for table in tokens]
@@ -157,7 +165,7 @@ class _Segment:
         return -1
 
 
-def _atom(table: bytes) -> bytes:
+def _atom(table: Table) -> bytes:
     """One token as a regular-expression atom matching exactly one byte."""
     count = table.count(1)
     if count == 256:
@@ -183,14 +191,15 @@ class Glob:
 
     def __init__(self, pattern: bytes) -> None:
         self.pattern = pattern
-        segments: list[bytes] | list[list[bytes]]
+        segments: Sequence[SegmentTokens]
         if b"?" in pattern or b"[" in pattern or b"\\" in pattern:
-            segments = [[]]
+            tables: list[list[Table]] = [[]]
             for token in _tokens(pattern):
                 if token is _STAR:
-                    segments.append([])
+                    tables.append([])
                 else:
-                    segments[-1].append(token)
+                    tables[-1].append(token)
+            segments = tables
         else:  # literals and stars only (most patterns): split at C speed, however long
             parts = pattern.split(b"*")
             segments = [parts[0], *(part for part in parts[1:-1] if part), parts[-1]] if len(parts) > 1 else parts
