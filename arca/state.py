@@ -10,9 +10,15 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeAlias
 
 from arca.protocol import Limits
+
+if TYPE_CHECKING:
+    from arca.commands.registry import CommandSpec
+
+# The commands queued since MULTI: each resolved spec with its argv.
+Queued: TypeAlias = "list[tuple[CommandSpec, list[bytes]]]"
 
 
 @dataclass(slots=True)
@@ -32,14 +38,14 @@ class ClientState:
     last_command: bytes = b"NULL"
     last_active: float = field(default_factory=time.monotonic)
     close_after_reply: bool = False
-    multi: list | None = None  # commands queued since MULTI, or None outside a transaction
+    multi: Queued | None = None  # commands queued since MULTI, or None outside a transaction
     multi_failed: bool = False  # a command was refused while queueing: EXEC must abort
     watch: Any = None  # the archive's Watcher for this connection's WATCHed keys, or None
     # Set by the network layer: bytes buffered in and out, for CLIENT LIST.
     query_buffer: Callable[[], int] = lambda: 0
     output_buffer: Callable[[], int] = lambda: 0
 
-    def end_transaction(self) -> list | None:
+    def end_transaction(self) -> Queued | None:
         queued, self.multi, self.multi_failed = self.multi, None, False
         return queued
 
@@ -71,6 +77,10 @@ class ServerStats:
     # (monotonic time, commands_processed) every 100 ms over the last 1.6 s, as Redis samples
     # instantaneous_ops_per_sec.
     ops_samples: deque = field(default_factory=lambda: deque(maxlen=16))
+
+    def reset(self) -> None:
+        """Every counter back to its start (CONFIG RESETSTAT): the fields' defaults again."""
+        ServerStats.__init__(self)
 
     def sample_ops(self, now: float) -> None:
         self.ops_samples.append((now, self.commands_processed))

@@ -196,7 +196,9 @@ class Incremental:
     __slots__ = ("spec", "_steps", "value", "slices")
 
     def __init__(self, spec_name: str, steps: Generator[None, None, Reply]) -> None:
-        self.spec = lookup(spec_name.encode())
+        spec = lookup(spec_name.encode())
+        assert spec is not None, spec_name  # the name of the registered command returning it
+        self.spec = spec
         self._steps = steps
         self.value: Reply = None
         self.slices = 0
@@ -247,9 +249,11 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
         return _wrong_arity(spec)
+    handler = spec.handler
+    assert handler is not None  # only a parent of subcommands has none, and it took the checked path
     started = perf_counter_ns()
     try:
-        reply = spec.handler(ctx, argv)
+        reply = handler(ctx, argv)
     except CommandError as exc:
         reply = ErrorReply(exc.message)
     except Exception as exc:  # the rare path: typed archive errors and bugs
@@ -271,7 +275,7 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
         if len(argv) < 2:
             return _refuse(client, _wrong_arity(spec))
         found = _subcommand(spec, argv)
-        if type(found) is ErrorReply:
+        if isinstance(found, ErrorReply):
             return _refuse(client, found)
         spec = found
     if not _arity_ok(spec.arity, len(argv)):
@@ -298,7 +302,8 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
 def _writes(spec: CommandSpec, client: ClientState) -> bool:
     """A write command, or an EXEC of a transaction holding one."""
     if spec.name == "EXEC":
-        return bool(client.multi) and any(queued.writes for queued, _ in client.multi)
+        multi = client.multi
+        return multi is not None and any(queued.writes for queued, _ in multi)
     return spec.writes
 
 
@@ -311,9 +316,11 @@ def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:
 def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
     """Run a resolved command, turning its exceptions into error replies; SLOWLOG times it
     (EXEC is not logged itself: each command it runs is)."""
+    handler = spec.handler
+    assert handler is not None  # a resolved command: a parent without a handler of its own never is
     started = perf_counter_ns()
     try:
-        reply = spec.handler(ctx, argv)
+        reply = handler(ctx, argv)
     except CommandError as exc:
         reply = ErrorReply(exc.message)
     except Exception as exc:

@@ -258,6 +258,6 @@ def save(ctx: CommandContext, argv: list[bytes]):
 
 @command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")
 def config_resetstat(ctx: CommandContext, argv: list[bytes]):
-    ctx.server.stats.__init__()
+    ctx.server.stats.reset()
     ctx.archive.reset_stats()
     return OK

@@ -33,13 +33,14 @@ def multi(ctx: CommandContext, argv: list[bytes]):
 
 @command("EXEC", arity=1, flags=("noscript", "loading", "stale", "skip_slowlog"), group="transactions", summary="Run the commands queued since MULTI", since="1.2.0")
 def exec_(ctx: CommandContext, argv: list[bytes]):
-    if ctx.client.multi is None:
+    queued = ctx.client.multi
+    if queued is None:
         raise CommandError("ERR EXEC without MULTI")
     watcher = ctx.client.watch
     changed = watcher is not None and ctx.archive.watch_changed(watcher)
     release_watch(ctx)
     failed = ctx.client.multi_failed
-    queued = ctx.client.end_transaction()
+    ctx.client.end_transaction()  # hands back `queued`
     if failed:
         raise CommandError("EXECABORT Transaction discarded because of previous errors.")
     if changed:
