@@ -70,9 +70,11 @@ def _range(argv: list[bytes], start_at: int, length: int, bitcount: bool) -> tup
     start = parse_int(argv[start_at], NOT_INTEGER) if len(argv) > start_at else 0
     end_given = len(argv) > start_at + 1
     # BITCOUNT reads both ends before the unit, BITPOS the unit before the end (Redis 7.0).
-    end = parse_int(argv[start_at + 1], NOT_INTEGER) if end_given and bitcount else None
-    if bitcount and start < 0 and end < 0 and start > end:
-        return None  # before the unit is looked at
+    end: int | None = None
+    if end_given and bitcount:
+        end = parse_int(argv[start_at + 1], NOT_INTEGER)
+        if start < 0 and end < 0 and start > end:
+            return None  # before the unit is looked at
     unit_bits = False
     if len(argv) > start_at + 2:
         unit = argv[start_at + 2].upper()

@@ -49,6 +49,7 @@ def getex(ctx: CommandContext, argv: list[bytes]):
         if deadline is not None:
             archive.set_expire(argv[1], None)
     elif option is not None:
+        assert amount_arg is not None  # read with every option but PERSIST
         amount = parse_int(amount_arg)
         if amount <= 0:
             raise CommandError("ERR invalid expire time in 'getex' command")
