@@ -144,7 +144,7 @@ class NamespaceIndex:
     def __init__(self, ngram_min: int, ngram_max: int, capacity: int = 4096) -> None:
         self.ngram_max = ngram_max
         self.tokens = np.zeros(capacity, dtype=TOKEN_DTYPE)
-        self._view = memoryview(self.tokens)
+        self._view = self.tokens.data  # memoryview(self.tokens), typed (numpy declares no __buffer__ before 3.12)
         self.offset = 0            # absolute position of tokens[0]
         self.size = 0              # used array slots (live and dead)
         self.live_from = 0         # absolute position of the oldest live token
@@ -223,7 +223,7 @@ class NamespaceIndex:
         capacity = max(needed, 2 * len(self.tokens))
         tokens = np.zeros(capacity, dtype=TOKEN_DTYPE)
         tokens[:self.size] = self.tokens[:self.size]
-        self.tokens, self._view = tokens, memoryview(tokens)
+        self.tokens, self._view = tokens, tokens.data
         for level in self.levels:
             level.grow(capacity)
 
@@ -234,7 +234,7 @@ class NamespaceIndex:
         tokens[:live] = self.tokens[shift:self.size]
         for level in self.levels:
             level.rebase(shift, capacity, live)
-        self.tokens, self._view = tokens, memoryview(tokens)
+        self.tokens, self._view = tokens, tokens.data
         self.offset += shift
         self.size = live
 
