@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from arca.commands import dispatch
 from arca.archive.errors import ArchiveError
@@ -103,11 +103,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self.server
         state = server.state
-        self.transport = transport  # type: ignore[assignment]
+        # The loop gives a stream protocol a Transport (write, pause_reading, ...).
+        self.transport = transport = cast(asyncio.Transport, transport)
         state.stats.connections_received += 1
         if len(state.clients) >= state.maxclients or server.stopping:
             state.stats.rejected_connections += 1
-            transport.write(MAX_CLIENTS_REPLY)  # type: ignore[attr-defined]
+            transport.write(MAX_CLIENTS_REPLY)
             transport.close()
             self.client = None
             self.closing = True
@@ -124,7 +125,7 @@ class Connection(asyncio.Protocol):
             output_buffer=lambda: self.transport.get_write_buffer_size() if self.transport else 0,
         )
         if state.refuses(self.client):
-            transport.write(DENIED_REPLY)  # type: ignore[attr-defined]
+            transport.write(DENIED_REPLY)
             transport.close()
             self.client = None
             self.closing = True
@@ -175,7 +176,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        client = self.client
+        client = self.ctx.client  # = self.client, set here: only a refused connection has none, and it is closing
         if (client.multi is None and client.authenticated and not self.strict_limits
                 and self.backlog is None and self.decoder.idle and self.ctx.server.plain_path_open):
             # The plain path: the read's leading plain commands (GET, SET key value, MGET,
@@ -223,7 +224,9 @@ class Connection(asyncio.Protocol):
         if self.held is None and not (server.hold_replies and any(server.pending_queues)):
             # The common case: nothing to wait for, one write for the whole batch.
             if out:
-                self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+                transport = self.transport
+                assert transport is not None  # set until connection_lost, after which nothing is read
+                transport.write(out[0] if len(out) == 1 else b"".join(out))
         else:
             server.deliver(self, out)
 
@@ -272,7 +275,7 @@ class Connection(asyncio.Protocol):
 
     def _finish_unusual(self, out: list[bytes]) -> None:
         """The end of a batch that authenticated, hit a protocol error, must close or was cut short."""
-        client = self.client
+        client = self.ctx.client
         if self.strict_limits and client.authenticated:
             self.strict_limits = False
             self.decoder.set_limits(self.server.options.limits)
@@ -299,7 +302,7 @@ class Connection(asyncio.Protocol):
                 self.server.loop.call_soon(self._continue)
                 return
             self.slow = None
-            out.append(_encode_safely(slow.value, self.client.resp, [slow.spec.name.encode()]))
+            out.append(_encode_safely(slow.value, self.ctx.client.resp, [slow.spec.name.encode()]))
         commands, self.backlog = self.backlog, None
         self._execute(commands, out)
         if self.backlog is None and self.eof and not self.closing:
@@ -356,7 +359,7 @@ class ArcaServer:
         self._stalled: list[tuple[Connection, float]] = []
         self._retry_timer: asyncio.TimerHandle | None = None
         self._commit_scheduled = False
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop  # the running loop, from start() on
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -385,7 +388,7 @@ class ArcaServer:
             self._waiting.append(conn)
             if not self._commit_scheduled:
                 self._commit_scheduled = True
-                self.loop.call_soon(self._commit_tick)  # type: ignore[union-attr]
+                self.loop.call_soon(self._commit_tick)
         else:
             conn.send(out)
 
@@ -415,7 +418,7 @@ class ArcaServer:
             state.persistence_error = str(error)
             self.hold_replies = False  # nothing new to commit: reads are answered at once
         if self._retry_timer is None and not self.stopping:
-            self._retry_timer = self.loop.call_later(COMMIT_RETRY_SECONDS, self._retry_commit)  # type: ignore[union-attr]
+            self._retry_timer = self.loop.call_later(COMMIT_RETRY_SECONDS, self._retry_commit)
 
     def _commits_work(self) -> None:
         state = self.state
@@ -457,7 +460,7 @@ class ArcaServer:
     def _every_second(self) -> None:
         self._commit()
         if not self.stopping:
-            self._timer = self.loop.call_later(1.0, self._every_second)  # type: ignore[union-attr]
+            self._timer = self.loop.call_later(1.0, self._every_second)
 
     # -- idle-time maintenance
 
@@ -469,7 +472,7 @@ class ArcaServer:
         if idle and self.state.persistence_error is None and self.archive.maintenance_due():
             self._maintain_while_idle()
         if not self.stopping:
-            self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)  # type: ignore[union-attr]
+            self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)
 
     def _maintain_while_idle(self) -> None:
         """One step of archive maintenance (rewriting the L1 log, a few ms), then another
@@ -482,7 +485,7 @@ class ArcaServer:
             log.exception("archive maintenance failed; it is retried when the server is idle again")
             return
         if more:
-            self.loop.call_soon(self._maintain_while_idle)  # type: ignore[union-attr]
+            self.loop.call_soon(self._maintain_while_idle)
 
     # -- shutdown
 
