@@ -45,24 +45,26 @@ class Archive:
         except BaseException:
             self._store.close()
             raise
-        # The hottest calls go straight to the part that serves them (one call frame less).
-        self.get = self._entries.table.get
-        self.put = self._entries.put
-        self.get_with_deadline = self._entries.table.get_with_deadline
-        self.run_plain = self._entries.table.run
+        # The hottest calls go straight to the part that serves them (one call frame less):
+        # deliberately rebound on the instance, with the signatures of the methods below.
+        self.get = self._entries.table.get  # type: ignore[method-assign]  # the C table's get
+        self.put = self._entries.put  # type: ignore[method-assign]  # Entries.put itself
+        self.get_with_deadline = self._entries.table.get_with_deadline  # type: ignore[method-assign]  # the C table's
+        self.run_plain = self._entries.table.run  # type: ignore[method-assign]  # the C table's run
         self._counters_base = dict.fromkeys(_COUNTERS, 0)  # the counters at CONFIG RESETSTAT
         log.info("archive open at %s: %d keys, %d corpus streams, %d KV blocks", config.database_path,
                  len(self._entries), self._corpus.stats()["corpus_streams"], len(self._kv))
 
     # -- L1 --------------------------------------------------------------------------------
 
-    def get(self, key: bytes) -> bytes | None:
+    # Positional-only, as the C functions that replace get, get_with_deadline and run_plain.
+    def get(self, key: bytes, /) -> bytes | None:
         return self._entries.get(key)
 
     def get_entry(self, key: bytes) -> Entry | None:
         return self._entries.get_entry(key)
 
-    def get_with_deadline(self, key: bytes) -> tuple[bytes, int | None] | None:
+    def get_with_deadline(self, key: bytes, /) -> tuple[bytes, int | None] | None:
         """(value, expire_at_ms or None) or None; get_entry without building an Entry."""
         return self._entries.get_with_deadline(key)
 
@@ -81,7 +83,7 @@ class Archive:
         self._entries.put_many(pairs)
 
     def run_plain(self, data: bytes, resp: int, out_cap: int, max_bulk: int,
-                  max_items: int = 1 << 20) -> tuple[bytes, int, int, bytes | None]:
+                  max_items: int = 1 << 20, /) -> tuple[bytes, int, int, bytes | None]:
         """Answer the leading pipelined plain commands of a read (RESP bytes: GET, SET key
         value, MGET, MSET, INCR and the like, PING) in one call: (replies, bytes consumed,
         commands run, last command name). Stops at anything else and at anything that would

@@ -33,6 +33,8 @@ import struct
 import zlib
 from typing import Callable, Iterator, Sequence
 
+from .scan import KeySnapshot
+
 BATCH_RECORDS = 1024
 _HEADER = struct.Struct("<IiQ")
 _HEADER_SIZE = _HEADER.size
@@ -112,7 +114,7 @@ class EntryLog:
         for start in range(0, count, BATCH_RECORDS):
             self._insert(conn, keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys, encode)
 
-    def start_rewrite(self, conn: sqlite3.Connection, live_keys: Sequence[bytes]) -> None:
+    def start_rewrite(self, conn: sqlite3.Connection, live_keys: KeySnapshot) -> None:
         """Start re-logging `live_keys` (every key now live: a list, or the L1 table's
         snapshot, whose slices hold the keys still live), unless a rewrite is running."""
         if self._rewrite is None:
@@ -171,7 +173,7 @@ class _Rewrite:
 
     __slots__ = ("keys", "position", "start_seq", "records_before")
 
-    def __init__(self, keys: Sequence[bytes], start_seq: int, records_before: int) -> None:
+    def __init__(self, keys: KeySnapshot, start_seq: int, records_before: int) -> None:
         self.keys = keys
         self.position = 0
         self.start_seq = start_seq  # batches with a smaller seq predate the rewrite

@@ -11,18 +11,27 @@ snapshot at the same position, which may repeat or miss keys that changed meanwh
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Callable, Protocol
 
 _POSITION_BITS = 32
+
+
+class KeySnapshot(Protocol):
+    """The keys at one moment, read back in slices: a list, or the L1 table's snapshot
+    (whose slices hold the keys still live)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: slice, /) -> list[bytes]: ...
 
 
 class ScanCursors:
     def __init__(self, keep: int = 16) -> None:
         self._keep = keep
-        self._snapshots: OrderedDict[int, Sequence[bytes]] = OrderedDict()
+        self._snapshots: OrderedDict[int, KeySnapshot] = OrderedDict()
         self._next_id = 1
 
-    def page(self, cursor: int, count: int, snapshot_keys: Callable[[], Sequence[bytes]],
+    def page(self, cursor: int, count: int, snapshot_keys: Callable[[], KeySnapshot],
              is_live: Callable[[bytes], bool]) -> tuple[int, list[bytes]]:
         if cursor < 0:
             raise ValueError("cursor must be >= 0")
@@ -39,7 +48,7 @@ class ScanCursors:
             return 0, keys
         return (snapshot_id << _POSITION_BITS) | end, keys
 
-    def _take(self, keys: Sequence[bytes]) -> tuple[int, Sequence[bytes]]:
+    def _take(self, keys: KeySnapshot) -> tuple[int, KeySnapshot]:
         snapshot_id = self._next_id
         self._next_id += 1
         self._snapshots[snapshot_id] = keys
