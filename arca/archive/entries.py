@@ -190,7 +190,7 @@ class Entries:
 
     def maintenance_due(self) -> bool:
         """Whether an idle owner should call maintenance_step (a log rewrite to run)."""
-        return self.log.rewriting or self.log.rewrite_due(len(self.table), idle=True)
+        return self.log.rewriting or self.log.rewrite_due(len(self.table), True, self.table.used_bytes)
 
     def maintenance_step(self, conn: sqlite3.Connection) -> bool:
         """One slice of log rewrite inside the caller's transaction; True while there is more
@@ -201,7 +201,7 @@ class Entries:
     def _advance_rewrite(self, conn: sqlite3.Connection, *, idle: bool, max_keys: int) -> bool:
         """Start a rewrite when one is due, then re-log up to `max_keys` keys of the running
         one; True while it has more to do."""
-        if self.log.rewrite_due(len(self.table), idle):
+        if self.log.rewrite_due(len(self.table), idle, self.table.used_bytes):
             self.log.start_rewrite(conn, self.table.snapshot())
         return self.log.rewrite_step(conn, self.table.encode, max_keys)
 

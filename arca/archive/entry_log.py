@@ -12,7 +12,8 @@ a rewrite has run) and then replays the batches in order, later records winning.
 Rewrites keep the log bounded, the way Redis rewrites its AOF, without ever stopping the
 writer. Once the log holds more than twice as many records as there are live keys, and
 more than `rewrite_after_idle` (10k) records while the owner is idle or `rewrite_after`
-(1M) under load, a rewrite starts: it snapshots the list of live keys, and each commit from
+(1M) under load (or more bytes of records than twice the live bytes and
+`rewrite_after_bytes`, 64 MiB: large values rewritten often), a rewrite starts: it snapshots the list of live keys, and each commit from
 then on also re-logs the current state of the next keys of that list (at least
 `rewrite_slice` (1024) of them and twice as many as the commit's own records, so a rewrite
 outpaces the writes), as does every maintenance step while the owner is idle. A key's
@@ -85,11 +86,13 @@ REWRITE_SLICE = 1024
 
 class EntryLog:
     def __init__(self, rewrite_after: int = 1_000_000, rewrite_after_idle: int = 10_000,
-                 rewrite_slice: int = REWRITE_SLICE) -> None:
+                 rewrite_slice: int = REWRITE_SLICE, rewrite_after_bytes: int = 64 * 1024 * 1024) -> None:
         self.rewrite_after = rewrite_after  # records before a rewrite starts under load...
         self.rewrite_after_idle = rewrite_after_idle  # ...and while the owner is idle
+        self.rewrite_after_bytes = rewrite_after_bytes  # ...or bytes of batches, past twice the live bytes
         self.rewrite_slice = rewrite_slice  # keys re-logged per step, at least
         self.records = 0  # records in the log batches
+        self.bytes = 0  # bytes of packed records in the log batches
         self.rewrites = 0  # rewrites completed
         self._rewrite: _Rewrite | None = None
 
@@ -97,18 +100,23 @@ class EntryLog:
     def rewriting(self) -> bool:
         return self._rewrite is not None
 
-    def rewrite_due(self, live_count: int, idle: bool) -> bool:
+    def rewrite_due(self, live_count: int, idle: bool, live_bytes: int = 0) -> bool:
         """Whether to start a rewrite: the log holds over twice the live keys, and more than
-        the threshold for an idle or a busy owner."""
+        the threshold for an idle or a busy owner; or over twice the live bytes, and more than
+        `rewrite_after_bytes` (large values rewritten often would otherwise grow the file far
+        past the data before the record count says so)."""
+        if self._rewrite is not None:
+            return False
         threshold = self.rewrite_after_idle if idle else self.rewrite_after
-        return self._rewrite is None and self.records > max(threshold, 2 * live_count)
+        return (self.records > max(threshold, 2 * live_count)
+                or self.bytes > max(self.rewrite_after_bytes, 2 * live_bytes))
 
     def append(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder, *, flushed: bool) -> None:
         """Log the current state of `keys` (packed by `encode`, the L1 table's encoder)."""
         if flushed:
             conn.execute("DELETE FROM entries")
             conn.execute("DELETE FROM entries_batches")
-            self.records = 0
+            self.records = self.bytes = 0
             self._rewrite = None  # what it was rewriting is gone
         count = len(keys)
         for start in range(0, count, BATCH_RECORDS):
@@ -119,7 +127,7 @@ class EntryLog:
         snapshot, whose slices hold the keys still live), unless a rewrite is running."""
         if self._rewrite is None:
             newest = conn.execute("SELECT coalesce(max(seq), 0) FROM entries_batches").fetchone()[0]
-            self._rewrite = _Rewrite(live_keys, newest + 1, self.records)
+            self._rewrite = _Rewrite(live_keys, newest + 1, self.records, self.bytes)
 
     def rewrite_step(self, conn: sqlite3.Connection, encode: Encoder, max_keys: int | None = None) -> bool:
         """Re-log the current state of up to `max_keys` (default `rewrite_slice`) more keys of
@@ -138,6 +146,7 @@ class EntryLog:
         conn.execute("DELETE FROM entries_batches WHERE seq < ?", (rewrite.start_seq,))
         conn.execute("DELETE FROM entries")
         self.records -= rewrite.records_before
+        self.bytes -= rewrite.bytes_before
         self._rewrite = None
         self.rewrites += 1
         return False
@@ -148,6 +157,7 @@ class EntryLog:
         blob = encode(keys)
         conn.execute(_INSERT_BATCH, (blob, len(keys), zlib.crc32(blob)))
         self.records += len(keys)
+        self.bytes += len(blob)
 
     def rolled_back(self) -> None:
         """The transaction of the last append or rewrite step did not commit: a running
@@ -158,12 +168,13 @@ class EntryLog:
     def read(self, conn: sqlite3.Connection) -> Iterator[Row]:
         """Every stored row in write order: the legacy table, then the log (later rows win)."""
         yield from conn.execute("SELECT key, value, expire_at, crc FROM entries ORDER BY rowid")
-        self.records = 0
+        self.records = self.bytes = 0
         for seq, blob, count, crc in conn.execute(
                 "SELECT seq, records, count, crc FROM entries_batches ORDER BY seq"):
             if zlib.crc32(blob) != crc:
                 raise DamagedBatch(seq)
             self.records += count
+            self.bytes += len(blob)
             for key, value, expire_at in decode_batch(blob):
                 yield key, value, expire_at, None
 
@@ -171,13 +182,14 @@ class EntryLog:
 class _Rewrite:
     """A rewrite in progress: the keys to re-log, how far it got, where it started."""
 
-    __slots__ = ("keys", "position", "start_seq", "records_before")
+    __slots__ = ("keys", "position", "start_seq", "records_before", "bytes_before")
 
-    def __init__(self, keys: KeySnapshot, start_seq: int, records_before: int) -> None:
+    def __init__(self, keys: KeySnapshot, start_seq: int, records_before: int, bytes_before: int) -> None:
         self.keys = keys
         self.position = 0
         self.start_seq = start_seq  # batches with a smaller seq predate the rewrite
         self.records_before = records_before  # records in those batches
+        self.bytes_before = bytes_before  # and their bytes
 
 
 def _apply(conn: sqlite3.Connection, latest: dict[bytes, tuple]) -> None:

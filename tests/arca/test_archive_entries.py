@@ -190,3 +190,25 @@ def test_run_plain_matches_one_call_per_command(tmp_path):
         assert memory[0] == memory[1] and memory[0]["evicted_keys"] > 0
         assert one.info()["arca"]["keyspace_hits"] == each.info()["arca"]["keyspace_hits"] > 0
         assert each.get_entry(b"k3") == one.get_entry(b"k3") and one.get_entry(b"k3").expire_at_ms is None
+
+
+def test_the_log_is_rewritten_by_bytes_when_large_values_are_rewritten_often(tmp_path):
+    """A few keys with large values written over and over: the record count stays far under
+    its threshold, the bytes bound starts rewrites, and the log stays near the live bytes."""
+    from arca.archive.archive import Archive
+    from arca.archive.config import ArchiveConfig
+
+    archive = Archive(ArchiveConfig(tmp_path))
+    archive._entries.log.rewrite_after_bytes = 1 << 20  # 1 MiB, so the test stays small
+    value = b"v" * 16_384
+    for round_ in range(400):  # 400 commits x 10 keys x 16 KiB = 64 MiB written
+        for key in range(10):
+            archive.put(f"k{key}".encode(), value + round_.to_bytes(2, "little"))
+        archive.commit()
+    log = archive._entries.log
+    assert log.rewrites > 0
+    assert log.bytes < 4 * (1 << 20)
+    archive.close()
+    reopened = Archive(ArchiveConfig(tmp_path))
+    assert reopened.get(b"k3") == value + (399).to_bytes(2, "little")
+    reopened.close()
