@@ -123,6 +123,18 @@ def pack(tokens: list[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
+RESP_ERRORS = (aioredis.ConnectionError, aioredis.TimeoutError, ConnectionError, OSError)
+
+
+async def resp_failed(arca: Arca, tally: Tally, error: Exception) -> None:
+    """Count a failed RESP call (expected while ARCA restarts, a failure otherwise), then back off."""
+    if arca.restarting():
+        tally.expected_errors["RESP while ARCA down"] += 1
+    else:
+        tally.fail(f"RESP error with ARCA up: {error!r}")
+    await asyncio.sleep(0.2)
+
+
 async def set_writer(arca: Arca, index: int, deadline: float, tally: Tally,
                      accepted: dict[bytes, set[bytes]]) -> None:
     """SET and GET over this writer's own keys; `accepted[key]` holds the values a GET may
@@ -148,12 +160,8 @@ async def set_writer(arca: Arca, index: int, deadline: float, tally: Tally,
                     await client.set(key, value)
                     accepted[key] = {value}
                     tally.ok["SET"] += 1
-            except (aioredis.ConnectionError, aioredis.TimeoutError, ConnectionError, OSError) as error:
-                if arca.restarting():
-                    tally.expected_errors["RESP while ARCA down"] += 1
-                else:
-                    tally.fail(f"RESP error with ARCA up: {error!r}")
-                await asyncio.sleep(0.2)
+            except RESP_ERRORS as error:
+                await resp_failed(arca, tally, error)
             await asyncio.sleep(0.002)
     finally:
         await client.aclose()
@@ -177,12 +185,8 @@ async def corpus_writer(arca: Arca, deadline: float, tally: Tally, streams: dict
                     if got is not None and got != kv_blob(key):
                         tally.fail(f"KVGET {key!r} returned other bytes")
                     tally.ok["KVPUT+KVGET"] += 1
-            except (aioredis.ConnectionError, aioredis.TimeoutError, ConnectionError, OSError) as error:
-                if arca.restarting():
-                    tally.expected_errors["RESP while ARCA down"] += 1
-                else:
-                    tally.fail(f"RESP error with ARCA up: {error!r}")
-                await asyncio.sleep(0.2)
+            except RESP_ERRORS as error:
+                await resp_failed(arca, tally, error)
             await asyncio.sleep(0.05)
     finally:
         await client.aclose()
