@@ -157,8 +157,6 @@ class Engine:
         if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= n_vocab:
             raise InvalidRequest(f"prompt token ids must be in 0..{n_vocab - 1}")
         validate_params(req.sampling, n_vocab)  # a 400 at submit, not a failure inside the engine thread
-        if req.sampling.seed is not None and req.sampling.seed < 0:
-            raise InvalidRequest(f"seed must be >= 0, got {req.sampling.seed}")
         need = len(req.prompt_tokens) + n * (req.max_tokens + self.config.max_draft)
         if need > self._ctx.n_ctx:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)

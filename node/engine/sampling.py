@@ -62,6 +62,8 @@ def validate_params(params: SamplingParams, n_vocab: int) -> None:
         raise InvalidRequest(f"temperature must be >= 0, got {params.temperature}")
     if params.top_k < 0:
         raise InvalidRequest(f"top_k must be >= 0, got {params.top_k}")
+    if params.seed is not None and params.seed < 0:
+        raise InvalidRequest(f"seed must be >= 0, got {params.seed}")
     if not 0.0 < params.top_p <= 1.0:
         raise InvalidRequest(f"top_p must be in (0, 1], got {params.top_p}")
     if not 0.0 <= params.min_p <= 1.0:
