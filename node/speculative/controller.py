@@ -82,6 +82,14 @@ class Controller:
         self._n_decoding = 0
         self._this_step: list[tuple[str, int, int]] = []   # (source, drafted, accepted)
 
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(self._sources)
+
+    def source(self, name: str) -> DraftSource | None:
+        state = self._sources.get(name)
+        return state.source if state is not None else None
+
     # -- Speculator -------------------------------------------------------------------------
 
     def calibrate(self, measure: Callable[[int, int], float]) -> None:
