@@ -61,9 +61,10 @@ class Draft:
 class Speculator(Protocol):
     """The engine's one draft hook; every method runs on the engine thread and must be fast."""
 
-    def calibrate(self, measure: Callable[[int, int], float]) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
         """Called once before the first step: `measure(n_seqs, k)` is the seconds of a decode
-        of n_seqs sequences with k draft tokens each (logits on every token)."""
+        of n_seqs sequences with k draft tokens each (logits on every token), or None once a
+        request is waiting: calibration must then stop and make do with what it has."""
 
     def begin(self, seq: DraftSeq) -> None:
         """A sequence starts decoding."""

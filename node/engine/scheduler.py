@@ -295,7 +295,12 @@ class Scheduler:
         self._hook("calibrate", self._measure)
         self._ctx.clear()
 
-    def _measure(self, n_seqs: int, k: int) -> float:
+    def _measure(self, n_seqs: int, k: int) -> float | None:
+        """Seconds of one decode of n_seqs sequences with k drafts each; None once requests wait
+        (calibration gives way to them)."""
+        with self._lock:
+            if self._queue or self._closing:
+                return None
         n_seqs = max(1, min(n_seqs, self._limits.n_parallel, self._batch.capacity // (k + 1)))
         filler = self._model.info.bos if self._model.info.bos is not None else 1
         self._batch.clear()

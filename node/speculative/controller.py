@@ -92,7 +92,7 @@ class Controller:
 
     # -- Speculator -------------------------------------------------------------------------
 
-    def calibrate(self, measure: Callable[[int, int], float]) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
         self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft)
 
     def begin(self, seq: DraftSeq) -> None:

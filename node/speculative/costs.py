@@ -20,7 +20,7 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-PROBE_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 17, 24, 32, 48, 68)
+PROBE_SIZES = (1, 2, 3, 5, 9, 17, 32, 68)
 REPEATS = 3
 SCALE_EMA = 0.05
 
@@ -51,8 +51,10 @@ class CostCurve:
         self.intercept, self.slope = max(intercept, 1e-5), slope
         self.points, self.measured, self.scale = dict(points), True, 1.0
 
-    def calibrate(self, measure: Callable[[int, int], float], n_parallel: int, max_draft: int) -> None:
-        """`measure(n_seqs, k)`: seconds of one decode of n_seqs sequences with k drafts each."""
+    def calibrate(self, measure: Callable[[int, int], float | None], n_parallel: int, max_draft: int) -> None:
+        """`measure(n_seqs, k)`: seconds of one decode of n_seqs sequences with k drafts each, or
+        None when requests are waiting: then what was measured so far is used (or the default
+        line), and the online scale does the rest."""
         if self.fixed:
             return
         largest = n_parallel * (1 + max_draft)
@@ -64,11 +66,17 @@ class CostCurve:
                 shapes[size] = (1, size - 1)
             elif size % n_parallel == 0 and size // n_parallel - 1 <= max_draft:
                 shapes[size] = (n_parallel, size // n_parallel - 1)
-        measure(1, 0)  # warm-up: first use of the buffers
-        points = {size: float("inf") for size in shapes}
-        for _ in range(REPEATS):  # rounds over every size: a burst of load touches all of them alike
-            for size, (n_seqs, k) in shapes.items():
-                points[size] = min(points[size], measure(n_seqs, k))
+        points: dict[int, float] = {}
+        if measure(1, 0) is not None:  # warm-up: first use of the buffers
+            for _ in range(REPEATS):  # rounds over every size: a burst of load touches all of them alike
+                for size, (n_seqs, k) in shapes.items():
+                    seconds = measure(n_seqs, k)
+                    if seconds is None:
+                        break
+                    points[size] = min(points.get(size, seconds), seconds)
+                else:
+                    continue
+                break
         if len(points) >= 2:
             self.fit(points)
             log.info("verify cost curve: %.1f ms + %.2f ms per token (measured: %s)", self.intercept * 1000,

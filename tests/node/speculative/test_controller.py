@@ -66,6 +66,16 @@ def test_cost_curve_calibrates_from_measured_steps():
     assert abs(curve.seconds(68) - 0.078) < 1e-9
 
 
+def test_calibration_gives_way_to_waiting_requests():
+    answers = iter([0.01, 0.011, 0.012, 0.014, None])
+    curve = CostCurve()
+    curve.calibrate(lambda n_seqs, k: next(answers), n_parallel=4, max_draft=16)
+    assert curve.measured and set(curve.points) == {1, 2, 3}  # the warm-up, then three sizes
+    waiting = CostCurve()
+    waiting.calibrate(lambda n_seqs, k: None, n_parallel=4, max_draft=16)
+    assert not waiting.measured and waiting.seconds(1) > 0
+
+
 def test_good_drafts_grow_long_and_bad_ones_stop():
     controller = Controller([Fixed("good", tuple(range(16)))], ControllerConfig(max_draft=16), costs=linear())
     lengths = run(controller, 60, lambda n: n)
