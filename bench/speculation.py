@@ -229,9 +229,13 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     lines = []
     try:
+        deadline = time.monotonic() + 60
+        while not controller.costs.measured and time.monotonic() < deadline:  # calibration gives way to requests
+            time.sleep(0.1)
         timed(engine, ["Hello"], 4, False)  # warm-up
         costs = controller.costs
-        print(f"verify cost line: {costs.intercept * 1000:.1f} ms + {costs.slope * 1000:.2f} ms per token")
+        print(f"verify cost line ({'measured' if costs.measured else 'default: calibration did not finish'}): "
+              f"{costs.intercept * 1000:.1f} ms + {costs.slope * 1000:.2f} ms per token")
         for name in args.cases.split(","):
             for line in CASES[name.strip()](engine, args):
                 print(line, flush=True)
