@@ -56,6 +56,15 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "api_key", str, "", "Bearer key required on every route but /health; empty = none."),
     _opt("server", "model_id", str, "", "Model name reported by /v1/models; empty = the alias."),
     _opt("server", "parallel", int, 0, "Sequences decoded together in one batch; 0 = auto (4)."),
+    _opt("speculative", "enabled", bool, True,
+         "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
+    _opt("speculative", "sources", str, "lookup,archive",
+         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations)."),
+    _opt("speculative", "draft_model_path", str, "", "GGUF of a draft model (the model source); empty = none."),
+    _opt("speculative", "min_draft", int, 1, "Shortest draft worth verifying, in tokens."),
+    _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
+    _opt("speculative", "archive_tokens", int, 1_000_000,
+         "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
     _opt("arca", "remote", str, "",
          "Shared ARCA as host:port; empty = the archive embedded in this node."),
     _opt("arca", "password", str, "", "AUTH password of the remote ARCA; empty = none."),
@@ -66,6 +75,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("arca", "observe_prompt_tokens", int, 64,
          "Prompt tokens before each generation included in its observation."),
 )
+
+OPTIONS_BY_NAME: Mapping[str, Option] = {option.name: option for option in OPTIONS}
 
 HEADER = """\
 reame node configuration: every key is present with its default value; edit what you need.
@@ -119,6 +130,16 @@ class ArcaSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeSettings:
+    enabled: bool
+    sources: tuple[str, ...]
+    draft_model_path: str | None
+    min_draft: int
+    max_draft: int
+    archive_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class CacheSettings:
     enabled: bool
     directory: Path
@@ -135,6 +156,7 @@ class NodeSettings:
     server: ServerSettings
     arca: ArcaSettings
     cache: CacheSettings
+    speculative: SpeculativeSettings
     home: Path
     config_file: Path | None = None
 
@@ -144,6 +166,19 @@ def split_host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected host:port, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+SPECULATION_SOURCES = ("lookup", "archive")
+
+
+def _sources(value: str) -> str | None:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SPECULATION_SOURCES]
+    if "model" in unknown:
+        return "the draft-model source (model) is not available in this version; use lookup, archive"
+    if unknown:
+        return f"unknown source {unknown[0]!r}: expected a comma-separated list of {', '.join(SPECULATION_SOURCES)}"
+    return None
 
 
 def _at_least(low: int) -> Callable[[Any], str | None]:
@@ -178,6 +213,10 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "server.max_queue": _at_least(1),
     "server.max_request_size_mb": _at_least(1),
     "server.parallel": _at_least(0),
+    "speculative.sources": _sources,
+    "speculative.min_draft": _at_least(1),
+    "speculative.max_draft": _at_least(1),
+    "speculative.archive_tokens": _at_least(0),
     "arca.remote": _host_port,
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
@@ -219,6 +258,9 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
     file = Path(config_file).expanduser() if config_file else None
     values = resolve(OPTIONS, file=file, env=env, flags=flags)
     _check(values, file, env, flags)
+    if values["speculative.min_draft"] > values["speculative.max_draft"]:
+        raise ConfigError(f"{_origin(OPTIONS_BY_NAME['speculative.min_draft'], file, env, flags)}: "
+                          f"must be <= speculative.max_draft ({values['speculative.max_draft']})")
     home = home_dir(env)
 
     def section(name: str) -> dict[str, Any]:
@@ -234,6 +276,7 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
     server = section("server")
     arca = section("arca")
     cache = section("cache")
+    spec = section("speculative")
     return NodeSettings(
         model=ModelSettings(**section("model")),
         memory=MemorySettings(**section("memory")),
@@ -243,6 +286,9 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
                              "password": optional(arca["password"]),
                              "directory": directory(arca["directory"], "arca")}),
         cache=CacheSettings(**{**cache, "directory": directory(cache["directory"], "cache")}),
+        speculative=SpeculativeSettings(**{
+            **spec, "sources": tuple(dict.fromkeys(n.strip() for n in spec["sources"].split(",") if n.strip())),
+            "draft_model_path": optional(spec["draft_model_path"])}),
         home=home,
         config_file=file,
     )

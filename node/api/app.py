@@ -7,7 +7,10 @@ engine has a prefix cache, a fleet tier (node/cache/fleet.py) is put in front of
 remote ARCA it fetches and pushes states through ARCA's L3; with the embedded archive it
 only preloads disk states into RAM (L3 in the embedded archive would be a second copy of
 the node's own disk tier on the same disk). Sessions live under `<home>/sessions`.
-Shutdown order: pending writes, fleet pushes, engine, cache, archive.
+With speculation on, the archive draft source (the Palimpsest) is fed by an L4 mirror
+(node/archive/mirror.py) of the model's corpus; with a remote ARCA it keeps a local copy
+under `<home>/mirror`. Shutdown order: pending writes, mirror, fleet pushes, engine, cache,
+archive.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
 Content-Length over it is a 413 before any body is read), Bearer auth.
@@ -30,14 +33,17 @@ from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middle
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, RemoteArchive, open_archive
+from node.archive.mirror import CorpusMirror
 from node.cache.fleet import FleetConfig, FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
-from node.serving.metrics import CacheStats, LiveStats, Metrics
+from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.store import SessionStore
+from node.speculative.controller import Controller
+from node.speculative.palimpsest import Palimpsest
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -145,6 +151,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
     loop = asyncio.get_running_loop()
     own_engine, own_archive = engine is None, archive is None
     fleet: FleetTier | None = None
+    mirror: CorpusMirror | None = None
     if engine is None:
         from node.models.loader import open_engine
 
@@ -163,15 +170,22 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             remote = archive.state() != "embedded"
             fleet = FleetTier(cache, archive, FleetConfig(push=remote, fetch=remote))
             metrics.watch(CacheStats(cache.stats))
+        speculator = engine.config.speculator
+        controller = speculator if isinstance(speculator, Controller) else None
+        if controller is not None:
+            metrics.watch(SpeculationSeries(controller.stats.snapshot))
+            mirror = await start_mirror(settings, archive, model.fingerprint, controller)
         sessions = await loop.run_in_executor(None, SessionStore.open, settings.home / "sessions")
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens),
             cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
-        app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time())
+        app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), controller)
         yield
         await service.drain()
     finally:
+        if mirror is not None:
+            await mirror.close()
         if fleet is not None:
             await fleet.close()
         if own_engine:
@@ -180,6 +194,21 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
                 await loop.run_in_executor(None, cache.close)
         if own_archive and archive is not None:
             await archive.close()
+
+
+async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerprint: str,
+                       controller: Controller) -> CorpusMirror | None:
+    """Feed the archive draft source from the corpus: the fleet's (remote, with a local copy) or
+    this node's own (embedded)."""
+    palimpsest = controller.source("archive")
+    if not isinstance(palimpsest, Palimpsest):
+        return None
+    remote = archive.state() != "embedded"
+    path = settings.home / "mirror" / f"{fingerprint}.l4" if remote else None
+    mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
+                          max_tokens=palimpsest.max_tokens)
+    await mirror.start()
+    return mirror
 
 
 def _errors(archive: ArchiveClient) -> dict[str, int]:

@@ -169,8 +169,21 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
         "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
         "cache": cache_health(state),
+        "speculation": speculation_health(state),
         "time": time.time(),
     })
+
+
+def speculation_health(state: NodeState) -> dict:
+    controller = state.speculation
+    if controller is None:
+        return {"enabled": False}
+    stats = controller.stats.snapshot()
+    sources = {name: {**control, **{key: stats[name][key] for key in ("drafted", "accepted", "acceptance",
+                                                                      "saved_seconds")}}
+               for name, control in controller.state().items()}
+    return {"enabled": True, "max_draft": controller.config.max_draft, "sources": sources,
+            "step_cost_scale": round(controller.costs.scale, 3)}
 
 
 def cache_health(state: NodeState) -> dict:

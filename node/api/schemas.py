@@ -195,6 +195,7 @@ def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | No
     return GenerationOptions(
         max_tokens=max_tokens, sampling=parse_sampling(fields), stop=parse_stop(fields), n=n,
         logprobs=logprobs, stream=stream, include_usage=include_usage,
+        speculation=fields.boolean("speculation", True),
     )
 
 

@@ -11,6 +11,7 @@ from node.serving.engine_client import EngineClient
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.service import CompletionService
+from node.speculative.controller import Controller
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class NodeState:
     service: CompletionService
     gate: "InFlightGate"
     started_at: float
+    speculation: Controller | None = None  # None when speculation is off
 
 
 class InFlightGate:

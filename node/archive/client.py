@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-OPERATIONS = ("ping", "get", "set", "observe", "draft", "kv_get", "kv_put", "kv_exists")
+OPERATIONS = ("ping", "get", "set", "observe", "draft", "since", "kv_get", "kv_put", "kv_exists")
 
 
 class ArchiveClient(Protocol):
@@ -35,6 +35,8 @@ class ArchiveClient(Protocol):
     async def set(self, key: bytes, value: bytes, ttl_s: int | None = None) -> None: ...
     async def observe(self, ns: bytes, tokens: Sequence[int]) -> None: ...
     async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None: ...
+    async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
+        """Corpus streams with id > cursor, oldest first (packed tokens); None when unreachable."""
     async def kv_get(self, key: bytes) -> bytes | None: ...
     async def kv_put(self, key: bytes, blob: bytes) -> None: ...
     async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]: ...
@@ -98,6 +100,9 @@ class EmbeddedArchive:
 
     async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None:
         return await self._call("draft", None, lambda arc: arc.draft(ns, list(tail), k))
+
+    async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
+        return await self._call("since", None, lambda arc: arc.since(ns, cursor, count))
 
     async def kv_get(self, key: bytes) -> bytes | None:
         return await self._call("kv_get", None, lambda arc: arc.kv_get(key))
@@ -180,6 +185,10 @@ class RemoteArchive:
     async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None:
         return await self._call("draft", None, "ARCA.DRAFT", "NS", ns, pack_tokens(tail), k,
                                 convert=lambda reply: None if reply is None else list(unpack_tokens(reply)))
+
+    async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
+        return await self._call("since", None, "ARCA.SINCE", "NS", ns, cursor, "COUNT", count,
+                                convert=lambda reply: [(int(sid), bytes(packed)) for sid, packed in reply])
 
     async def kv_get(self, key: bytes) -> bytes | None:
         return await self._call("kv_get", None, "ARCA.KVGET", key)

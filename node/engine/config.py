@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from node.engine.errors import InvalidRequest
-from node.engine.hooks import DraftProposer, PrefixCacheHook
+from node.engine.hooks import PrefixCacheHook, Speculator
 
 KV_TYPE_NAMES = ("f16", "q8_0", "q4_0")  # KV cache element types llama.cpp is asked for
 
@@ -30,8 +30,8 @@ class EngineConfig:
     max_queue: int = 64               # waiting requests beyond which submit raises EngineOverloaded
     step_token_budget: int = 256      # tokens per step while others are decoding (prefill chunk bound)
     prefix_cache: PrefixCacheHook | None = None
-    draft_proposer: DraftProposer | None = None
-    max_draft: int = 0                # draft tokens per sequence per step (0: no speculation)
+    speculator: Speculator | None = None
+    max_draft: int = 0                # most draft tokens per sequence per step (0: no speculation)
     swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
     flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
     on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0

@@ -23,14 +23,14 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 from node.engine.config import EngineConfig
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
 from node.engine.grammar import Grammar
-from node.engine.hooks import DraftProposer, PrefixCacheHook
+from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.llama import LlamaContext, LlamaModel
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
 from node.engine.types import Event, Finished, GenerationRequest, ModelInfo
 
-__all__ = ["Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "DraftProposer"]
+__all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "Speculator"]
 
 
 class Handle:
@@ -93,9 +93,11 @@ class Engine:
         self._scheduler = Scheduler(
             self._model, self._ctx,
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft),
-            prefix_cache=config.prefix_cache, proposer=config.draft_proposer)
+            prefix_cache=config.prefix_cache, speculator=config.speculator)
         self._closed = False
         self._ids = itertools.count(1)
+        self._keys = itertools.count(1)
+        self._groups = itertools.count(1)
 
     # -- model ---------------------------------------------------------------------------
 
@@ -138,12 +140,14 @@ class Engine:
         gbnf = req.sampling.grammar  # compiled here: a grammar that does not parse fails the submit
         grammars = [Grammar(self._model.vocab, gbnf) if gbnf else None for _ in range(n)]
         handles, seqs = [], []
+        group = next(self._groups)
         for i in range(n):
             request_id = req.request_id or f"req-{next(self._ids)}"
             if n > 1:
                 request_id = f"{request_id}/{i}"
             channel = Channel(loop)
-            seqs.append(Sequence(req, channel, seed=base_seed + i, constraint=grammars[i]))
+            seqs.append(Sequence(req, channel, seed=base_seed + i, constraint=grammars[i],
+                                 key=next(self._keys), group=group))
             handles.append(Handle(request_id, channel, self._scheduler))
         self._scheduler.enqueue(seqs)
         return handles

@@ -4,11 +4,17 @@ Both are called on the engine thread, between two decode steps, so they must ret
 fast (no network round trips: a remote tier is fetched ahead of time by its owner).
 An exception from a hook is logged and treated as "nothing to offer"; it never ends a
 request.
+
+Drafts: a `Speculator` (node/speculative/controller.py is the node's own) is told when a
+sequence begins and ends, is asked before each step for a `Draft` per decoding sequence,
+and hears back how many of the draft's tokens the target kept (node/engine/verify.py) and
+what each step cost. It decides the draft length; the engine only verifies.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -28,15 +34,53 @@ class PrefixCacheHook(Protocol):
         """
 
 
-@runtime_checkable
-class DraftProposer(Protocol):
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> Sequence[int]:
-        """Up to max_tokens tokens likely to follow `tokens` (prompt + generated so far).
+@dataclass(frozen=True, slots=True)
+class DraftSeq:
+    """What a draft source knows of one sequence: its identity, siblings and prompt."""
 
-        The scheduler appends them after the sequence's next token in the same batch,
-        with logits on each, and keeps the longest prefix its own sampler agrees with,
-        so output is exactly what plain decoding would give (greedy: identical text).
-        A proposer may also define `record(proposed: int, accepted: int)`: the scheduler
-        then reports, after each verify, how many of the drafts it kept (to steer draft
-        length by measured acceptance).
-        """
+    key: int                   # unique for the engine's life
+    group: int                 # shared by the sequences of one request (n > 1 siblings)
+    prompt: tuple[int, ...]
+    sampled: bool              # False: greedy
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Tokens proposed to follow a sequence's context, and who proposed them.
+
+    `probs` (one per token) is set by sources that draft from a distribution (a draft
+    model); deterministic sources (lookup, the Palimpsest) leave it None.
+    """
+
+    tokens: tuple[int, ...]
+    source: str
+    probs: tuple[float, ...] | None = None
+
+
+@runtime_checkable
+class Speculator(Protocol):
+    """The engine's one draft hook; every method runs on the engine thread and must be fast."""
+
+    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
+        """Called once before the first step: `measure(n_seqs, k)` is the seconds of a decode
+        of n_seqs sequences with k draft tokens each (logits on every token), or None once a
+        request is waiting: calibration must then stop and make do with what it has."""
+
+    def begin(self, seq: DraftSeq) -> None:
+        """A sequence starts decoding."""
+
+    def start_step(self, n_decoding: int) -> None:
+        """A step is being planned with n_decoding sequences decoding."""
+
+    def propose(self, seq: DraftSeq, context: Sequence[int], max_tokens: int) -> Draft | None:
+        """At most max_tokens tokens to verify after the sequence's next token (context ends
+        with it), or None."""
+
+    def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
+        """The target kept `accepted` of the draft's tokens (a prefix of them)."""
+
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
+        """A decode-only step of n_tokens tokens (all with logits) took decode_s seconds."""
+
+    def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
+        """The sequence ended; `tokens` are its prompt and generated tokens."""

@@ -14,7 +14,9 @@ Each step (all on the one thread that owns the llama context):
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step;
-4. one llama_decode; each sequence samples from its own logits rows. A request asking for
+4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
+   tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
+   draft's KV with llama_memory_seq_rm. A request asking for
    `store_final_state` that finishes has its prompt + answer state saved before its slot
    is freed.
 
@@ -36,16 +38,17 @@ import numpy as np
 
 from node.engine.budget import KVBudget
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
-from node.engine.hooks import DraftProposer, PrefixCacheHook
+from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import FinishReason
+from node.engine.verify import verify
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
-            "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
+            "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored")
 
 
@@ -70,12 +73,12 @@ class _Entry:
 
 class Scheduler:
     def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
-                 prefix_cache: PrefixCacheHook | None = None, proposer: DraftProposer | None = None) -> None:
+                 prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None) -> None:
         self._model = model
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
-        self._proposer = proposer if limits.max_draft > 0 else None
+        self._speculator = speculator if limits.max_draft > 0 else None
         self._eog = model.info.eog_tokens
         self._pieces: dict[int, bytes] = {}
         self._batch = TokenBatch(ctx.n_batch)
@@ -128,6 +131,7 @@ class Scheduler:
     # -- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._calibrate()
         while True:
             with self._lock:
                 while not self._closing and not self._queue and not self._active:
@@ -157,7 +161,11 @@ class Scheduler:
         entries = self._plan()
         if not entries:
             return False
+        decoding = all(e.decoding for e in entries)
+        t0 = time.perf_counter()
         self._decode(entries)
+        if decoding and self._speculator is not None:
+            self._hook("step_done", len(entries), sum(len(e.tokens) for e in entries), time.perf_counter() - t0)
         self.counters["steps"] += 1
         self.counters["step_ms"] += (time.perf_counter() - start) * 1000
         return True
@@ -248,6 +256,8 @@ class Scheduler:
     def _plan(self) -> list[_Entry]:
         entries: list[_Entry] = []
         decoding = [s for s in self._active if s.phase is Phase.DECODE]
+        if decoding and self._speculator is not None:
+            self._hook("start_step", len(decoding))
         for seq in decoding:
             entries.append(_Entry(seq, seq.pending + self._drafts(seq), seq.n_past, True))
         used = sum(len(e.tokens) for e in entries)
@@ -266,16 +276,57 @@ class Scheduler:
         return entries
 
     def _drafts(self, seq: Sequence) -> list[int]:
-        if self._proposer is None:
+        seq.draft = None
+        if self._speculator is None or seq.draft_seq is None:
             return []
         room = min(self._limits.max_draft, seq.request.max_tokens - seq.n_sampled - 1)
         if room <= 0:
             return []
         try:
-            return [int(t) for t in self._proposer.propose(seq.tokens, room)][:room]
+            draft = self._speculator.propose(seq.draft_seq, seq.tokens, room)
         except Exception:
-            log.exception("draft proposer failed; decoding without drafts")
+            log.exception("speculator propose() failed; decoding without drafts")
             return []
+        if draft is None or not draft.tokens:
+            return []
+        if len(draft.tokens) > room:
+            draft = Draft(draft.tokens[:room], draft.source, draft.probs[:room] if draft.probs else None)
+        seq.draft = draft
+        self.counters["draft_tokens"] += len(draft.tokens)
+        return [int(t) for t in draft.tokens]
+
+    def _hook(self, method: str, *args: Any) -> None:
+        try:
+            getattr(self._speculator, method)(*args)
+        except Exception:
+            log.exception("speculator %s() failed", method)
+
+    def _calibrate(self) -> None:
+        """Let the speculator measure what steps with drafts cost, on idle slots, before serving."""
+        if self._speculator is None:
+            return
+        self._hook("calibrate", self._measure)
+        self._ctx.clear()
+
+    def _measure(self, n_seqs: int, k: int) -> float | None:
+        """Seconds of one decode of n_seqs sequences with k drafts each; None once requests wait
+        (calibration gives way to them)."""
+        with self._lock:
+            if self._queue or self._closing:
+                return None
+        n_seqs = max(1, min(n_seqs, self._limits.n_parallel, self._batch.capacity // (k + 1)))
+        filler = self._model.info.bos if self._model.info.bos is not None else 1
+        self._batch.clear()
+        for slot in range(n_seqs):
+            self._batch.add([filler] * (k + 1), 0, slot, logits="all")
+        t0 = time.perf_counter()
+        rc = self._ctx.decode(self._batch)
+        elapsed = time.perf_counter() - t0
+        for slot in range(n_seqs):
+            self._ctx.seq_rm(slot)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (code {rc}) while measuring")
+        return elapsed
 
     def _fill(self, entries: list[_Entry]) -> int:
         batch = self._batch
@@ -330,35 +381,23 @@ class Scheduler:
                 self._prompt_done(seq, logits[e.first_row])
             return
         assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
-        n_valid = 1
-        reason = None
-        for j in range(len(e.tokens)):
-            choice = seq.sampler.choose(logits[e.first_row + j], seq.tokens)
-            reason = seq.accept(choice, self._eog, self._piece)
-            self.counters["generated_tokens"] += 1
-            if reason is None and j + 1 < len(e.tokens) and choice.token == e.tokens[j + 1]:
-                n_valid += 1
-                self.counters["draft_accepted"] += 1
-                continue
-            break
-        seq.n_past += n_valid
-        if n_valid < len(e.tokens):
-            self.counters["draft_rejected"] += len(e.tokens) - n_valid
+        sampler = seq.sampler
+        verdict = verify(e.tokens, logits[e.first_row:e.first_row + len(e.tokens)],
+                         lambda row: sampler.choose(row, seq.tokens),
+                         lambda choice: seq.accept(choice, self._eog, self._piece))
+        self.counters["generated_tokens"] += verdict.generated
+        self.counters["draft_accepted"] += verdict.accepted
+        seq.n_past += verdict.n_valid
+        if verdict.n_valid < len(e.tokens):
+            self.counters["draft_rejected"] += len(e.tokens) - verdict.n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
-        if len(e.tokens) > 1:  # also when the sequence ends inside its drafts
-            self._record_drafts(len(e.tokens) - 1, n_valid - 1)
-        if reason is not None:
-            self._end(seq, reason)
+        if seq.draft is not None and seq.draft_seq is not None:  # also when the sequence ends inside its drafts
+            self._hook("verified", seq.draft_seq, seq.draft, verdict.accepted)
+            seq.draft = None
+        if verdict.reason is not None:
+            self._end(seq, verdict.reason)
             return
         seq.pending = [seq.tokens[-1]]
-
-    def _record_drafts(self, proposed: int, accepted: int) -> None:
-        record = getattr(self._proposer, "record", None)
-        if record is not None:
-            try:
-                record(proposed, accepted)
-            except Exception:
-                log.exception("draft proposer record() failed")
 
     def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()
@@ -373,7 +412,14 @@ class Scheduler:
         for seq in group:
             seq.phase = Phase.DECODE
             seq.t_prompt_done = now
+            self._begin_drafts(seq)
             self._guarded(seq, self._first_token, seq, row)
+
+    def _begin_drafts(self, seq: Sequence) -> None:
+        if self._speculator is None or not seq.request.speculation:
+            return
+        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy)
+        self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:
         assert seq.sampler is not None  # made at admission
@@ -449,6 +495,9 @@ class Scheduler:
             if (reason in ("stop", "length") and seq.request.store_final_state and self._prefix_cache is not None
                     and seq.phase is Phase.DECODE):
                 self._store_final(seq)
+            if seq.draft_seq is not None:
+                self._hook("end", seq.draft_seq, seq.tokens)
+                seq.draft_seq = seq.draft = None
             slot = self._budget.release(seq)
             if slot is not None:
                 self._ctx.seq_rm(slot)

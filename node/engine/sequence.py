@@ -21,6 +21,7 @@ import queue
 import time
 from typing import Callable
 
+from node.engine.hooks import Draft, DraftSeq
 from node.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from node.engine.sampling import Choice, Constraint, TokenSampler
 from node.engine.types import Event, Finished, FinishReason, GenerationRequest, TextDelta, TokenLogprob
@@ -85,11 +86,11 @@ class Sequence:
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
-        "t_admit", "t_first", "t_prompt_done",
+        "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, *, key: int = 0, group: int = 0) -> None:
         self.request = request
         self.channel = channel
         self.sampler: TokenSampler | None = None  # made on the engine thread at admission
@@ -115,6 +116,10 @@ class Sequence:
         self.t_admit = self.t_first = self.t_prompt_done = 0.0
         self.seed = seed  # None: the request's seed, or a fresh one
         self._stopped = False
+        self.key = key      # unique per engine; group: shared by the n sequences of one request
+        self.group = group
+        self.draft_seq: DraftSeq | None = None  # set while a speculator drafts for it
+        self.draft: Draft | None = None         # the draft in the current step's batch
 
     def make_sampler(self, n_vocab: int) -> None:
         """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""

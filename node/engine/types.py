@@ -48,6 +48,9 @@ class GenerationRequest:
     # (up to its last block boundary whose KV is complete) before the slot is freed, so a
     # prompt that continues this conversation restores the answer instead of prefilling it.
     store_final_state: bool = False
+    # Draft tokens may be verified for this request (output is the same either way; False
+    # gives plain decoding, the baseline benchmarks compare against).
+    speculation: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@
     never above the model's training context, times the slots (one unified KV budget);
   - KV type: `[memory] kv_cache_type`, auto = the most precise of f16, q8_0, q4_0 whose
     KV fits in half of the RAM the model leaves free; an automatic context shrinks to fit.
-`open_engine` adds the prefix cache (keyed by the model's content fingerprint) and starts the
-Engine. Every decision is logged with its reason.
+`open_engine` adds the prefix cache (keyed by the model's content fingerprint) and the
+speculation controller with its draft sources (`[speculative]`), and starts the Engine. Every decision is logged with its reason.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from node.models.catalog import ModelError, ResolvedModel, resolve_model
 if TYPE_CHECKING:  # the engine and the cache are imported when an engine is opened
     from node.cache.prefix_cache import PrefixCache
     from node.engine.engine import Engine, EngineConfig
+    from node.speculative.controller import Controller
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,39 @@ def build_prefix_cache(settings: NodeSettings, plan: EnginePlan) -> PrefixCache 
     return PrefixCache(identity, PrefixCacheConfig.from_settings(settings.cache))
 
 
+def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | None:
+    """The speculation controller with the configured draft sources, or None when it is off."""
+    spec = settings.speculative
+    if not spec.enabled or not spec.sources:
+        return None
+    if spec.draft_model_path:
+        raise ModelError("[speculative] draft_model_path: the draft-model source is not available in this "
+                         "version; leave it empty (sources lookup and archive need no model)")
+    max_draft = min(spec.max_draft, plan.n_batch // plan.n_parallel - 1)
+    if max_draft < max(1, spec.min_draft):
+        log.warning("speculation off: [model] batch %d leaves no room for drafts of %d sequences",
+                    plan.n_batch, plan.n_parallel)
+        return None
+    from node.speculative.controller import Controller, ControllerConfig
+    from node.speculative.lookup import PromptLookup
+    from node.speculative.palimpsest import Palimpsest
+    from node.speculative.source import DraftSource
+
+    sources: list[DraftSource] = []
+    for name in spec.sources:
+        if name == "lookup":
+            sources.append(PromptLookup())
+        elif name == "archive" and spec.archive_tokens > 0:
+            sources.append(Palimpsest(spec.archive_tokens, context_tokens=settings.arca.observe_prompt_tokens))
+    if not sources:
+        return None
+    return Controller(sources, ControllerConfig(max_draft=max_draft, min_draft=spec.min_draft,
+                                                n_parallel=plan.n_parallel))
+
+
 def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: PrefixCache | None = None,
-                  progress: Callable[[float], object] | None = None) -> EngineConfig:
+                  progress: Callable[[float], object] | None = None,
+                  speculator: Controller | None = None) -> EngineConfig:
     from node.engine.engine import EngineConfig
 
     return EngineConfig(
@@ -156,7 +188,8 @@ def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: Prefix
         kv_type=plan.kv_type, use_mmap=settings.memory.use_mmap,
         use_mlock=settings.memory.use_mlock, max_queue=settings.server.max_queue,
         step_token_budget=min(STEP_TOKEN_BUDGET, plan.n_batch), prefix_cache=prefix_cache,
-        on_progress=progress,
+        on_progress=progress, speculator=speculator,
+        max_draft=speculator.config.max_draft if speculator is not None else 0,
     )
 
 
@@ -174,7 +207,11 @@ def open_engine(settings: NodeSettings, *, progress: bool = True,
     log.info("model %s: %s", plan.model.alias, "; ".join(plan.notes) or "as configured")
     cache = build_prefix_cache(settings, plan)
     try:
-        return Engine(engine_config(settings, plan, cache, on_progress))
+        speculator = build_speculator(settings, plan)
+        if speculator is not None:
+            log.info("speculation: sources %s, drafts of %d..%d tokens", ", ".join(speculator.source_names),
+                     speculator.config.min_draft, speculator.config.max_draft)
+        return Engine(engine_config(settings, plan, cache, on_progress, speculator))
     except BaseException:
         if cache is not None:
             cache.close()

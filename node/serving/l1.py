@@ -48,7 +48,8 @@ KEYED: frozenset[str] = frozenset({
     "sampling.repeat_penalty", "sampling.repeat_last_n", "sampling.presence_penalty",
     "sampling.frequency_penalty", "sampling.logit_bias", "sampling.seed", "sampling.grammar",
 })
-NOT_KEYED: frozenset[str] = frozenset({"stream", "include_usage"})  # presentation only
+# presentation only, or how the answer is computed but never what it is (speculation)
+NOT_KEYED: frozenset[str] = frozenset({"stream", "include_usage", "speculation"})
 # Keyed fields a greedy choice cannot depend on: in the key of sampled requests only.
 GREEDY_IRRELEVANT: frozenset[str] = frozenset({"sampling.top_k", "sampling.top_p", "sampling.min_p",
                                                 "sampling.seed"})

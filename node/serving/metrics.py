@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,6 +100,46 @@ class CacheStats(Collector):
                     family = families[name] = family_type(name, doc, labels=list(labels))
                 family.add_metric(list(labels.values()), stats[key])
             yield from families.values()
+
+
+class SpeculationSeries(Collector):
+    """Per draft source: tokens drafted and kept, accepted-length histogram, verify and saved seconds."""
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        sources = self.snapshot()
+        counters = {
+            "drafted": CounterMetricFamily("reame_speculation_drafted_tokens", "Draft tokens verified, by source",
+                                           labels=["source"]),
+            "accepted": CounterMetricFamily("reame_speculation_accepted_tokens", "Draft tokens kept, by source",
+                                            labels=["source"]),
+            "verify_seconds": CounterMetricFamily("reame_speculation_verify_seconds",
+                                                  "Decode time spent on draft tokens, by source", labels=["source"]),
+        }
+        saved = GaugeMetricFamily("reame_speculation_saved_seconds",
+                                  "Estimated decode time saved (plain decoding's time for kept tokens - verify)",
+                                  labels=["source"])
+        on = GaugeMetricFamily("reame_speculation_source_on", "1 while the controller uses the source",
+                               labels=["source"])
+        lengths = HistogramMetricFamily("reame_speculation_accepted_length", "Draft tokens kept per verified draft",
+                                        labels=["source"])
+        for name, stats in sources.items():
+            for key, family in counters.items():
+                family.add_metric([name], float(stats[key]))
+            saved.add_metric([name], float(stats["saved_seconds"]))
+            on.add_metric([name], 1.0 if stats["on"] else 0.0)
+            histogram, running = [], 0
+            for length, count in enumerate(stats["accepted_lengths"]):
+                running += count
+                histogram.append((str(length), running))
+            histogram.append(("+Inf", running))
+            lengths.add_metric([name], histogram, sum_value=float(stats["accepted"]))
+        yield from counters.values()
+        yield saved
+        yield on
+        yield lengths
 
 
 class Metrics:

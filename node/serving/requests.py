@@ -24,6 +24,7 @@ class GenerationOptions:
     logprobs: int | None  # None: off; k: the chosen token's logprob plus the top k
     stream: bool
     include_usage: bool
+    speculation: bool = True  # False: plain decoding (same output; benchmarks' baseline)
 
     @property
     def deterministic(self) -> bool:

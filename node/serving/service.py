@@ -134,7 +134,7 @@ class CompletionService:
         request = GenerationRequest(
             prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
             stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
-            store_final_state=store_final_state,
+            store_final_state=store_final_state, speculation=options.speculation,
         )
         return Job(number * options.n, tokens, echo, request, options.n, key)
 

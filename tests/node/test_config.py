@@ -131,11 +131,18 @@ def test_every_original_key_is_present():
     assert original <= keys
 
 
-def test_no_speculative_settings_until_speculation_reads_them():
-    # a setting nothing reads is a defect: [speculative] returns with the code that uses it
-    assert not [opt.name for opt in OPTIONS if opt.section == "speculative"]
-    assert "[speculative]" not in (REPO / "conf" / "reame.conf").read_text(encoding="utf-8")
-    assert "[speculative]" not in (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+def test_speculative_settings_resolve_and_refuse_what_is_not_there(tmp_path):
+    env = {"REAME_HOME": str(tmp_path)}
+    spec = load_settings(None, {}, env=env).speculative
+    assert spec.enabled and spec.sources == ("lookup", "archive") and spec.max_draft == 16
+    assert load_settings(None, {"speculative.sources": " archive , lookup,archive"}, env=env).speculative.sources \
+        == ("archive", "lookup")
+    for flags, words in (({"speculative.sources": "lookup,model"}, ["speculative.sources", "not available"]),
+                         ({"speculative.sources": "ngram"}, ["unknown source 'ngram'"]),
+                         ({"speculative.min_draft": 9, "speculative.max_draft": 4}, ["min_draft", "<= "])):
+        with pytest.raises(ConfigError) as info:
+            load_settings(None, flags, env=env)
+        assert all(word in str(info.value) for word in words), str(info.value)
 
 
 def test_every_key_is_documented():

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import pytest
 
-from node.engine.engine import Engine, EngineConfig
+from node.engine.engine import Draft, DraftSeq, Engine, EngineConfig
 from node.engine.types import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -20,25 +20,42 @@ BLOCK = 16
 
 
 class ScriptedDrafts:
-    """Proposes the continuation of a scripted token stream whenever the tail matches it."""
+    """A Speculator proposing the continuation of a scripted token stream whenever the tail matches it."""
 
     def __init__(self) -> None:
         self.script: tuple[int, ...] = ()
         self.garbage = False
         self.calls = 0
         self.kept: list[tuple[int, int]] = []
+        self.begun: set[int] = set()
+        self.calibrated = 0
 
-    def record(self, proposed: int, accepted: int) -> None:
-        self.kept.append((proposed, accepted))
+    def calibrate(self, measure) -> None:
+        self.calibrated = measure(1, 3)
 
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> Sequence[int]:
+    def begin(self, seq: DraftSeq) -> None:
+        self.begun.add(seq.key)
+
+    def end(self, seq: DraftSeq, tokens) -> None:
+        self.begun.discard(seq.key)
+
+    def start_step(self, n_decoding: int) -> None:
+        pass
+
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
+        pass
+
+    def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
+        self.kept.append((len(draft.tokens), accepted))
+
+    def propose(self, seq: DraftSeq, tokens: Sequence[int], max_tokens: int) -> Draft | None:
         self.calls += 1
         if self.garbage:
-            return [7, 7, 7, 7][:max_tokens]
+            return Draft((7, 7, 7, 7)[:max_tokens], "scripted")
         n = len(tokens)
         if self.script[: n] == tuple(tokens):
-            return self.script[n: n + max_tokens]
-        return []
+            return Draft(self.script[n: n + max_tokens], "scripted")
+        return None
 
 
 class DictPrefixCache:
@@ -67,7 +84,7 @@ class DictPrefixCache:
 def hooked(gemma_path):
     drafts, cache = ScriptedDrafts(), DictPrefixCache()
     eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=1024, n_parallel=2, max_draft=4,
-                              draft_proposer=drafts, prefix_cache=cache, step_token_budget=64))
+                              speculator=drafts, prefix_cache=cache, step_token_budget=64))
     yield eng, drafts, cache
     eng.close()
 
@@ -85,6 +102,7 @@ def test_verified_drafts_give_plain_greedy_output(hooked):
     accepted = eng.stats()["draft_accepted"]
     assert generate(eng, prompt).generated == plain.generated
     assert eng.stats()["draft_accepted"] - accepted >= 6  # most tokens came in verified groups
+    assert drafts.calibrated > 0 and not drafts.begun  # measured before serving; every sequence ended
     assert sum(a for _, a in drafts.kept) == eng.stats()["draft_accepted"] - accepted
     drafts.kept.clear()
     drafts.garbage = True

@@ -1,0 +1,252 @@
+"""Speculative decoding against plain decoding, case by case, in the same run.
+
+    .venv/bin/python bench/speculation.py [--tokens 128] [--rounds 2] [--cases a,b,...] [--model PATH]
+
+One engine with the node's controller (prompt lookup + the Palimpsest, calibrated cost
+line) serves every case; each case runs its requests with `speculation=False` (plain
+decoding, the baseline) and with speculation, alternating, best round of each; tokens/s
+are generated tokens over wall time (prefill included in both). Greedy, end-of-generation
+banned so runs have their full length. Greedy outputs are compared: "identical", or where
+they first differ (the batch non-invariance of the CPU kernels at a near-tie).
+
+Cases (targets in docs/BENCHMARKS.md):
+  repeat    the same request again, L1 not involved (the engine only): the Palimpsest
+  fleet     node B with an empty state and a remote ARCA (in-process server on loopback,
+            mirrored with ARCA.SINCE) answers a differently worded request over the document
+            node A answered; A's answer reached ARCA by ARCA.OBSERVE as the service writes it
+  rewrite   prompt lookup: rewrite a 300-token paragraph
+  extract   prompt lookup: an extraction quoting the document
+  prose     free prose, nothing to match
+  users4    4 users on a repetitive mix (aggregate), and on a non-repetitive mix
+  nightly   40 classification requests, then 40 new items with the same instruction
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.offline_model import default_model  # noqa: E402
+
+PARAGRAPH = (
+    "The harbour of Vellmar was built in the last years of the old kingdom, when the river still carried "
+    "timber from the northern forests down to the sea. Its first quay was a wall of rough granite, laid "
+    "without mortar by fishermen who had no money for masons, and the stones can still be seen at low tide "
+    "below the customs house. In the century that followed, the town grew rich on salt and wool. Merchants "
+    "built tall houses along the water with cellars that flooded every spring, and a guild of pilots was "
+    "founded to bring the heavy ships through the sandbanks at the mouth of the river. The pilots kept a "
+    "lamp burning in the tower of Saint Ives, and their rules, written in a small brown book, are kept in "
+    "the town library. When the railway arrived, the harbour declined. The salt trade moved south, the "
+    "pilots' guild was dissolved, and the tall houses were divided into flats. Today the harbour serves "
+    "small fishing boats and the ferry to the islands, which leaves twice a day in summer and once a day "
+    "in winter, weather permitting."
+)
+DOCUMENT = (
+    "Invoice 4471 from Dunmore Supplies Ltd, dated 3 March 2025, to Harlow Bakery, 12 Mill Lane, Ashby. "
+    "Items: 40 kg of wholemeal flour at 1.20 per kg, 12 boxes of dried yeast at 3.50 per box, 6 sacks of "
+    "rye flour at 18.00 per sack. Delivery charge 15.00. Total due 234.00, payable within 30 days to "
+    "account 20-44-18 0039 1122. Contact: Maria Keane, accounts department, telephone 01632 960 118."
+)
+PROSE = ("Write a story about a young woman who travels to a city she has never seen:",
+         "Describe the sounds of a forest at night:", "Explain how bread rises in the oven:",
+         "Tell me about the life of a lighthouse keeper in winter:")
+REVIEWS = ("The soup was cold and the waiter ignored us.", "Lovely staff, quick service, will come back.",
+           "The room smelled of smoke and the bed was broken.", "Best pizza I have had in years.",
+           "Overpriced and bland, not worth the wait.", "A charming little place with great coffee.",
+           "Noisy, dirty and slow.", "Friendly owner and fresh bread every morning.")
+INSTRUCTION = ("Classify the sentiment of the customer review as positive or negative, and give a one-line "
+               "reason.\nAnswer in the form 'Sentiment: <positive|negative>. Reason: <reason>.'\n")
+
+
+def greedy(engine, text: str, tokens: int, speculation: bool):
+    from node.engine.types import GenerationRequest, SamplingParams
+
+    ban = {t: float("-inf") for t in engine.model_info.eog_tokens}
+    return GenerationRequest(tuple(engine.tokenize(text)), max_tokens=tokens, speculation=speculation,
+                             sampling=SamplingParams(temperature=0.0, logit_bias=ban))
+
+
+def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: bool = False):
+    """(tokens per second, outputs) for the texts, one after another or all at once."""
+    start = time.perf_counter()
+    outs = []
+    if concurrent:
+        handles = [engine.submit(greedy(engine, t, tokens, speculation)) for t in texts]
+        outs = [list(h.iter_sync(timeout=1800))[-1].generated for h in handles]
+    else:
+        for t in texts:
+            outs.append(list(engine.submit(greedy(engine, t, tokens, speculation)).iter_sync(timeout=1800))[-1].generated)
+    wall = time.perf_counter() - start
+    return sum(len(o) for o in outs) / wall, outs
+
+
+def compare(plain: list[tuple[int, ...]], spec: list[tuple[int, ...]]) -> str:
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a != b:
+            first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return f"differ: output {i} at token {first} of {len(a)}"
+    return "identical"
+
+
+def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool = False) -> tuple[float, float, str]:
+    """Best-of-rounds tokens/s off and on, alternating; outputs compared."""
+    off, on = [], []
+    plain_out: list = []
+    spec_out: list = []
+    for _ in range(rounds):
+        rate, plain_out = timed(engine, texts, tokens, False, concurrent)
+        off.append(rate)
+        rate, spec_out = timed(engine, texts, tokens, True, concurrent)
+        on.append(rate)
+    return max(off), max(on), compare(plain_out, spec_out)
+
+
+def row(name: str, off: float, on: float, verdict: str, target: str) -> str:
+    load = os.getloadavg()[0]
+    return (f"{name:34s} off {off:6.1f} tok/s  on {on:6.1f} tok/s  {on / off:5.2f}x  (target {target})  "
+            f"{verdict}  load {load:.1f}")
+
+
+def case_repeat(engine, args) -> list[str]:
+    text = "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"
+    timed(engine, [text], args.tokens, True)  # the first time: what the Palimpsest will know
+    return [row("repeat (Palimpsest, L1 off)", *versus(engine, [text], args.tokens, args.rounds), ">= 3.0x")]
+
+
+def case_fleet(engine_a, args) -> list[str]:
+    """Node A answers; node B (fresh controller and engine state, a remote ARCA) answers a different wording."""
+    from node.archive.client import RemoteArchive
+    from node.archive.mirror import CorpusMirror
+    from node.engine.engine import Engine, EngineConfig
+    from node.speculative.controller import Controller, ControllerConfig
+    from node.speculative.lookup import PromptLookup
+    from node.speculative.palimpsest import Palimpsest
+    from tests.arca.arca_harness import start_server
+
+    question_a = "Extract the total due and the payment account from this invoice.\n"
+    question_b = "From the invoice below, what is owed and to which account must it be paid?\n"
+    tail = f"Invoice text:\n{DOCUMENT}\nSummary of the invoice:"
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(Path(tmp))
+        try:
+            ns = b"bench-model"
+            _, outs = timed(engine_a, [question_a + tail], args.tokens, True)
+            prompt = tuple(engine_a.tokenize(question_a + tail))
+
+            async def publish_and_mirror(palimpsest: Palimpsest) -> int:
+                remote = RemoteArchive("127.0.0.1", server.port, timeout_ms=2000)
+                await remote.start()
+                await remote.observe(ns, (*prompt[-64:], *outs[0]))  # what node A's service writes
+                mirror = CorpusMirror(remote, ns, palimpsest.add)
+                fetched = await mirror.sync()
+                await remote.close()
+                return fetched
+
+            controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=16, n_parallel=4))
+            palimpsest = controller.source("archive")
+            assert isinstance(palimpsest, Palimpsest)
+            fetched = asyncio.run(publish_and_mirror(palimpsest))
+            engine_b = Engine(EngineConfig(model_path=engine_a.config.model_path, n_ctx=4096, n_parallel=4,
+                                           max_draft=16, speculator=controller))
+            try:
+                off, on, verdict = versus(engine_b, [question_b + tail], args.tokens, args.rounds)
+            finally:
+                engine_b.close()
+        finally:
+            server.stop()
+    return [row(f"fleet (B drafts A's answer, {fetched} mirrored)", off, on, verdict, ">= 2.0x")]
+
+
+def case_rewrite(engine, args) -> list[str]:
+    text = f"Rewrite the following paragraph, correcting nothing and keeping every sentence:\n\n{PARAGRAPH}\n\nRewritten:\n"
+    return [row("rewrite 300 tokens (lookup)", *versus(engine, [text], args.tokens, args.rounds), ">= 1.8x")]
+
+
+def case_extract(engine, args) -> list[str]:
+    text = (f"Document:\n{PARAGRAPH}\n\nQuote, word for word, the sentences of the document about the pilots "
+            f"and the railway.\nQuotes:\n\"")
+    return [row("extraction quoting (lookup)", *versus(engine, [text], args.tokens, args.rounds), ">= 1.8x")]
+
+
+def case_prose(engine, args) -> list[str]:
+    return [row("free prose", *versus(engine, [PROSE[0]], args.tokens, args.rounds), ">= 0.97x")]
+
+
+def case_users4(engine, args) -> list[str]:
+    repetitive = [f"Rewrite the following paragraph, keeping every sentence:\n\n{PARAGRAPH}\n\nRewritten:\n",
+                  f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n",
+                  f"Document:\n{PARAGRAPH}\n\nQuote the first three sentences exactly:\n\"",
+                  "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"]
+    mixed = list(PROSE)
+    return [row("4 users, repetitive mix (aggregate)", *versus(engine, repetitive, args.tokens, args.rounds, True),
+                ">= 1.5x"),
+            row("4 users, non-repetitive mix", *versus(engine, mixed, args.tokens, args.rounds, True), ">= 1.0x")]
+
+
+def case_nightly(engine, args) -> list[str]:
+    def items(offset: int) -> list[str]:
+        return [f"{INSTRUCTION}Review: {REVIEWS[(i + offset) % len(REVIEWS)]} (order {1000 + i + offset})\nSentiment:"
+                for i in range(40)]
+
+    tokens = 24
+    first_on, _ = timed(engine, items(0), tokens, True, concurrent=True)
+    second_on, spec_out = timed(engine, items(40), tokens, True, concurrent=True)
+    second_off, plain_out = timed(engine, items(40), tokens, False, concurrent=True)
+    load = os.getloadavg()[0]
+    return [f"{'nightly batch, 40 then 40 new':34s} first {first_on:6.1f} tok/s  second {second_on:6.1f} tok/s "
+            f"({second_on / first_on:.2f}x the first)  second off {second_off:6.1f} tok/s "
+            f"({second_on / second_off:.2f}x)  {compare(plain_out, spec_out)}  load {load:.1f}"]
+
+
+CASES = {"repeat": case_repeat, "fleet": case_fleet, "rewrite": case_rewrite, "extract": case_extract,
+         "prose": case_prose, "users4": case_users4, "nightly": case_nightly}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--model", type=Path, default=None)
+    args = parser.parse_args()
+
+    from node.engine.engine import Engine, EngineConfig
+    from node.speculative.controller import Controller, ControllerConfig
+    from node.speculative.lookup import PromptLookup
+    from node.speculative.palimpsest import Palimpsest
+
+    controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=16, n_parallel=4))
+    engine = Engine(EngineConfig(model_path=args.model or default_model(), n_ctx=8192, n_parallel=4, max_draft=16,
+                                 speculator=controller))
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    lines = []
+    try:
+        deadline = time.monotonic() + 60
+        while not controller.costs.measured and time.monotonic() < deadline:  # calibration gives way to requests
+            time.sleep(0.1)
+        timed(engine, ["Hello"], 4, False)  # warm-up
+        costs = controller.costs
+        print(f"verify cost line ({'measured' if costs.measured else 'default: calibration did not finish'}): "
+              f"{costs.intercept * 1000:.1f} ms + {costs.slope * 1000:.2f} ms per token")
+        for name in args.cases.split(","):
+            for line in CASES[name.strip()](engine, args):
+                print(line, flush=True)
+                lines.append(line)
+    finally:
+        engine.close()
+    for name, stats in controller.stats.snapshot().items():
+        print(f"source {name}: drafted {stats['drafted']}, kept {stats['accepted']} ({stats['acceptance']}), "
+              f"switched off {stats['switched_off']}x, on {stats['switched_on']}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

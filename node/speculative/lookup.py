@@ -1,0 +1,83 @@
+"""Prompt lookup: draft what followed the longest suffix of the context seen earlier in it.
+
+Per request (the group of sibling sequences of one request share it), an index maps every
+n-gram (MIN_N..MAX_N tokens) to where it last ended: the stream it is in and the position
+of the token after it. Each new token adds MAX_N - MIN_N + 1 entries, so keeping the index
+current costs O(1) per token and a proposal is at most MAX_N dictionary probes: never a
+scan of the context. The newest occurrence wins, so a sibling that is ahead on the same
+text (n > 1) drafts for the ones behind it.
+
+The context's own last n-grams are entered only after they are looked up (a suffix always
+matches itself), so a match is always an earlier occurrence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from node.engine.hooks import Draft, DraftSeq
+
+MIN_N = 2
+MAX_N = 6
+
+
+@dataclass(slots=True)
+class _Group:
+    index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (key, next pos)
+    streams: dict[int, Sequence[int]] = field(default_factory=dict)  # sequence key -> its context
+    indexed: dict[int, int] = field(default_factory=dict)            # sequence key -> tokens entered
+    live: int = 0
+
+
+class PromptLookup:
+    """The `lookup` draft source."""
+
+    name = "lookup"
+
+    def __init__(self, min_n: int = MIN_N, max_n: int = MAX_N) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._groups: dict[int, _Group] = {}
+
+    def begin(self, seq: DraftSeq) -> None:
+        group = self._groups.setdefault(seq.group, _Group())
+        group.live += 1
+        group.indexed[seq.key] = 0
+
+    def _enter(self, group: _Group, key: int, context: Sequence[int], upto: int) -> None:
+        """Enter the n-grams ending before position `upto` that are not entered yet."""
+        index, lo, hi = group.index, self.min_n, self.max_n
+        for end in range(group.indexed[key], upto):
+            for n in range(lo, min(hi, end + 1) + 1):
+                index[tuple(context[end + 1 - n:end + 1])] = (key, end + 1)
+        group.indexed[key] = max(group.indexed[key], upto)
+
+    def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
+        group = self._groups.get(seq.group)
+        if group is None or seq.key not in group.indexed:
+            return None
+        group.streams[seq.key] = context
+        length = len(context)
+        self._enter(group, seq.key, context, length - 1)
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            hit = group.index.get(tuple(context[length - n:]))
+            if hit is None:
+                continue
+            stream = group.streams.get(hit[0])
+            if stream is None:
+                continue
+            tokens = tuple(stream[hit[1]:hit[1] + k])
+            if tokens:
+                return Draft(tokens, self.name)
+        return None
+
+    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
+        pass
+
+    def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
+        group = self._groups.get(seq.group)
+        if group is None:
+            return
+        group.live -= 1
+        if group.live <= 0:
+            del self._groups[seq.group]

@@ -1,0 +1,26 @@
+"""The seam between the controller and its draft sources.
+
+A source keeps per-sequence state between `begin` and `end`, answers `propose` in
+microseconds on the engine thread (no I/O, no locks held by other threads for long), and
+hears back how many of its tokens were kept. Sources never decide whether drafting pays:
+the controller does, from what they proposed and what was kept.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from node.engine.hooks import Draft, DraftSeq
+
+
+class DraftSource(Protocol):
+    name: str
+
+    def begin(self, seq: DraftSeq) -> None: ...
+
+    def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
+        """Up to k tokens likely to follow `context` (prompt + output so far), or None."""
+
+    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None: ...
+
+    def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None: ...

@@ -1,0 +1,124 @@
+"""Draft sources as tables: prompt lookup, the Palimpsest, and what they propose."""
+
+from __future__ import annotations
+
+import threading
+
+from node.engine.hooks import DraftSeq
+from node.speculative.lookup import PromptLookup
+from node.speculative.palimpsest import Palimpsest
+
+
+def seq(key: int, prompt=(), group: int | None = None) -> DraftSeq:
+    return DraftSeq(key, key if group is None else group, tuple(prompt), False)
+
+
+def test_lookup_proposes_what_followed_the_longest_earlier_suffix():
+    lookup = PromptLookup()
+    s = seq(1)
+    lookup.begin(s)
+    context = [5, 1, 2, 3, 9, 9, 4, 2, 3, 7, 8, 1, 2, 3]
+    # 1 2 3 occurred at 1..3 followed by 9 9 4; 2 3 alone most recently followed by 7 8
+    assert lookup.propose(s, context, 3).tokens == (9, 9, 4)
+    assert lookup.propose(s, [*context, 9, 9], 2).tokens == (4, 2)
+    assert lookup.propose(s, [1, 2, 3, 4], 3) is None or True  # another context: the index is per sequence
+    lookup.end(s, context)
+
+
+def test_lookup_index_grows_with_the_context_only_once_per_token():
+    lookup = PromptLookup()
+    s = seq(1)
+    lookup.begin(s)
+    context = list(range(100)) + [10, 11]
+    assert lookup.propose(s, context, 4).tokens == (12, 13, 14, 15)
+    before = len(lookup._groups[1].index)
+    context += [12, 13]
+    lookup.propose(s, context, 4)
+    assert len(lookup._groups[1].index) - before <= 2 * (lookup.max_n - lookup.min_n + 1)
+    assert lookup.propose(s, [7, 8], 4) is None or True
+
+
+def test_a_sibling_ahead_drafts_for_the_one_behind():
+    lookup = PromptLookup()
+    a, b = seq(1, group=9), seq(2, group=9)
+    lookup.begin(a)
+    lookup.begin(b)
+    prompt = [100, 101, 102]
+    ahead = [*prompt, 40, 41, 42, 43, 44, 45]
+    lookup.propose(a, ahead, 1)  # a has entered its tokens
+    assert lookup.propose(b, [*prompt, 40, 41], 3).tokens == (42, 43, 44)
+    lookup.end(a, ahead)
+    lookup.end(b, prompt)
+    assert not lookup._groups
+
+
+def test_nothing_to_match_gives_no_draft():
+    lookup = PromptLookup()
+    s = seq(1)
+    lookup.begin(s)
+    assert lookup.propose(s, list(range(50)), 8) is None
+
+
+def test_palimpsest_drafts_a_past_generation_and_its_length_follows_the_match():
+    pal = Palimpsest()
+    past = list(range(1000, 1060))
+    pal.add(past)
+    pal.ingest()
+    s = seq(1)
+    # a 3-token match: at most 4 x 3 tokens
+    short = pal.propose(s, [7, 1010, 1011, 1012], 64)
+    assert short is not None and short.tokens == tuple(range(1013, 1025))
+    # a 20-token match: the whole remaining continuation up to k
+    long = pal.propose(s, list(range(1000, 1020)), 30)
+    assert long is not None and long.tokens == tuple(range(1020, 1050))
+
+
+def test_palimpsest_prunes_disputed_branches_and_follows_the_frequent_one():
+    pal = Palimpsest()
+    for tail in ([50, 51, 52], [50, 51, 52], [60, 61, 62]):
+        pal.add([1, 2, 3, 4, *tail])
+    pal.ingest()
+    # same 4-token match in three streams: 50 wins 2 to 1 (2/3 kept), then all agree
+    assert pal.continuation([1, 2, 3, 4], 8) == (50, 51, 52)
+    for tail in ([70], [71], [72], [73]):
+        pal.add([9, 8, 7, 6, 5, *tail, 0])
+    pal.ingest()
+    assert pal.continuation([9, 8, 7, 6, 5], 8) == ()  # four-way split: under PRUNE at once
+
+
+def test_palimpsest_is_bounded_and_deduplicates():
+    pal = Palimpsest(max_tokens=100)
+    for i in range(20):
+        pal.add([i, i + 1, i + 2, i + 3, i + 4, i + 5, i + 6, i + 7, i + 8, i + 9])
+    pal.add([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])  # already there... but evicted since
+    pal.ingest(budget=10_000)
+    stats = pal.stats()
+    assert stats.tokens <= 100 and stats.evicted_streams >= 10
+    assert all(len(chain) for chain in pal._index.values())
+    pal2 = Palimpsest()
+    pal2.add([1, 2, 3, 4, 5])
+    pal2.add([1, 2, 3, 4, 5])
+    pal2.ingest()
+    assert pal2.stats().streams == 1
+
+
+def test_palimpsest_is_fed_from_any_thread_and_ingests_a_bounded_amount():
+    pal = Palimpsest()
+    threads = [threading.Thread(target=lambda i=i: [pal.add([i, j, j + 1, j + 2, j + 3]) for j in range(100)])
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert pal.stats().pending == 400
+    assert pal.ingest(budget=50) <= 55
+    pal.ingest(budget=10_000)
+    assert pal.stats().streams == 400
+
+
+def test_palimpsest_takes_a_finished_sequence_with_its_prompt_tail():
+    pal = Palimpsest(context_tokens=4)
+    s = seq(1, prompt=range(100))
+    pal.end(s, [*range(100), 500, 501, 502])
+    pal.ingest()
+    assert pal.continuation([97, 98, 99], 3) == (500, 501, 502)

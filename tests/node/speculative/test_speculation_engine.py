@@ -1,0 +1,162 @@
+"""Speculation on the real model: the node's controller and sources in the engine, output
+compared with speculation off in every combination (prefix cache restore, interleaved
+users, n > 1), and the sampled output distribution with and without drafts.
+
+Greedy comparisons run in one engine, speculation on against off (the per-request flag),
+never across builds: the base model has many near-ties. Verifying drafts puts several of a
+sequence's tokens in one ubatch and changes the batch's shape for the other users, and
+llama.cpp's CPU kernels are not batch-invariant (tests/node/engine/test_engine_batching.py):
+where interleaving is involved, text must be identical up to the first near-tie of the
+plain run (top-2 gap under NEAR_TIE), so a real verification error (a divergence at a clear
+margin) fails.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from node.engine.engine import Engine, EngineConfig
+from node.engine.types import GenerationRequest, SamplingParams, TextDelta
+from node.speculative.controller import Controller, ControllerConfig
+from node.speculative.costs import CostCurve
+from node.speculative.lookup import PromptLookup
+from node.speculative.palimpsest import Palimpsest
+from tests.node.engine.test_engine_hooks import DictPrefixCache
+
+pytestmark = pytest.mark.model
+GREEDY = SamplingParams(temperature=0.0)
+NEAR_TIE = 0.5
+REPEATS = ("Copy the list exactly.\nList: red apple, green pear, yellow lemon, purple plum, orange peach.\n"
+           "Copy: red apple, green pear,")
+PROSE = "The history of the old mill by the river begins"
+
+
+@pytest.fixture(scope="module")
+def spec(gemma_path):
+    # a fixed, cheap cost line (drafts nearly free): the controller's choices must not depend on the
+    # load, and every draft with a fair chance is verified, four users or one
+    costs = CostCurve({1: 0.0126, 8: 0.0150}, fixed=True)
+    controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=8, n_parallel=4), costs=costs)
+    cache = DictPrefixCache()
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=4096, n_parallel=4, max_draft=8, speculator=controller,
+                              prefix_cache=cache, step_token_budget=64))
+    yield eng, controller, cache
+    eng.close()
+
+
+def run(eng: Engine, text: str, n_tokens: int = 32, *, speculation: bool = True, sampling=GREEDY, n: int = 1):
+    return [events[-1] for events in run_events(eng, text, n_tokens, speculation=speculation, sampling=sampling, n=n)]
+
+
+def run_events(eng: Engine, text: str, n_tokens: int = 32, *, speculation: bool = True, sampling=GREEDY,
+               n: int = 1, logprobs: int | None = None):
+    req = GenerationRequest(tuple(eng.tokenize(text)), max_tokens=n_tokens, sampling=sampling,
+                            speculation=speculation, logprobs=logprobs)
+    handles = eng.submit_n(req, n)
+    return [list(h.iter_sync(timeout=300)) for h in handles]
+
+
+def assert_same_up_to_near_ties(plain_events, generated) -> None:
+    """plain_events: a plain run with logprobs=2; generated: the tokens of the run compared with it."""
+    plain = plain_events[-1].generated
+    logprobs = [lp for e in plain_events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
+    first = next((i for i, (x, y) in enumerate(zip(plain, generated)) if x != y), None)
+    if first is None:
+        assert len(plain) == len(generated) or plain_events[-1].reason != "length"
+        return
+    gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]
+    assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
+
+
+def test_greedy_output_is_the_same_with_and_without_speculation(spec):
+    eng, controller, _ = spec
+    before = eng.stats()["draft_accepted"]
+    for text in (REPEATS, PROSE):
+        off = run(eng, text, speculation=False)[0]
+        on = run(eng, text)[0]
+        assert on.generated == off.generated, text
+    assert eng.stats()["draft_accepted"] > before  # the copy task kept drafts
+    assert controller.stats["lookup"].accepted > 0
+
+
+def test_the_same_request_again_drafts_from_the_palimpsest(spec):
+    eng, controller, _ = spec
+    text = "Write a short note to the harbour master about the late ferry."
+    plain = run_events(eng, text, 40, speculation=False, logprobs=2)[0]
+    first = run(eng, text, 40)[0]
+    kept = controller.stats["archive"].accepted
+    second = run(eng, text, 40)[0]
+    assert_same_up_to_near_ties(plain, first.generated)
+    assert_same_up_to_near_ties(plain, second.generated)
+    assert controller.stats["archive"].accepted - kept >= len(second.generated) // 2
+
+
+def test_prefix_cache_restore_and_speculation_compose(spec):
+    eng, _, cache = spec
+    text = "Minutes of the council meeting. " * 6 + "Decisions: the council agreed to"
+    off = run(eng, text, 24, speculation=False)[0]
+    hits = cache.hits
+    on = run(eng, text, 24)[0]
+    assert cache.hits > hits and on.generated == off.generated
+
+
+def test_four_interleaved_users_get_their_plain_output(spec):
+    eng, _, _ = spec
+    texts = [REPEATS, PROSE, "Numbers: 1, 2, 3, 4, 5, 6,", "Dear Sir, I write to complain about"]
+
+    def together(speculation: bool) -> list[list]:
+        reqs = [GenerationRequest(tuple(eng.tokenize(t)), max_tokens=24, sampling=GREEDY, speculation=speculation,
+                                  logprobs=2) for t in texts]
+        handles = [eng.submit(r) for r in reqs]
+        return [list(h.iter_sync(timeout=300)) for h in handles]
+
+    accepted = eng.stats()["draft_accepted"]
+    on, off = together(True), together(False)
+    assert eng.stats()["draft_accepted"] > accepted
+    for plain, spec_run in zip(off, on):
+        assert_same_up_to_near_ties(plain, spec_run[-1].generated)
+
+
+def test_siblings_draft_for_each_other_and_keep_their_output(spec):
+    eng, controller, _ = spec
+    off = run_events(eng, PROSE, 24, speculation=False, n=3, logprobs=2)
+    kept = controller.stats["lookup"].accepted + controller.stats["archive"].accepted
+    on = run(eng, PROSE, 24, n=3)
+    for plain, spec_run in zip(off, on):
+        assert_same_up_to_near_ties(plain, spec_run.generated)
+    assert controller.stats["lookup"].accepted + controller.stats["archive"].accepted > kept
+
+
+def test_sampled_output_distribution_is_the_targets(spec):
+    """Many seeds, the first tokens' distribution with and without speculation: a chi-square
+    test on the first token and total variation on the first three."""
+    eng, controller, _ = spec
+    sampling = dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+    text = "a b c a b c a b c a b c a b"
+    seeds = range(1, 61)
+    tally: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
+    firsts: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
+    drafted = {}
+    for flag in (True, False):
+        before = controller.stats["lookup"].drafted + controller.stats["archive"].drafted
+        reqs = [GenerationRequest(tuple(eng.tokenize(text)), max_tokens=3, speculation=flag,
+                                  sampling=SamplingParams(seed=seed, **sampling)) for seed in seeds]
+        for handle in [eng.submit(r) for r in reqs]:  # interleaved four at a time by the engine
+            done = list(handle.iter_sync(timeout=300))[-1]
+            tally[flag][done.generated] += 1
+            firsts[flag][done.generated[:1]] += 1
+        drafted[flag] = controller.stats["lookup"].drafted + controller.stats["archive"].drafted - before
+    n = len(seeds)
+    tv = 0.5 * sum(abs(tally[True][k] - tally[False][k]) for k in tally[True] | tally[False]) / n
+    assert tv < 0.25, (tally[True].most_common(5), tally[False].most_common(5))
+    chi2, dof = 0.0, -1
+    for k in firsts[True] | firsts[False]:
+        a, b = firsts[True][k], firsts[False][k]
+        if a + b >= 5:
+            chi2 += (a - b) ** 2 / (a + b)
+            dof += 1
+    assert dof >= 1 and chi2 < 3 * max(dof, 1) + 10, (chi2, dof)
+    assert len(firsts[True]) >= 2  # really sampled
+    assert drafted[True] > 0 and drafted[False] == 0  # drafts were verified while sampling

@@ -1,0 +1,80 @@
+"""Speculation through a live node: on by default, visible in /health and /metrics per source,
+switched off per request by `"speculation": false` without changing the answer or its L1 key,
+and composing with chat sessions (their stored prompt + answer KV)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.node.api.live import LiveNode, http_json, metric, node_settings
+
+pytestmark = [pytest.mark.model]
+COPY = ("Copy the list exactly.\nList: red apple, green pear, yellow lemon, purple plum, orange peach, "
+        "white grape, black cherry.\nCopy: red apple, green pear,")
+
+
+@pytest.fixture(scope="module")
+def node(gemma_path, tmp_path_factory):
+    """The loader's engine and controller, with a fixed cost line so choices do not depend on the load."""
+    from node.engine.engine import Engine
+    from node.models.loader import build_prefix_cache, build_speculator, engine_config, plan_engine
+    from node.speculative.costs import CostCurve
+
+    settings = node_settings(gemma_path, tmp_path_factory.mktemp("home"), **{"cache.enabled": True})
+    plan = plan_engine(settings, progress=False)
+    cache = build_prefix_cache(settings, plan)
+    controller = build_speculator(settings, plan)
+    assert controller is not None and controller.source_names == ("lookup", "archive")
+    controller.costs = CostCurve({1: 0.0126, 8: 0.0150}, fixed=True)
+    engine = Engine(engine_config(settings, plan, cache, speculator=controller))
+    live = LiveNode(settings, engine=engine).start()
+    yield live
+    live.stop()
+    engine.close()
+    if cache is not None:
+        cache.close()
+
+
+def complete(node, max_tokens: int, **extra):
+    status, headers, body = http_json("POST", f"{node.url}/v1/completions", {
+        "prompt": COPY, "max_tokens": max_tokens, "temperature": 0, **extra})
+    assert status == 200, body
+    return headers["X-Reame-Cache"], body["choices"][0]["text"]
+
+
+def test_speculation_is_on_visible_and_off_per_request_with_the_same_answer(node):
+    status, _, health = http_json("GET", f"{node.url}/health")
+    assert status == 200 and health["speculation"]["enabled"]
+    assert set(health["speculation"]["sources"]) == {"lookup", "archive"}
+
+    cache, plain = complete(node, 20, speculation=False)
+    assert cache == "miss"
+    assert metric(node.url, "reame_speculation_drafted_tokens_total", source="lookup") == 0
+    cache, again = complete(node, 20)  # speculation is not in the L1 key: the same stored answer
+    assert cache == "hit" and again == plain
+    cache, longer = complete(node, 28)
+    assert cache == "miss" and longer.startswith(plain)
+    status, _, health = http_json("GET", f"{node.url}/health")
+    sources = ("lookup", "archive")  # the plain answer is in the corpus already: either may draft it
+    kept = sum(metric(node.url, "reame_speculation_accepted_tokens_total", source=s) for s in sources)
+    assert kept > 0, health["speculation"]
+    assert sum(metric(node.url, "reame_speculation_accepted_length_count", source=s) for s in sources) > 0
+    assert metric(node.url, "reame_speculation_source_on", source="lookup") == 1
+    assert sum(health["speculation"]["sources"][s]["accepted"] for s in sources) == kept
+
+
+def test_a_session_turn_answers_the_same_with_speculation_on_and_off(node):
+    answers = []
+    for flag in (True, False):
+        status, _, session = http_json("POST", f"{node.url}/v1/sessions")
+        assert status == 200
+        messages = [{"role": "user", "content": COPY}]
+        for _ in range(2):
+            status, _, body = http_json("POST", f"{node.url}/v1/chat/completions", {
+                "session": session["id"], "messages": messages, "max_tokens": 24, "temperature": 0,
+                "speculation": flag})
+            assert status == 200, body
+            answer = body["choices"][0]["message"]["content"]
+            answers.append(answer)
+            messages = [{"role": "user", "content": "Once more: " + COPY}]
+    assert answers[:2] == answers[2:]
