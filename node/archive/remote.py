@@ -67,7 +67,6 @@ class RemoteArchive:
         import redis.exceptions as redis_errors
 
         self._reply_error = redis_errors.ResponseError
-        self._reported: str | None = None
 
     # -- first contact ----------------------------------------------------------------------
 
@@ -119,19 +118,13 @@ class RemoteArchive:
         except self._transport_errors as exc:
             self.counters.error(operation)
             reason = describe_failure(exc)
-            self._report(reason)
+            self.servers.report(reason)
             breaker.failed(ArchiveUnavailable(reason))
             if raising:
                 raise ArchiveUnavailable(f"archive {self.name} is unreachable: {reason}") from None
             return default
         breaker.succeeded()
         return reply
-
-    def _report(self, reason: str) -> None:
-        """Credentials and certificates are configuration mistakes: say so once, as an error."""
-        if ("credentials" in reason or "TLS" in reason) and reason != self._reported:
-            self._reported = reason
-            log.error("archive %s: %s", self.name, reason)
 
     @property
     def _redis(self) -> bool:

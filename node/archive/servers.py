@@ -58,6 +58,8 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, errors.AuthenticationError) or "WRONGPASS" in text or "NOAUTH" in text:
         return f"credentials refused ({text}); check [arca] password or the URL's user:password@"
     if isinstance(exc, ssl.SSLError) or isinstance(cause, ssl.SSLError) or "SSL" in text or "certificate" in text:
+        if "DENIED" in text:  # an ARCA asking for this node's certificate
+            return f"TLS client certificate refused ({text}); set [arca] tls_cert_file and tls_key_file"
         return f"TLS handshake failed ({text}); check the certificates ([arca] tls_* keys)"
     return text
 
@@ -77,15 +79,26 @@ class Servers:
     breaker: Breaker
     timeout: float
     on_contact: Callable[[], Awaitable[None]] | None = None  # after each successful probe
+    _reported: str | None = None
+
+    def report(self, reason: str) -> None:
+        """Credentials and certificates are configuration mistakes: say so once, as an error."""
+        if ("credentials" in reason or "TLS" in reason) and reason != self._reported:
+            self._reported = reason
+            log.error("archive %s: %s", self.name, reason)
 
     async def _probe(self, breaker: Breaker, ping: Callable[[], Awaitable[Any]]) -> bool:
+        import redis.exceptions as errors
+
         try:
             async with asyncio.timeout(self.timeout * 2):
                 await ping()
                 if self.on_contact is not None:
                     await self.on_contact()
-        except transport_errors() as exc:
-            breaker.failed(ArchiveUnavailable(describe_failure(exc)))
+        except (*transport_errors(), errors.ResponseError) as exc:  # an error for PING: not usable either
+            reason = describe_failure(exc)
+            self.report(reason)
+            breaker.failed(ArchiveUnavailable(reason))
             return False
         breaker.succeeded()
         return True
