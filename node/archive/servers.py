@@ -90,12 +90,13 @@ class Servers:
     async def _probe(self, breaker: Breaker, ping: Callable[[], Awaitable[Any]]) -> bool:
         import redis.exceptions as errors
 
+        failures = (*transport_errors(), errors.ResponseError)  # an error for PING: not usable either
         try:
             async with asyncio.timeout(self.timeout * 2):
                 await ping()
                 if self.on_contact is not None:
                     await self.on_contact()
-        except (*transport_errors(), errors.ResponseError) as exc:  # an error for PING: not usable either
+        except failures as exc:
             reason = describe_failure(exc)
             self.report(reason)
             breaker.failed(ArchiveUnavailable(reason))
