@@ -90,7 +90,7 @@ class Servers:
     async def _probe(self, breaker: Breaker, ping: Callable[[], Awaitable[Any]]) -> bool:
         import redis.exceptions as errors
 
-        failures = (*transport_errors(), errors.ResponseError)  # an error for PING: not usable either
+        failures: tuple[type[BaseException], ...] = (*transport_errors(), errors.ResponseError)  # PING refused: unusable
         try:
             async with asyncio.timeout(self.timeout * 2):
                 await ping()
