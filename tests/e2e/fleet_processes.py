@@ -68,16 +68,18 @@ class FleetProcesses:
 
     # ---------------------------------------------------------------- nodes
 
-    def start_node(self, name: str, *, arca: bool = True, wait: bool = True) -> str:
+    def start_node(self, name: str, *, arca: bool = True, remote: str | None = None, wait: bool = True) -> str:
+        """A node on this fleet's ARCA; `remote` points it elsewhere instead (a URL without
+        the password), `arca=False` gives it its own embedded archive."""
         port = free_port()
         home = self.base / name
         env = {"REAME_HOME": str(home), "REAME_CACHE_ENABLED": "true", "REAME_MEMORY_KV_CACHE_TYPE": "f16",
                "REAME_SPECULATIVE_ENABLED": "false", "REAME_ARCA_TIMEOUT_MS": "2000",
-               "REAME_ARCA_PASSWORD": PASSWORD, "REAME_SERVER_API_KEY": API_KEY, **self.node_env}
+               "REAME_ARCA_PASSWORD": "" if remote else PASSWORD, "REAME_SERVER_API_KEY": API_KEY, **self.node_env}
         args = ["run", str(self.model), "--serve", "--port", str(port), "--ctx", str(self.ctx),
                 "--parallel", str(self.parallel), "--threads", str(self.threads)]
-        if arca:
-            args += ["--arca", self.arca_address]
+        if remote or arca:
+            args += ["--arca", remote or self.arca_address]
         self.node_processes[name] = reame(*args, env=env, log=self.base / f"node-{name}.log")
         self.processes.append(self.node_processes[name])
         url = f"http://127.0.0.1:{port}"

@@ -2,9 +2,9 @@
 nodes with a bearer key, and HAProxy (deploy/haproxy/haproxy.cfg) in front.
 
 Through the balancer a question asked twice is an L1 hit whichever node answers; a document
-warmed through node A is an L3 hit on node B (restored from ARCA, not prefilled); the
-balancer checks the nodes on /health, takes a stopped node out and sends everything to the
-other. The compose file itself is validated by tests/e2e/test_compose.py.
+warmed through node A is an L3 hit on node B (restored from ARCA, not prefilled); a session
+begun on node A continues on node B (sessions live in ARCA, their KV in L3); the balancer
+checks the nodes on /health, takes a stopped node out and sends everything to the other. The compose file itself is validated by tests/e2e/test_compose.py.
 """
 
 from __future__ import annotations
@@ -75,6 +75,30 @@ def test_a_document_warmed_through_one_node_is_an_l3_hit_on_the_other(fleet):
     fleet.chat(node_b, [{"role": "system", "content": DOC}, {"role": "user", "content": "Which jam is on shelf 9?"}])
     assert fleet.metric(node_b, "reame_prefix_cache_hits_total", tier="fleet") == 1
     assert fleet.metric(node_b, RESTORED) == warmed["stored_tokens"]
+
+
+def test_a_session_continues_on_the_other_node(fleet):
+    """Sessions live in ARCA: a turn on node B continues what node A answered, and its KV
+    (node A's final state of turn 1) comes from L3 instead of a prefill."""
+    node_a, node_b = fleet.nodes["a"], fleet.nodes["b"]
+    status, _, session = http_json("POST", f"{node_a}/v1/sessions", {}, headers=AUTH)
+    assert status == 200, session
+    pushes = fleet.metric(node_a, "reame_prefix_cache_fleet_pushes_total")
+    fleet.chat(node_a, [{"role": "user", "content": "My dog is called Biscuit. " + DOC}], session=session["id"])
+    wait_for(lambda: fleet.metric(node_a, "reame_prefix_cache_fleet_pushes_total") > pushes, 30, "turn 1's state in L3")
+
+    fleet_hits = fleet.metric(node_b, "reame_prefix_cache_hits_total", tier="fleet")
+    headers, _ = fleet.chat(node_b, [{"role": "user", "content": "What is my dog called?"}], session=session["id"])
+    assert headers["x-reame-session"] == session["id"]
+    assert fleet.metric(node_b, "reame_prefix_cache_hits_total", tier="fleet") == fleet_hits + 1
+    for url in (node_a, node_b):
+        status, _, shown = http_json("GET", f"{url}/v1/sessions/{session['id']}", headers=AUTH)
+        assert status == 200 and shown["messages"] == 4, shown
+        assert shown["history"][0]["content"].startswith("My dog is called Biscuit.")
+        assert shown["history"][2]["content"] == "What is my dog called?"
+
+    fleet.chat(fleet.balancer, [{"role": "user", "content": "And what colour is he?"}], session=session["id"])
+    assert http_json("GET", f"{fleet.balancer}/v1/sessions/{session['id']}", headers=AUTH)[2]["messages"] == 6
 
 
 def test_a_stopped_node_leaves_the_rotation(fleet):
