@@ -110,46 +110,59 @@ def run(args: argparse.Namespace) -> None:
         fleet.start_node("c", arca=False, wait=False)
         for name in fleet.nodes:
             fleet.wait_node(name)
-        node_a, node_b, cold = fleet.nodes["a"], fleet.nodes["b"], fleet.nodes["c"]
         fleet.start_balancer()
-        for url in (node_a, node_b, cold):  # page the weights in, outside the timings
-            streamed(url, [{"role": "user", "content": "Hello."}], 2)
-        for number in range(args.rounds):
-            doc = round_document(number, args.lines)
-            question = f"Question {number + 1}: in week {number + 3}, what happened on Monday? Answer:"
-            ttft, total, expected, _ = streamed(cold, ask(doc, question), args.max_tokens)
-            rows["baseline"].append((ttft, total))
-            answers, pushes = fleet.redis().dbsize(), pushed(fleet, node_a)
-            streamed(node_a, ask(doc, question), args.max_tokens)
-            # node A's L1 write and L3 push happen off the request path: wait for both
-            fleet.wait_archived(answers + 1)
-            wait_for(lambda: pushed(fleet, node_a) > pushes, 30, "node A's L3 push")
-            ttft, total, text, headers = streamed(node_b, ask(doc, question), args.max_tokens)
-            assert headers.get("x-reame-cache") == "hit", headers
-            rows["ARCA"].append((ttft, total))
-            if text != expected:
-                notes.append(f"round {number}: node B's answer differs from the cold node's (near-ties)")
-
-            other = round_document(100 + number, args.lines)
-            answers = fleet.redis().dbsize()
-            _, _, _, first = streamed(fleet.balancer, ask(other, question), args.max_tokens)
-            fleet.wait_archived(answers + 1)
-            ttft, total, _, second = streamed(fleet.balancer, ask(other, question), args.max_tokens)
-            assert second.get("x-reame-cache") == "hit", second
-            rows["balancer"].append((ttft, total))
-            notes.append(f"round {number}: balancer asks answered by {first.get('x-reame-node')} then "
-                         f"{second.get('x-reame-node')}")
-
-            fresh = f"Question {number + 50}: in week {number + 9}, what happened on Friday? Answer:"
-            ttft, total, _, _ = streamed(node_b, ask(doc, fresh), args.max_tokens)
-            rows["L3"].append((ttft, total))
-            loads.append(os.getloadavg()[0])
-        l3_hits = fleet.metric(node_b, "reame_prefix_cache_hits_total", tier="fleet")
-        if shutil.which("redis-server") and shutil.which("redis-cli"):
-            rows["cluster"] = through_cluster(fleet, Path(scratch) / "cluster", args, loads)
-        else:
-            notes.append("Redis Cluster line skipped: redis-server / redis-cli not installed")
+        try:
+            l3_hits = measure(fleet, args, rows, notes, loads)
+        except Exception:
+            print(fleet.log_tails(), file=sys.stderr)
+            raise
     report(rows, notes, loads, l3_hits, args)
+
+
+def measure(fleet: FleetProcesses, args: argparse.Namespace, rows: dict[str, list[tuple[float, float]]],
+            notes: list[str], loads: list[float]) -> float:
+    """Every line's rounds into `rows`; returns node B's L3 restores."""
+    node_a, node_b, cold = fleet.nodes["a"], fleet.nodes["b"], fleet.nodes["c"]
+    for url in (node_a, node_b, cold):  # page the weights in, outside the timings
+        streamed(url, [{"role": "user", "content": "Hello."}], 2)
+    for number in range(args.rounds):
+        doc = round_document(number, args.lines)
+        question = f"Question {number + 1}: in week {number + 3}, what happened on Monday? Answer:"
+        ttft, total, expected, _ = streamed(cold, ask(doc, question), args.max_tokens)
+        rows["baseline"].append((ttft, total))
+        answers, pushes = fleet.redis().dbsize(), pushed(fleet, node_a)
+        streamed(node_a, ask(doc, question), args.max_tokens)
+        # node A's L1 write and L3 push happen off the request path: wait for both
+        fleet.wait_archived(answers + 1)
+        wait_for(lambda: pushed(fleet, node_a) > pushes, 30, "node A's L3 push")
+        ttft, total, text, headers = streamed(node_b, ask(doc, question), args.max_tokens)
+        assert headers.get("x-reame-cache") == "hit", headers
+        rows["ARCA"].append((ttft, total))
+        if text != expected:
+            notes.append(f"round {number}: node B's answer differs from the cold node's (near-ties)")
+
+        other = round_document(100 + number, args.lines)
+        answers = fleet.redis().dbsize()
+        _, _, text, first = streamed(fleet.balancer, ask(other, question), args.max_tokens)
+        print(f"round {number}: first ask through the balancer: {first.get('x-reame-cache')} from "
+              f"{first.get('x-reame-node')}, {text!r}", file=sys.stderr, flush=True)
+        fleet.wait_archived(answers + 1)
+        ttft, total, _, second = streamed(fleet.balancer, ask(other, question), args.max_tokens)
+        assert second.get("x-reame-cache") == "hit", second
+        rows["balancer"].append((ttft, total))
+        notes.append(f"round {number}: balancer asks answered by {first.get('x-reame-node')} then "
+                     f"{second.get('x-reame-node')}")
+
+        fresh = f"Question {number + 50}: in week {number + 9}, what happened on Friday? Answer:"
+        ttft, total, _, _ = streamed(node_b, ask(doc, fresh), args.max_tokens)
+        rows["L3"].append((ttft, total))
+        loads.append(os.getloadavg()[0])
+    l3_hits = fleet.metric(node_b, "reame_prefix_cache_hits_total", tier="fleet")
+    if shutil.which("redis-server") and shutil.which("redis-cli"):
+        rows["cluster"] = through_cluster(fleet, fleet.base / "cluster", args, loads)
+    else:
+        notes.append("Redis Cluster line skipped: redis-server / redis-cli not installed")
+    return l3_hits
 
 
 def through_cluster(fleet: FleetProcesses, directory: Path, args: argparse.Namespace,

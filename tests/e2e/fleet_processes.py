@@ -57,7 +57,16 @@ class FleetProcesses:
                                   env={"REAME_ARCA_PASSWORD": PASSWORD}, log=self.base / "arca.log")
         self.processes.append(self.arca_process)
         client = self.redis()
-        wait_for(lambda: client.ping(), 30, "ARCA to answer PING")
+
+        def answers() -> bool:
+            if self.arca_process is not None and self.arca_process.poll() is not None:
+                raise AssertionError(f"ARCA exited: {(self.base / 'arca.log').read_text()[-2000:]}")
+            try:
+                return bool(client.ping())
+            except redis.RedisError:  # not listening yet
+                return False
+
+        wait_for(answers, 60, "ARCA to answer PING")
 
     def redis(self) -> redis.Redis:
         return redis.Redis(port=self.arca_port, password=PASSWORD, socket_timeout=2)
@@ -129,7 +138,14 @@ class FleetProcesses:
         return metric(url, name, headers=AUTH, **labels)
 
     def wait_archived(self, count: int) -> None:
-        wait_for(lambda: self.redis().dbsize() >= count, 15, f"{count} answers in ARCA")
+        wait_for(lambda: self.redis().dbsize() >= count, 60, f"{count} answers in ARCA")
+
+    def log_tails(self, lines: int = 12) -> str:
+        """The last lines of every process's log, for a failure report."""
+        out = []
+        for path in sorted(self.base.glob("*.log")):
+            out.append(f"== {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(out)
 
     # ---------------------------------------------------------------- lifetime
 
