@@ -1,15 +1,15 @@
 """ARCA sizing: RAM and disk per 1,000 answers (L1 with their L4 observations) and per L3 prefix.
 
-    .venv/bin/python bench/arca_sizing.py [--answers 20] [--replay 1000] [--documents 3] [--model PATH]
+    .venv/bin/python bench/arca_sizing.py [--answers 6] [--answer-tokens 32] [--replay 1000] [--documents 2] [--lines 28] [--model PATH]
 
 A real `reame arca` process and one node pointed at it (tests/e2e/fleet_processes.py):
-  1. the node answers `--answers` distinct greedy chat questions (64 tokens each): real L1
+  1. the node answers `--answers` distinct greedy chat questions (`--answer-tokens` each): real L1
      entries and real L4 observations in ARCA;
   2. those entries are read back (SCAN, GET; ARCA.SINCE) and written again `--replay` times
      under new keys of the same length (SET, ARCA.OBSERVE), so the 1,000 answers have the
      sizes real ones have;
-  3. the node warms `--documents` documents of ~2,000 tokens (POST /v1/warm): one L3 prefix
-     each, pushed to ARCA.
+  3. the node warms `--documents` documents (bench/fleet.py's, `--lines` lines: ~500 tokens
+     by default) with POST /v1/warm: one L3 prefix each, pushed to ARCA.
 After each step ARCA's resident memory (VmRSS of the process) and its directory on disk
 (archive.db with its WAL, after a checkpoint) are read; the deltas are printed per 1,000
 answers and per prefix (and per 1,000 prefix tokens). No target: these size a deployment.
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> None:
 
         for i in range(args.answers):
             fleet.chat(node, [{"role": "user", "content": f"Write note {i} about the {i}th crate of apples."}],
-                       max_tokens=64)
+                       max_tokens=args.answer_tokens)
         fleet.wait_archived(args.answers)
         keys = sorted(client.scan_iter(count=1000))
         values = [client.get(key) or b"" for key in keys]
@@ -96,15 +96,15 @@ def run(args: argparse.Namespace) -> None:
         pushes = fleet.metric(node, "reame_prefix_cache_fleet_pushes_total")
         prefix_tokens = []
         for number in range(args.documents):
-            status, _, warmed = http_json("POST", f"{node}/v1/warm", {
-                "messages": [{"role": "system", "content": round_document(200 + number)}]}, headers=AUTH)
+            status, _, warmed = http_json("POST", f"{node}/v1/warm", timeout=900, body={
+                "messages": [{"role": "system", "content": round_document(200 + number, args.lines)}]}, headers=AUTH)
             assert status == 200, warmed
             prefix_tokens.append(warmed["stored_tokens"])
         wait_for(lambda: fleet.metric(node, "reame_prefix_cache_fleet_pushes_total") >= pushes + args.documents,
                  60, "the L3 pushes")
         warmed_state = meter.read()
 
-    print(f"ARCA sizing: {args.answers} real answers (64 tokens), replayed {args.replay} times; "
+    print(f"ARCA sizing: {args.answers} real answers (up to {args.answer_tokens} tokens), replayed {args.replay} times; "
           f"{args.documents} documents warmed")
     print(f"  L1 value bytes: median {statistics.median(len(v) for v in values):.0f} "
           f"(min {min(len(v) for v in values)}, max {max(len(v) for v in values)}); key bytes {len(keys[0])}")
@@ -125,9 +125,11 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--answers", type=int, default=20)
+    parser.add_argument("--answers", type=int, default=6)
+    parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--replay", type=int, default=1000)
-    parser.add_argument("--documents", type=int, default=3)
+    parser.add_argument("--documents", type=int, default=2)
+    parser.add_argument("--lines", type=int, default=28, help="document lines (0 = all ~110, ~2,000 tokens)")
     run(parse_with_model(parser))
 
 

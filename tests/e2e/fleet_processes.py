@@ -130,7 +130,7 @@ class FleetProcesses:
              **extra: Any) -> tuple[dict[str, str], dict]:
         """(headers with lower-case names, body) of a greedy chat completion."""
         status, headers, body = http_json("POST", f"{url}/v1/chat/completions", {
-            "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}, headers=AUTH)
+            "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}, headers=AUTH, timeout=600)
         assert status == 200, body
         return {key.lower(): value for key, value in headers.items()}, body  # HAProxy sends lower case
 
