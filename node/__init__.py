@@ -7,7 +7,8 @@ Layout (one line per package; imports point down this list, never up):
     serving/    no aiohttp, no llama_cpp: request types, typed errors, the engine-client
                 Protocol, prompts, L1 keys, the service (archive -> engine -> archive)
     sessions/   chat sessions (store, turns), template cuts, warm-ahead
-    archive/    the archive client (embedded | remote ARCA) and its circuit breaker
+    archive/    the archive client (embedded | remote ARCA | Redis/Valkey, standalone or Cluster),
+                its URL, breakers, the L4 mirror
     models/     catalog, download, fingerprint, GGUF metadata, chat templates, loader
     cache/      the prefix KV cache (block hashes, RAM, disk, the fleet tier in ARCA)
     engine/     the runtime: llama.cpp wrapper, scheduler thread, sequences, KV budget,

@@ -132,7 +132,7 @@ def wait_for(check, timeout: float, what: str) -> None:
 
 def document(name: str) -> str:
     return " ".join(f"Depot {name} bay {i} stores {i * 5 + 3} crates of {('tin', 'salt', 'rope', 'wax')[i % 4]}."
-                    for i in range(30))
+                    for i in range(8))
 
 
 @pytest.mark.parametrize("kind", ["redis", "redis-tls", "cluster", "arca-tls"])
