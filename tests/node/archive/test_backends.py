@@ -94,7 +94,7 @@ async def tiers_round_trip(archive: RemoteArchive) -> None:
 
 @needs_redis
 async def test_plain_redis_gets_every_tier(redis_plain):
-    archive = RemoteArchive(address=parse_address(f"redis://127.0.0.1:{redis_plain.port}"), timeout_ms=1000,
+    archive = RemoteArchive(address=parse_address(f"redis://127.0.0.1:{redis_plain.port}"), timeout_ms=3000,
                             limits=RedisLimits(l1_ttl_s=100, kv_ttl_s=50, corpus_max_streams=10))
     await archive.start()
     try:
@@ -116,7 +116,7 @@ async def test_redis_over_tls_with_a_password(redis_tls, certs, caplog):
     caplog.set_level(logging.ERROR, logger="node.archive")
     good = TlsFiles(str(certs.ca), str(certs.client_cert), str(certs.client_key))
     archive = RemoteArchive(address=parse_address(f"rediss://:hunter2@127.0.0.1:{redis_tls.port}"), tls=good,
-                            timeout_ms=1000)
+                            timeout_ms=3000)
     await archive.start()
     try:
         assert archive.kind == "redis" and archive.state() == "ok"
@@ -125,9 +125,9 @@ async def test_redis_over_tls_with_a_password(redis_tls, certs, caplog):
         await archive.close()
 
     wrong_ca = RemoteArchive(address=parse_address(f"rediss://:hunter2@127.0.0.1:{redis_tls.port}"),
-                             tls=TlsFiles(str(certs.other_ca)), timeout_ms=1000)
+                             tls=TlsFiles(str(certs.other_ca)), timeout_ms=3000)
     wrong_password = RemoteArchive(address=parse_address(f"rediss://:nope@127.0.0.1:{redis_tls.port}"), tls=good,
-                                   timeout_ms=1000)
+                                   timeout_ms=3000)
     for refused in (wrong_ca, wrong_password):
         await refused.start()
         try:
@@ -180,7 +180,7 @@ def keys_elsewhere(cluster: RedisCluster, count: int) -> list[bytes]:
 @needs_redis
 async def test_cluster_tiers_and_a_failed_master(cluster, caplog):
     caplog.set_level(logging.INFO, logger="node.archive")
-    archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=500)
+    archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=3000)
     await archive.start()
     try:
         assert archive.kind == "redis" and archive.state() == "ok"
