@@ -213,3 +213,29 @@ async def test_cluster_tiers_and_a_failed_master(cluster, caplog):
         assert any("unreachable" in m for m in messages) and any("replica serves its slots" in m for m in messages)
     finally:
         await archive.close()
+
+
+@needs_redis
+async def test_l3_on_a_server_of_its_own(redis_plain, tmp_path):
+    from node.archive.client import open_archive
+    from node.config import load_settings
+
+    kv_server = RedisServer(tmp_path / "kv").start()
+    settings = load_settings(None, {"arca.remote": f"redis://127.0.0.1:{redis_plain.port}",
+                                    "arca.kv_remote": f"redis://127.0.0.1:{kv_server.port}", "arca.timeout_ms": 3000},
+                             env={"REAME_HOME": str(tmp_path / "home")})
+    archive = open_archive(settings)
+    await archive.start()
+    try:
+        assert archive.kind == "redis" and archive.state() == "ok"
+        await archive.set(b"split", b"answer")
+        await archive.kv_put(b"beef", b"state")
+        assert redis_plain.call("exists", "reame:l1:split") == "1" and kv_server.call("exists", "reame:l1:split") == "0"
+        assert kv_server.call("exists", "reame:l3:{beef}") == "1" and redis_plain.call("exists", "reame:l3:{beef}") == "0"
+        kv_server.kill()
+        assert await archive.kv_get(b"beef") is None  # L3 away: a miss
+        assert await archive.get(b"split") == b"answer"  # L1 unaffected
+        assert archive.state() == "degraded" and archive.counters.errors["kv_get"] == 1
+    finally:
+        await archive.close()
+        kv_server.kill()
