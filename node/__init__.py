@@ -17,7 +17,8 @@ Layout (one line per package; imports point down this list, never up):
     api -> serving -> sessions, archive, models, cache, engine -> shared, arca
 
 models/ may open an engine and its cache (the loader); sessions/ use the cache, the
-templates and the engine's contract types; engine/ imports nothing else of the node.
+templates, the engine's contract types and the archive's one error (sessions kept in a
+remote archive); engine/ imports nothing else of the node.
 At the root: cli.py and commands.py (`reame` and its subcommands), chat.py (the terminal
 chat), config.py (the node's settings). tests/test_imports.py checks the directions.
 """
