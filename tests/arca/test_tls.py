@@ -92,6 +92,17 @@ def test_client_certificates_optional_or_not_asked(tls_arca, certs):
         assert tls_redis(port, certs).ping()
 
 
+def test_a_client_certificate_is_not_a_password(tls_arca, certs, monkeypatch):
+    """Protected mode at run time: a remote client over TLS, with a valid certificate but no
+    password configured, is refused like any other."""
+    import arca.server as server_module
+
+    server = tls_arca()
+    monkeypatch.setattr(server_module, "is_loopback", lambda host: False)
+    with pytest.raises(redis.RedisError, match="DENIED"):
+        tls_redis(server.state.tls_port, certs).ping()
+
+
 def test_protected_mode_counts_a_tls_listener_as_exposed(certs):
     flags = ["--host", "0.0.0.0", "--tls-port", "6421", "--tls-cert-file", str(certs.server_cert),
              "--tls-key-file", str(certs.server_key), "--tls-ca-cert-file", str(certs.ca)]
