@@ -48,8 +48,11 @@ def tls_cli(port: int, certs, *args: str, client_cert: bool = True, ca=None) -> 
 
 def tls_redis(port: int, certs, *, client_cert: bool = True, ca=None, **kwargs) -> redis.Redis:
     extra = {"ssl_certfile": str(certs.client_cert), "ssl_keyfile": str(certs.client_key)} if client_cert else {}
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(ca or certs.ca),
-                       socket_timeout=5, **extra, **kwargs)
+                       socket_timeout=5, retry=Retry(NoBackoff(), 0), **extra, **kwargs)
 
 
 @needs_cli

@@ -109,7 +109,7 @@ class Pair:
             node.stop()
 
 
-def chat(node: LiveNode, messages: list[dict], max_tokens: int = 6, **extra) -> tuple[str, str, dict]:
+def chat(node: LiveNode, messages: list[dict], max_tokens: int = 4, **extra) -> tuple[str, str, dict]:
     status, headers, body = http_json("POST", f"{node.url}/v1/chat/completions", {
         "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra})
     assert status == 200, body
@@ -160,14 +160,14 @@ def test_two_nodes_share_every_tier(kind, servers, engines, gemma_path, tmp_path
         assert status == 200 and warmed["stored_tokens"] > 0
         node_a.call(node_a.state.service.fleet.drain())
         hits = metric(node_b.url, FLEET_HITS, tier="fleet")
-        chat(node_b, [{"role": "system", "content": doc}, {"role": "user", "content": "Which bay has wax?"}], 3)
+        chat(node_b, [{"role": "system", "content": doc}, {"role": "user", "content": "Which bay has wax?"}], 1)
         assert metric(node_b.url, FLEET_HITS, tier="fleet") == hits + 1
 
         # sessions: started on A, continued on B, seen whole from A
         status, _, session = http_json("POST", f"{node_a.url}/v1/sessions", {})
         assert status == 200
-        chat(node_a, [{"role": "user", "content": "Say one word."}], 3, session=session["id"])
-        chat(node_b, [{"role": "user", "content": "Say another."}], 3, session=session["id"])
+        chat(node_a, [{"role": "user", "content": "Say one word."}], 2, session=session["id"])
+        chat(node_b, [{"role": "user", "content": "Say another."}], 2, session=session["id"])
         status, _, shown = http_json("GET", f"{node_a.url}/v1/sessions/{session['id']}")
         assert status == 200 and [m["role"] for m in shown["history"]] == ["user", "assistant"] * 2
         assert http_json("GET", f"{node_b.url}/v1/sessions/sess_{'0' * 24}")[0] == 404
