@@ -239,3 +239,21 @@ async def test_l3_on_a_server_of_its_own(redis_plain, tmp_path):
     finally:
         await archive.close()
         kv_server.kill()
+
+
+@needs_redis
+async def test_a_cluster_over_tls_with_a_password(tmp_path, certs):
+    nodes = RedisCluster(tmp_path / "tls-cluster", tls=certs, password="cluster-pw", replica=False)
+    try:
+        nodes.start()
+        archive = RemoteArchive(address=parse_address(nodes.url("rediss+cluster").replace("://", "://:cluster-pw@")),
+                                tls=TlsFiles(str(certs.ca), str(certs.client_cert), str(certs.client_key)),
+                                timeout_ms=3000)
+        await archive.start()
+        try:
+            assert archive.kind == "redis" and archive.state() == "ok"
+            await tiers_round_trip(archive)
+        finally:
+            await archive.close()
+    finally:
+        nodes.stop()
