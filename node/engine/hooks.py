@@ -62,9 +62,13 @@ class Speculator(Protocol):
     """The engine's one draft hook; every method runs on the engine thread and must be fast."""
 
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
-        """Called once before the first step: `measure(n_seqs, k)` is the seconds of a decode
+        """Called before the first step and when `calibration_due`: `measure(n_seqs, k)` is the seconds of a decode
         of n_seqs sequences with k draft tokens each (logits on every token), or None once a
         request is waiting: calibration must then stop and make do with what it has."""
+
+    def calibration_due(self) -> bool:
+        """The step costs have moved away from the calibrated ones: the engine calls
+        `calibrate` again the next time it is idle (no sequence active, none waiting)."""
 
     def begin(self, seq: DraftSeq) -> None:
         """A sequence starts decoding."""

@@ -216,7 +216,13 @@ class LlamaContext:
         self.n_ctx = ll.llama_n_ctx(self._ptr)
         self.n_batch = ll.llama_n_batch(self._ptr)
         self.n_seq_max = ll.llama_n_seq_max(self._ptr)
+        self.n_threads = n_threads
         self.n_vocab = model.n_vocab
+
+    def set_threads(self, n_threads: int) -> None:
+        """Threads for the following decodes (generation and batch alike)."""
+        ll.llama_set_n_threads(self._ptr, n_threads, n_threads)
+        self.n_threads = n_threads
 
     def decode(self, batch: TokenBatch) -> int:
         """llama_decode: 0 ok, 1 no KV room for the batch, 2 aborted, < 0 error."""

@@ -184,6 +184,7 @@ def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: Prefix
 
     return EngineConfig(
         model_path=plan.model.path, n_ctx=plan.n_ctx, n_threads=plan.n_threads,
+        tune_threads=not settings.model.threads,
         n_parallel=plan.n_parallel, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
         kv_type=plan.kv_type, use_mmap=settings.memory.use_mmap,
         use_mlock=settings.memory.use_mlock, max_queue=settings.server.max_queue,

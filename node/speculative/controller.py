@@ -95,6 +95,9 @@ class Controller:
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
         self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft)
 
+    def calibration_due(self) -> bool:
+        return self.costs.drifted
+
     def begin(self, seq: DraftSeq) -> None:
         self._seqs[seq.key] = _SeqState()
         for state in self._sources.values():
