@@ -65,7 +65,8 @@ class LlamaModel:
     """A loaded GGUF: weights plus vocabulary."""
 
     def __init__(self, path: Path, *, use_mmap: bool = True, use_mlock: bool = False,
-                 progress: Callable[[float], object] | None = None) -> None:
+                 progress: Callable[[float], object] | None = None, vocab_only: bool = False) -> None:
+        """vocab_only: the vocabulary and metadata without the weights (to compare tokenizers)."""
         backend()
         if not Path(path).is_file():
             raise ModelLoadError(f"model file not found: {path}")
@@ -85,6 +86,7 @@ class LlamaModel:
             return True
 
         params.progress_callback = on_progress
+        params.vocab_only = vocab_only
         self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF it supports?)")

@@ -317,7 +317,7 @@ class Scheduler:
         if draft is None or not draft.tokens:
             return []
         if len(draft.tokens) > room:
-            draft = Draft(draft.tokens[:room], draft.source, draft.probs[:room] if draft.probs else None)
+            draft = draft.head(room)
         seq.draft = draft
         self.counters["draft_tokens"] += len(draft.tokens)
         return [int(t) for t in draft.tokens]
@@ -418,9 +418,11 @@ class Scheduler:
             return
         assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
         sampler = seq.sampler
+        dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
         verdict = verify(e.tokens, logits[e.first_row:e.first_row + len(e.tokens)],
                          lambda row: sampler.choose(row, seq.tokens),
-                         lambda choice: seq.accept(choice, self._eog, self._piece))
+                         lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
+                         choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += verdict.n_valid
@@ -454,7 +456,8 @@ class Scheduler:
     def _begin_drafts(self, seq: Sequence) -> None:
         if self._speculator is None or not seq.request.speculation:
             return
-        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy)
+        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy,
+                                 seq.request.sampling)
         self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:

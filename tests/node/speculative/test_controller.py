@@ -12,14 +12,16 @@ from node.speculative.costs import CostCurve
 class Fixed:
     """A source always proposing the same tokens."""
 
-    def __init__(self, name: str, tokens: tuple[int, ...]) -> None:
-        self.name, self.tokens = name, tokens
+    def __init__(self, name: str, tokens: tuple[int, ...], cost_per_token: float = 0.0) -> None:
+        self.name, self.tokens, self.cost_per_token = name, tokens, cost_per_token
+        self.asked: list[int] = []
 
     def begin(self, seq): ...
     def end(self, seq, tokens): ...
     def observe(self, seq, drafted, accepted): ...
 
     def propose(self, seq, context, k):
+        self.asked.append(k)
         return Draft(self.tokens[:k], self.name) if self.tokens else None
 
 
@@ -157,3 +159,14 @@ def test_cost_curve_asks_for_a_calibration_when_the_host_changes_speed():
     assert controller.calibration_due()
     curve.calibrate(lambda n_seqs, k: 0.03 + 0.003 * n_seqs * (k + 1), n_parallel=4, max_draft=16)
     assert not curve.drifted and curve.calibrations == 1
+
+
+def test_a_source_whose_drafts_cost_time_is_asked_for_what_pays_and_dropped_when_too_slow():
+    cheap = Fixed("model", tuple(range(16)), cost_per_token=0.001)
+    controller = Controller([cheap], ControllerConfig(max_draft=16), costs=linear())
+    lengths = run(controller, 60, lambda n: n)
+    assert lengths[-1] >= 8 and cheap.asked[-1] == lengths[-1]  # asked for no more than it verifies
+    slow = Fixed("model", tuple(range(16)), cost_per_token=0.05)  # each token costs 4 plain steps to make
+    controller = Controller([slow], ControllerConfig(max_draft=16), costs=linear())
+    lengths = run(controller, 100, lambda n: n)
+    assert sum(lengths) <= 2 * 3 and not controller.state()["model"]["on"]  # off, but for short probes
