@@ -67,19 +67,19 @@ def test_greedy_drafts_from_a_draft_model_keep_the_plain_output(drafted):
 def test_sampled_drafts_are_verified_by_rejection_and_keep_the_targets_distribution(drafted):
     eng, controller, _ = drafted
     sampling = dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
-    text = "My favourite colour is"
+    text = "a b c a b c a b c a b c a b"  # a peaked distribution: 60 samples estimate it well
     tally: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
     firsts: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
     for flag in (True, False):
         before = controller.stats["model"].drafted
-        reqs = [GenerationRequest(tuple(eng.tokenize(text)), max_tokens=4, speculation=flag,
+        reqs = [GenerationRequest(tuple(eng.tokenize(text)), max_tokens=3, speculation=flag,
                                   sampling=SamplingParams(seed=seed, **sampling)) for seed in range(1, 61)]
         for handle in [eng.submit(r) for r in reqs]:
             done = list(handle.iter_sync(timeout=300))[-1]
-            tally[flag][done.generated[:2]] += 1
+            tally[flag][done.generated] += 1
             firsts[flag][done.generated[:1]] += 1
         assert (controller.stats["model"].drafted > before) == flag
-    assert_same_distribution(tally, firsts, 60, tv_bound=0.3)
+    assert_same_distribution(tally, firsts, 60, tv_bound=0.25)
     assert controller.stats["model"].accepted > 0
 
 
