@@ -29,7 +29,7 @@ OPTIONS: tuple[Option, ...] = (
          "Model: a catalog alias (`reame list`) or a path to a GGUF file."),
     _opt("model", "context_length", int, 0,
          "Context size in tokens shared by all slots; 0 = model default x parallel, capped by RAM."),
-    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4)."),
+    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4), fewer when measured faster."),
     _opt("model", "batch", int, 512, "Logical batch size: most tokens one decode step takes."),
     _opt("model", "ubatch", int, 512, "Physical micro-batch size inside one decode step."),
     _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
@@ -59,8 +59,10 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "enabled", bool, True,
          "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
     _opt("speculative", "sources", str, "lookup,archive",
-         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations)."),
-    _opt("speculative", "draft_model_path", str, "", "GGUF of a draft model (the model source); empty = none."),
+         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations), "
+         "model (a draft model: draft_model_path)."),
+    _opt("speculative", "draft_model_path", str, "",
+         "GGUF of a draft model with the target's vocabulary (source model); empty = none."),
     _opt("speculative", "min_draft", int, 1, "Shortest draft worth verifying, in tokens."),
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
@@ -192,14 +194,12 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-SPECULATION_SOURCES = ("lookup", "archive")
+SPECULATION_SOURCES = ("lookup", "archive", "model")
 
 
 def _sources(value: str) -> str | None:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in SPECULATION_SOURCES]
-    if "model" in unknown:
-        return "the draft-model source (model) is not available in this version; use lookup, archive"
     if unknown:
         return f"unknown source {unknown[0]!r}: expected a comma-separated list of {', '.join(SPECULATION_SOURCES)}"
     return None
@@ -291,6 +291,11 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
     if values["speculative.min_draft"] > values["speculative.max_draft"]:
         raise ConfigError(f"{_origin(OPTIONS_BY_NAME['speculative.min_draft'], file, env, flags)}: "
                           f"must be <= speculative.max_draft ({values['speculative.max_draft']})")
+    drafting_model = "model" in [name.strip() for name in str(values["speculative.sources"]).split(",")]
+    if drafting_model != bool(values["speculative.draft_model_path"]):
+        which = "speculative.sources" if not drafting_model else "speculative.draft_model_path"
+        raise ConfigError(f"{_origin(OPTIONS_BY_NAME[which], file, env, flags)}: the draft-model source needs both "
+                          f"'model' in speculative.sources and a speculative.draft_model_path")
     home = home_dir(env)
 
     def section(name: str) -> dict[str, Any]:

@@ -184,7 +184,11 @@ def speculation_health(state: NodeState) -> dict:
                                                                       "saved_seconds")}}
                for name, control in controller.state().items()}
     return {"enabled": True, "max_draft": controller.config.max_draft, "sources": sources,
-            "step_cost_scale": round(controller.costs.scale, 3)}
+            "step_cost_scale": round(controller.costs.scale, 3),
+            "step_cost_line_ms": {"per_step": round(controller.costs.intercept * 1000, 2),
+                                  "per_token": round(controller.costs.slope * 1000, 2),
+                                  "calibrations": controller.costs.calibrations,
+                                  "refits": controller.costs.refits}}
 
 
 def cache_health(state: NodeState) -> dict:

@@ -144,7 +144,11 @@ def test_speculative_settings_resolve_and_refuse_what_is_not_there(tmp_path):
     assert spec.enabled and spec.sources == ("lookup", "archive") and spec.max_draft == 16
     assert load_settings(None, {"speculative.sources": " archive , lookup,archive"}, env=env).speculative.sources \
         == ("archive", "lookup")
-    for flags, words in (({"speculative.sources": "lookup,model"}, ["speculative.sources", "not available"]),
+    with_model = load_settings(None, {"speculative.sources": "lookup,model", "speculative.draft_model_path": "/m.gguf"},
+                               env=env).speculative
+    assert with_model.sources == ("lookup", "model") and str(with_model.draft_model_path) == "/m.gguf"
+    for flags, words in (({"speculative.sources": "lookup,model"}, ["speculative.draft_model_path", "needs both"]),
+                         ({"speculative.draft_model_path": "/m.gguf"}, ["speculative.sources", "needs both"]),
                          ({"speculative.sources": "ngram"}, ["unknown source 'ngram'"]),
                          ({"speculative.min_draft": 9, "speculative.max_draft": 4}, ["min_draft", "<= "])):
         with pytest.raises(ConfigError) as info:
