@@ -257,3 +257,24 @@ async def test_a_cluster_over_tls_with_a_password(tmp_path, certs):
             await archive.close()
     finally:
         nodes.stop()
+
+
+@needs_redis
+async def test_a_cluster_that_comes_up_after_the_node(tmp_path):
+    """Nodes may start before their cluster is formed: misses until then, then shared."""
+    nodes = RedisCluster(tmp_path / "late-cluster", replica=False)
+    archive = RemoteArchive(address=parse_address(nodes.url()), timeout_ms=3000)
+    await archive.start()
+    try:
+        assert archive.state() == "degraded"
+        assert await archive.get(b"early") is None
+        nodes.start()
+        deadline = asyncio.get_running_loop().time() + 30
+        while archive.state() != "ok" and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        assert archive.state() == "ok"
+        await archive.set(b"late", b"shared")
+        assert await archive.get(b"late") == b"shared"
+    finally:
+        await archive.close()
+        nodes.stop()
