@@ -27,6 +27,10 @@ class SplitArchive:
         return self.main.kind
 
     @property
+    def corpus_name(self) -> str:
+        return self.main.corpus_name
+
+    @property
     def name(self) -> str:
         return f"{self.main.name} (L3: {self.kv.name})"
 
