@@ -87,6 +87,13 @@ def test_redis_py_over_tls(tls_arca, certs):
         tls_redis(port, certs, client_cert=False, password=PASSWORD).ping()
 
 
+def test_config_get_shows_the_listeners(tls_arca, certs):
+    server = tls_arca("optional")
+    client = tls_redis(server.state.tls_port, certs)
+    view = client.config_get("*port*") | client.config_get("tls-auth-clients")
+    assert view == {"port": str(server.port), "tls-port": str(server.state.tls_port), "tls-auth-clients": "optional"}
+
+
 def test_client_certificates_optional_or_not_asked(tls_arca, certs):
     for mode in ("optional", "no"):
         server = tls_arca(mode)
