@@ -278,3 +278,33 @@ async def test_a_cluster_that_comes_up_after_the_node(tmp_path):
     finally:
         await archive.close()
         nodes.stop()
+
+
+@needs_redis
+async def test_the_mirror_resumes_a_redis_stream_from_its_persisted_cursor(redis_plain, tmp_path):
+    from node.archive.mirror import CorpusMirror
+    from node.speculative.palimpsest import Palimpsest
+
+    ns = b"mirror-fp"
+    archive = RemoteArchive(address=parse_address(f"redis://127.0.0.1:{redis_plain.port}"), timeout_ms=3000)
+    path = tmp_path / "mirror" / "fp.l4"
+    await archive.start()
+    try:
+        for i in range(5):
+            await archive.observe(ns, [100 + i, 1, 2, 3, 4, 5])
+        first: list[list[int]] = []
+        mirror = CorpusMirror(archive, ns, first.append, path=path, interval_s=0.01)
+        await mirror.start()
+        assert await mirror.caught_up(10) and len(first) == 5
+        await mirror.close()
+        await archive.observe(ns, [200, 1, 2, 3])
+        palimpsest = Palimpsest()
+        again = CorpusMirror(archive, ns, palimpsest.add, path=path, interval_s=0.01)
+        await again.start()  # the five from the local copy, only the new one through XREAD
+        assert again.streams == 5
+        assert await again.caught_up(10) and again.streams == 6
+        await again.close()
+        palimpsest.ingest()
+        assert palimpsest.continuation([104, 1, 2, 3], 2) == (4, 5) and palimpsest.stats().streams == 6
+    finally:
+        await archive.close()
