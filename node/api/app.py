@@ -217,6 +217,9 @@ async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerpri
     # entry ids): each server the corpus comes from has a copy of its own.
     source = hashlib.blake2b(str(getattr(archive, "corpus_name", "")).encode(), digest_size=6).hexdigest()
     path = settings.home / "mirror" / f"{fingerprint}.{source}.l4" if remote else None
+    legacy = settings.home / "mirror" / f"{fingerprint}.l4"  # one copy for the one ARCA, before
+    if path is not None and archive.kind == "arca" and legacy.exists() and not path.exists():
+        legacy.replace(path)
     mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
                           max_tokens=palimpsest.max_tokens)
     await mirror.start()
