@@ -68,8 +68,18 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "archive_tokens", int, 1_000_000,
          "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
     _opt("arca", "remote", str, "",
-         "Shared ARCA as host:port; empty = the archive embedded in this node."),
-    _opt("arca", "password", str, "", "AUTH password of the remote ARCA; empty = none."),
+         "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
+         "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
+    _opt("arca", "password", str, "", "AUTH password of the remote archive (a URL's own password wins); empty = none."),
+    _opt("arca", "tls_ca_cert_file", str, "",
+         "rediss://: CA certificate that signed the server's; empty = the system's trust store."),
+    _opt("arca", "tls_cert_file", str, "", "rediss://: this node's certificate, for servers that verify clients."),
+    _opt("arca", "tls_key_file", str, "", "rediss://: the private key of tls_cert_file."),
+    _opt("arca", "l1_ttl_s", int, 604800, "Seconds an exact answer (L1) lives in the archive; 0 = until evicted."),
+    _opt("arca", "kv_ttl_s", int, 86400,
+         "Plain Redis/Valkey: seconds a shared KV state (L3) lives after its last use; 0 = until evicted."),
+    _opt("arca", "corpus_max_streams", int, 100000,
+         "Plain Redis/Valkey: generations kept in each model's L4 stream (XADD MAXLEN ~)."),
     _opt("arca", "timeout_ms", int, 200, "Remote ARCA timeout; a slower answer counts as a miss."),
     _opt("arca", "directory", str, "", "Embedded archive directory; empty = <home>/arca."),
     _opt("arca", "max_mb", int, 1024, "Embedded archive byte budget, in MB."),
@@ -120,6 +130,12 @@ class ServerSettings:
 class ArcaSettings:
     remote: str | None
     password: str | None
+    tls_ca_cert_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    l1_ttl_s: int
+    kv_ttl_s: int
+    corpus_max_streams: int
     timeout_ms: int
     directory: Path
     max_mb: int
@@ -128,7 +144,12 @@ class ArcaSettings:
 
     @property
     def remote_address(self) -> tuple[str, int] | None:
-        return split_host_port(self.remote) if self.remote else None
+        """The (first) host and port of `remote`."""
+        if not self.remote:
+            return None
+        from node.archive.address import parse_address
+
+        return parse_address(self.remote).hosts[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +210,13 @@ def _port(value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"must be a TCP port 0-65535, got {value}"
 
 
-def _host_port(value: str) -> str | None:
+def _remote(value: str) -> str | None:
     if not value:
         return None
+    from node.archive.address import parse_address
+
     try:
-        split_host_port(value)
+        parse_address(value)
     except ValueError as exc:
         return str(exc)
     return None
@@ -217,7 +240,10 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "speculative.min_draft": _at_least(1),
     "speculative.max_draft": _at_least(1),
     "speculative.archive_tokens": _at_least(0),
-    "arca.remote": _host_port,
+    "arca.remote": _remote,
+    "arca.l1_ttl_s": _at_least(0),
+    "arca.kv_ttl_s": _at_least(0),
+    "arca.corpus_max_streams": _at_least(1),
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
     "arca.observe_prompt_tokens": _at_least(0),
@@ -289,6 +315,8 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
                                  "model_id": optional(server["model_id"])}),
         arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]),
                              "password": optional(arca["password"]),
+                             **{name: optional(arca[name]) for name in ("tls_ca_cert_file", "tls_cert_file",
+                                                                        "tls_key_file")},
                              "directory": directory(arca["directory"], "arca")}),
         cache=CacheSettings(**{**cache, "directory": directory(cache["directory"], "cache")}),
         speculative=SpeculativeSettings(**{

@@ -6,7 +6,8 @@ the caller owns and closes them, and the prefix cache an engine was built with).
 engine has a prefix cache, a fleet tier (node/cache/fleet.py) is put in front of it: with a
 remote ARCA it fetches and pushes states through ARCA's L3; with the embedded archive it
 only preloads disk states into RAM (L3 in the embedded archive would be a second copy of
-the node's own disk tier on the same disk). Sessions live under `<home>/sessions`.
+the node's own disk tier on the same disk). Sessions live in the remote archive when there is
+one (node/sessions/archived.py), else under `<home>/sessions`.
 With speculation on, the archive draft source (the Palimpsest) is fed by an L4 mirror
 (node/archive/mirror.py) of the model's corpus; with a remote ARCA it keeps a local copy
 under `<home>/mirror`. Shutdown order: pending writes, mirror, fleet pushes, engine, cache,
@@ -32,7 +33,7 @@ from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
-from node.archive.client import ArchiveClient, RemoteArchive, open_archive
+from node.archive.client import ArchiveClient, open_archive
 from node.archive.mirror import CorpusMirror
 from node.cache.fleet import FleetConfig, FleetTier
 from node.cache.prefix_cache import PrefixCache
@@ -41,7 +42,8 @@ from node.serving.engine_client import EngineClient
 from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
 from node.serving.service import CompletionService, ServiceOptions
-from node.sessions.store import SessionStore
+from node.sessions.archived import ArchivedSessionStore
+from node.sessions.store import Sessions, SessionStore
 from node.speculative.controller import Controller
 from node.speculative.palimpsest import Palimpsest
 
@@ -161,8 +163,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
     try:
         if archive is None:
             archive = await loop.run_in_executor(None, open_archive, settings)
-            if isinstance(archive, RemoteArchive):
-                await archive.start()
+            await archive.start()
         model = await loop.run_in_executor(None, describe_model, engine, settings)
         metrics = Metrics()
         metrics.watch(LiveStats(engine.stats, partial(_errors, archive), archive.state))
@@ -175,10 +176,10 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         if controller is not None:
             metrics.watch(SpeculationSeries(controller.stats.snapshot))
             mirror = await start_mirror(settings, archive, model.fingerprint, controller)
-        sessions = await loop.run_in_executor(None, SessionStore.open, settings.home / "sessions")
+        sessions = await open_sessions(settings, archive)
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
-            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens),
-            cache=cache, fleet=fleet, sessions=sessions)
+            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
+            l1_ttl_s=settings.arca.l1_ttl_s or None), cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), controller)
         yield
@@ -196,6 +197,13 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             await archive.close()
 
 
+async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
+    """Sessions in the remote archive (any node continues any session), else under <home>/sessions."""
+    if archive.state() != "embedded":
+        return ArchivedSessionStore(archive)
+    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions")
+
+
 async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerprint: str,
                        controller: Controller) -> CorpusMirror | None:
     """Feed the archive draft source from the corpus: the fleet's (remote, with a local copy) or
@@ -204,7 +212,9 @@ async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerpri
     if not isinstance(palimpsest, Palimpsest):
         return None
     remote = archive.state() != "embedded"
-    path = settings.home / "mirror" / f"{fingerprint}.l4" if remote else None
+    # A Redis stream's cursors are not ARCA's: each kind of server has its own local copy.
+    suffix = ".redis.l4" if getattr(archive, "kind", "") == "redis" else ".l4"
+    path = settings.home / "mirror" / f"{fingerprint}{suffix}" if remote else None
     mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
                           max_tokens=palimpsest.max_tokens)
     await mirror.start()

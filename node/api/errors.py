@@ -22,7 +22,7 @@ from aiohttp import web
 from node.serving.errors import (
     GenerationFailed, InvalidRequest, NotFound, Overloaded, ServingError,
 )
-from node.sessions.store import SessionNotFound
+from node.sessions.store import SessionNotFound, SessionsUnavailable
 from node.sessions.warm import WarmFailed
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,9 @@ def error_reply(exc: BaseException, request: web.Request | None = None, *,
         return ErrorReply(status, kind, exc.code, exc.message, exc.param, headers)
     if isinstance(exc, SessionNotFound):
         return ErrorReply(404, "invalid_request_error", "session_not_found", str(exc), "session")
+    if isinstance(exc, SessionsUnavailable):
+        return ErrorReply(503, "server_error", "sessions_unavailable", str(exc), "session",
+                          headers={"Retry-After": "1"})
     if isinstance(exc, WarmFailed):
         return ErrorReply(503, "server_error", "overloaded", str(exc), headers={"Retry-After": "1"})
     if isinstance(exc, web.HTTPException) and exc.status >= 400:

@@ -86,7 +86,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if turns is None:
         raise InvalidRequest("Sessions are not enabled on this node", param="session")
     async with turns.store.lock(session_id):  # one turn at a time: each continues the last
-        session = turns.store.get(session_id)
+        session = await turns.store.get(session_id)
         plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
         return await answer(request, state, plan, {SESSION_HEADER: session_id})
 
