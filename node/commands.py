@@ -199,7 +199,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
 async def warm_documents(engine: Engine, settings: NodeSettings, documents: list[tuple[Path, str]], form: str) -> int:
     import asyncio
 
-    from node.archive.client import RemoteArchive, open_archive
+    from node.archive.client import open_archive
     from node.cache.fleet import FleetTier
     from node.cache.prefix_cache import PrefixCache
     from node.serving.prompts import rendered_tokens
@@ -229,7 +229,7 @@ async def warm_documents(engine: Engine, settings: NodeSettings, documents: list
         if fleet is not None and archive is not None:
             await fleet.drain()
             pushed = int(cache.stats()["fleet_pushes"])
-            where = archive.name if isinstance(archive, RemoteArchive) else "the archive"
+            where = getattr(archive, "name", "the archive")
             print(f"pushed {pushed} states to {where} (archive: {archive.state()})")
     finally:
         if fleet is not None:

@@ -71,6 +71,8 @@ OPTIONS: tuple[Option, ...] = (
          "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
          "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
     _opt("arca", "password", str, "", "AUTH password of the remote archive (a URL's own password wins); empty = none."),
+    _opt("arca", "kv_remote", str, "",
+         "L3 (shared KV states) on a server of its own, same forms as remote; empty = the remote archive."),
     _opt("arca", "tls_ca_cert_file", str, "",
          "rediss://: CA certificate that signed the server's; empty = the system's trust store."),
     _opt("arca", "tls_cert_file", str, "", "rediss://: this node's certificate, for servers that verify clients."),
@@ -130,6 +132,7 @@ class ServerSettings:
 class ArcaSettings:
     remote: str | None
     password: str | None
+    kv_remote: str | None
     tls_ca_cert_file: str | None
     tls_cert_file: str | None
     tls_key_file: str | None
@@ -241,6 +244,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "speculative.max_draft": _at_least(1),
     "speculative.archive_tokens": _at_least(0),
     "arca.remote": _remote,
+    "arca.kv_remote": _remote,
     "arca.l1_ttl_s": _at_least(0),
     "arca.kv_ttl_s": _at_least(0),
     "arca.corpus_max_streams": _at_least(1),
@@ -313,7 +317,7 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         memory=MemorySettings(**section("memory")),
         server=ServerSettings(**{**server, "api_key": optional(server["api_key"]),
                                  "model_id": optional(server["model_id"])}),
-        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]),
+        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]), "kv_remote": optional(arca["kv_remote"]),
                              "password": optional(arca["password"]),
                              **{name: optional(arca[name]) for name in ("tls_ca_cert_file", "tls_cert_file",
                                                                         "tls_key_file")},

@@ -10,7 +10,7 @@ the node's own disk tier on the same disk). Sessions live in the remote archive 
 one (node/sessions/archived.py), else under `<home>/sessions`.
 With speculation on, the archive draft source (the Palimpsest) is fed by an L4 mirror
 (node/archive/mirror.py) of the model's corpus; with a remote ARCA it keeps a local copy
-under `<home>/mirror`. Shutdown order: pending writes, mirror, fleet pushes, engine, cache,
+under `<home>/mirror` (one per server the corpus comes from). Shutdown order: pending writes, mirror, fleet pushes, engine, cache,
 archive.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
@@ -20,6 +20,7 @@ Content-Length over it is a 413 before any body is read), Bearer auth.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -212,9 +213,10 @@ async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerpri
     if not isinstance(palimpsest, Palimpsest):
         return None
     remote = archive.state() != "embedded"
-    # A Redis stream's cursors are not ARCA's: each kind of server has its own local copy.
-    suffix = ".redis.l4" if getattr(archive, "kind", "") == "redis" else ".l4"
-    path = settings.home / "mirror" / f"{fingerprint}{suffix}" if remote else None
+    # The local copy's cursor counts the streams of one server (an ARCA's ids, a Redis stream's
+    # entry ids): each server the corpus comes from has a copy of its own.
+    source = hashlib.blake2b(str(getattr(archive, "corpus_name", "")).encode(), digest_size=6).hexdigest()
+    path = settings.home / "mirror" / f"{fingerprint}.{source}.l4" if remote else None
     mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
                           max_tokens=palimpsest.max_tokens)
     await mirror.start()

@@ -167,6 +167,7 @@ async def health(request: web.Request) -> web.Response:
     stats = state.engine.stats()
     return json_response({
         "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
+        "archive_kind": getattr(state.archive, "kind", "unknown"),
         "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
         "cache": cache_health(state),
         "speculation": speculation_health(state),

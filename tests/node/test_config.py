@@ -77,6 +77,8 @@ directory = ~/kv
         ("[server]\nprot = 1\n", ["[server] prot", "unknown key"]),
         ("[server]\nport = 70000\n", ["[server] port", "0-65535"]),
         ("[arca]\nremote = nohost\n", ["[arca] remote", "host:port"]),
+        ("[arca]\nremote = http://box:1\n", ["[arca] remote", "unknown scheme", "redis+cluster://"]),
+        ("[arca]\nkv_remote = redis://a:1,b:2\n", ["[arca] kv_remote", "cluster URL"]),
         ("[model]\nthreads = -1\n", ["[model] threads", ">= 0"]),
         ("[model\npath = x\n", ["reame.conf"]),
     ],
@@ -87,6 +89,11 @@ def test_errors_name_file_section_and_key(tmp_path, text, fragments):
         load_settings(conf, {}, env={})
     for fragment in fragments:
         assert fragment in str(caught.value)
+
+
+def test_remote_urls(tmp_path):
+    settings = load_settings(None, {"arca.remote": "rediss+cluster://u:p@10.0.0.7:7000,10.0.0.8:7000"}, env={})
+    assert settings.arca.remote_address == ("10.0.0.7", 7000)
 
 
 def test_env_errors_name_the_variable(tmp_path):
