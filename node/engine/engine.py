@@ -92,7 +92,8 @@ class Engine:
             raise
         self._scheduler = Scheduler(
             self._model, self._ctx,
-            SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft),
+            SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft,
+                            config.interactive_slots),
             prefix_cache=config.prefix_cache, speculator=config.speculator)
         self._closed = False
         self._ids = itertools.count(1)

@@ -2,15 +2,19 @@
 
 Each step (all on the one thread that owns the llama context):
 1. cancelled requests end and their slots are freed;
-2. queued requests are admitted in arrival order while a slot is free and the KV budget
-   (budget.py) can hold what they may grow to: prompt + max_tokens (+ draft room). A
-   request that is admitted can therefore never run out of KV; the rest wait in a
-   bounded queue (`EngineOverloaded` beyond it). Requests with a prompt identical to one being
+2. queued requests are admitted, interactive ones first (`GenerationRequest.priority`;
+   arrival order within a class), while a slot is free and the KV budget (budget.py) can
+   hold what they may grow to: prompt + max_tokens (+ draft room). A batch-priority
+   request takes a slot only while more than `interactive_slots` are free, so a live
+   request arriving during a batch finds a slot at once. A request that is admitted can
+   therefore never run out of KV; the rest wait in a bounded queue (`EngineOverloaded`
+   beyond it). Requests with a prompt identical to one being
    prefilled become its followers: they hold a slot and reserve only their own
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
    prompt is complete (`submit_n` uses the same path);
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
-   each), then prefill chunks of newcomers under `step_token_budget`, so a long prompt
+   each), then prefill chunks of newcomers (interactive ones first) under
+   `step_token_budget`, so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step;
@@ -41,7 +45,7 @@ from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
-from node.engine.types import FinishReason
+from node.engine.types import INTERACTIVE, FinishReason
 from node.engine.verify import verify
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,11 @@ class SchedulerLimits:
     max_queue: int
     step_token_budget: int
     max_draft: int = 0
+    interactive_slots: int = 0  # slots batch-priority requests leave free
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.request.priority
 
 
 @dataclass(slots=True)
@@ -185,19 +194,30 @@ class Scheduler:
     def _admit(self) -> None:
         while self._budget.free_slots:
             with self._lock:
-                if not self._queue:
+                seq = self._next_waiting()
+                if seq is None:
                     return
-                seq = self._queue[0]
                 leader = self._prefilling_leader(seq)
                 prompt_cells = 0 if leader else len(seq.prompt)
                 own = seq.request.max_tokens + self._limits.max_draft
                 if not self._budget.fits(prompt_cells, own):
-                    return  # arrival order: the head waits for room, nobody overtakes it
-                self._queue.popleft()
+                    return  # the head waits for room, nobody overtakes it
+                self._queue.remove(seq)
             try:
                 self._start(seq, own, leader)
             except Exception as exc:  # this request alone fails; what it took is given back
                 self._refuse(seq, exc)
+
+    def _next_waiting(self) -> Sequence | None:
+        """The head of the queue: its first request of the most urgent class (interactive before
+        batch, arrival order within a class). A batch request only while more slots are free
+        than the ones kept for interactive work (`interactive_slots`)."""
+        if not self._queue:
+            return None
+        head = min(self._queue, key=_priority)  # min keeps the first of equals: arrival order
+        if head.request.priority > INTERACTIVE and len(self._budget.free_slots) <= self._limits.interactive_slots:
+            return None
+        return head
 
     def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
@@ -263,7 +283,7 @@ class Scheduler:
         used = sum(len(e.tokens) for e in entries)
         budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         budget = min(budget, self._batch.capacity - used)
-        for seq in self._active:
+        for seq in sorted(self._active, key=_priority):  # interactive prompts get the step's room first
             if budget <= 0:
                 break
             if seq.phase is not Phase.PREFILL:

@@ -1,0 +1,80 @@
+"""Admission classes on the real Gemma model: interactive requests are admitted before batch
+lines queued earlier, and batch lines leave `interactive_slots` slots free.
+
+Ordering properties only (which request finished first, what is active), never timings.
+A small engine of its own: 2 slots, 1 kept for interactive work, a 256-token context.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from node.engine.types import BATCH, INTERACTIVE, Finished, GenerationRequest, SamplingParams
+
+pytestmark = pytest.mark.model
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(gemma_path):
+    pytest.importorskip("llama_cpp", reason="node extra not installed")
+    from node.engine.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=256, n_parallel=2, n_batch=128, max_queue=16,
+                              step_token_budget=64, interactive_slots=1))
+    yield eng
+    eng.close()
+
+
+def request(engine, text: str, priority: int, max_tokens: int = 6) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=tuple(engine.tokenize(text)), max_tokens=max_tokens, sampling=GREEDY,
+                             priority=priority, request_id=text)
+
+
+def run_all(handles) -> list[str]:
+    """Drain every handle on its own thread; the order in which they finished."""
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def drain(name, handle):
+        for event in handle.iter_sync(120):
+            if isinstance(event, Finished):
+                with lock:
+                    order.append(name)
+
+    threads = [threading.Thread(target=drain, args=item) for item in handles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    return order
+
+
+def test_an_interactive_request_overtakes_queued_batch_lines(engine):
+    handles = [(f"batch{i}", engine.submit(request(engine, f"Line {i}: the weather is", BATCH))) for i in range(4)]
+    handles.append(("live", engine.submit(request(engine, "Hello, my name is", INTERACTIVE))))
+    order = run_all(handles)
+    assert sorted(order) == sorted(name for name, _ in handles)
+    # batch0 holds the one slot batch work may use; batch1 cannot start before it ends, the
+    # live request takes the kept slot at once
+    assert order.index("live") < order.index("batch1") < order.index("batch2") < order.index("batch3")
+
+
+def test_batch_lines_leave_the_interactive_slot_free(engine):
+    handles = [engine.submit(request(engine, f"Item {i} is", BATCH, max_tokens=12)) for i in range(3)]
+    first = next(iter(handles[0].iter_sync(120)))  # batch0 is decoding: admission ran since
+    assert not isinstance(first, Finished)
+    stats = engine.stats()
+    assert stats["active"] == 1 and stats["queued"] == 2 and stats["slots_free"] == 1
+    order = run_all([(f"b{i}", h) for i, h in enumerate(handles)])
+    assert order == ["b0", "b1", "b2"]  # arrival order within the class
+
+
+def test_interactive_slots_must_leave_a_slot_for_batch_work(gemma_path):
+    from node.engine.config import EngineConfig
+    from node.engine.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="interactive_slots"):
+        EngineConfig(model_path=gemma_path, n_parallel=2, interactive_slots=2).check()
