@@ -65,6 +65,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
          "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
+    _opt("batch", "enabled", bool, True,
+         "Serve the Batch API (/v1/files, /v1/batches) and run its batches in the background."),
     _opt("batch", "directory", str, "", "Batch API files and progress (SQLite); empty = <home>/batches."),
     _opt("batch", "max_file_mb", int, 100, "Largest file POST /v1/files accepts, in MB (413 above)."),
     _opt("batch", "max_storage_mb", int, 2048,
@@ -164,6 +166,7 @@ class CacheSettings:
 
 @dataclass(frozen=True, slots=True)
 class BatchSettings:
+    enabled: bool
     directory: Path
     max_file_mb: int
     max_storage_mb: int

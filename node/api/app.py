@@ -203,10 +203,12 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             plain_rate=controller.costs.plain_rate if controller is not None else None)
         sampler = asyncio.create_task(savings.run(), name="reame-savings")
         state = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), savings, controller)
-        batches = await start_batches(settings, state, engine)
+        if settings.batch.enabled:
+            batches = await start_batches(settings, state, engine)
         app[STATE] = replace(state, batches=batches)
         yield
-        await batches.close()
+        if batches is not None:
+            await batches.close()
         await service.drain()
     finally:
         if sampler is not None:

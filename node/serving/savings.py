@@ -44,6 +44,8 @@ class Point:
 
     t: float
     busy_s: float
+    answers: int
+    l1_answers: int
     prompt: int
     completion: int
     computed: int
@@ -86,7 +88,8 @@ class Savings:
         computed = counter("prefill_tokens") + counter("generated_tokens") - counter("draft_accepted")
         drafts = dict(self.drafts()) if self.drafts is not None else {}
         ledger = self.ledger
-        return Point(self.clock(), ledger.busy_s, ledger.prompt_tokens, ledger.completion_tokens, computed,
+        return Point(self.clock(), ledger.busy_s, ledger.answers, ledger.l1_answers, ledger.prompt_tokens,
+                     ledger.completion_tokens, computed,
                      ledger.l1_tokens, counter("prefix_tokens_restored"), drafts)
 
     def sample(self) -> Point:
@@ -104,11 +107,13 @@ class Savings:
         effective = _rate(b.completion - a.completion, busy)
         plain = self.plain_rate() if self.plain_rate is not None else None
         return {
-            "seconds": round(b.t - a.t, 3), "busy_seconds": round(busy, 3),
+            "seconds": round(b.t - a.t, 3), "busy_seconds": round(busy, 3), "answers": b.answers - a.answers,
             "tokens_served": served, "prompt_tokens": b.prompt - a.prompt,
             "completion_tokens": b.completion - a.completion, "tokens_computed": b.computed - a.computed,
             "saved": {
-                **{name: {"tokens": tokens, "share": _share(tokens, served)} for name, tokens in tiers.items()},
+                "l1": {"tokens": tiers["l1"], "share": _share(tiers["l1"], served),
+                       "answers": b.l1_answers - a.l1_answers},
+                "prefix": {"tokens": tiers["prefix"], "share": _share(tiers["prefix"], served)},
                 "drafts": {"tokens": drafted, "share": _share(drafted, served), "by_source": drafts},
             },
             "effective_tokens_per_second": effective,
