@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from node.api.routes import json_response, read_json
 from node.api.state import STATE
@@ -55,10 +56,21 @@ def listing(objects: list[dict[str, Any]], limit: int) -> dict[str, Any]:
 
 async def upload_file(request: web.Request) -> web.Response:
     runner = runner_of(request)
-    store = runner.store
     if not request.content_type.startswith("multipart/"):
         raise InvalidRequest("Upload the file as multipart/form-data with fields 'purpose' and 'file'",
                              code="invalid_upload")
+    try:
+        record = await receive(request, runner)
+    except (ValueError, AssertionError, UnicodeDecodeError, HttpProcessingError) as exc:  # a malformed form
+        raise InvalidRequest(f"The multipart body could not be read: {exc}", code="invalid_upload") from None
+    if record is None:
+        raise InvalidRequest("The upload has no 'file' field", param="file")
+    return json_response(record.to_object())
+
+
+async def receive(request: web.Request, runner: BatchRunner) -> FileRecord | None:
+    """Read the form: `purpose` first, then `file` streamed into the store."""
+    store = runner.store
     reader = await request.multipart()
     purpose: str | None = None
     record: FileRecord | None = None
@@ -81,9 +93,7 @@ async def upload_file(request: web.Request) -> web.Response:
             except BaseException:
                 await upload.abort()
                 raise
-    if record is None:
-        raise InvalidRequest("The upload has no 'file' field", param="file")
-    return json_response(record.to_object())
+    return record
 
 
 async def file_record(request: web.Request) -> FileRecord:
