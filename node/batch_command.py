@@ -286,6 +286,9 @@ async def run(input_path: Path, output_path: Path, *, server: str | None, via: s
     answered = out.open()
     todo = [line for line in lines if line.custom_id not in answered]
     tally = Tally(total=len(todo), skipped=len(lines) - len(todo))
+    if not todo:  # everything answered already: no node or model to ask
+        out.close([line.custom_id for line in lines])
+        return tally
     client: NodeClient | None = None
     closer: Callable[[], Awaitable[None]] | None = None
     try:

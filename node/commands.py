@@ -57,6 +57,13 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     return parser
 
 
+def quiet_logging(verbose: bool) -> None:
+    """Warnings only, unless --verbose; llama.cpp's load-time remarks are not the user's business."""
+    configure_logging("info" if verbose else "warning")
+    if not verbose:
+        logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+
+
 def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     serving = args.serve
     flags = {
@@ -173,9 +180,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
     parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
     parser.add_argument("--verbose", action="store_true", help="log what the node does")
     args = parser.parse_args(argv)
-    configure_logging("info" if args.verbose else "warning")
-    if not args.verbose:
-        logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+    quiet_logging(args.verbose)
     settings = load_settings(args.config, {"model.path": args.model, "model.threads": args.threads,
                                            "model.context_length": args.ctx, "server.parallel": 1,
                                            "arca.remote": args.arca})
@@ -261,9 +266,7 @@ def cmd_batch(argv: Sequence[str]) -> int:
     parser.add_argument("--parallel", type=int, help="sequences decoded together for a model loaded here")
     parser.add_argument("--verbose", action="store_true", help="log what the node does")
     args = parser.parse_args(argv)
-    configure_logging("info" if args.verbose else "warning")
-    if not args.verbose:
-        logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+    quiet_logging(args.verbose)
     if (args.server is None) == (args.model is None):
         parser.error("give either --server URL or MODEL")
     if args.concurrency is not None and (args.concurrency < 1 or (args.server and args.via == "batch-api")):
