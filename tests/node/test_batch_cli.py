@@ -130,3 +130,18 @@ def test_ctrl_c_cancels_the_batch_and_leaves_whole_lines_a_rerun_completes(node,
     code, screen = Terminal(str(source), "-o", str(out), "--server", url, "--via", "requests").wait()
     assert code == 0 and f"({len(ids) - len(kept)} ok, 0 failed, {len(kept)} already done)" in screen, screen
     assert output_ids(out) == ids
+
+
+def test_reame_stats_prints_what_the_node_saved(node):
+    url, _ = node
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
+    table = subprocess.run([sys.executable, "-m", "node.cli", "stats", "--server", url], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    for label in ("tokens served", "tokens computed", "L1 answers", "prefix KV restored", "drafts accepted",
+                  "effective tok/s", "served/s trend"):
+        assert label in table.stdout
+    raw = subprocess.run([sys.executable, "-m", "node.cli", "stats", "--server", url, "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    report = orjson.loads(raw.stdout)
+    assert report["since_start"]["tokens_served"] > 0  # the batches of the tests above
