@@ -13,8 +13,8 @@ Each step (all on the one thread that owns the llama context):
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
    prompt is complete (`submit_n` uses the same path);
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
-   each), then prefill chunks of newcomers (interactive ones first) under
-   `step_token_budget`, so a long prompt
+   each), then prefill chunks of newcomers (interactive ones first; a batch prompt only
+   while no interactive request is active) under `step_token_budget`, so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step;
@@ -283,11 +283,12 @@ class Scheduler:
         used = sum(len(e.tokens) for e in entries)
         budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         budget = min(budget, self._batch.capacity - used)
+        live = any(seq.request.priority == INTERACTIVE for seq in self._active)
         for seq in sorted(self._active, key=_priority):  # interactive prompts get the step's room first
             if budget <= 0:
                 break
-            if seq.phase is not Phase.PREFILL:
-                continue
+            if seq.phase is not Phase.PREFILL or (live and seq.request.priority > INTERACTIVE):
+                continue  # a batch prompt waits while live requests run: its chunks would slow their steps
             n = min(seq.prefill_left, budget)
             if seq.store_at:
                 n = min(n, seq.store_at[0] - seq.n_past)

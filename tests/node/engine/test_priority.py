@@ -78,3 +78,34 @@ def test_interactive_slots_must_leave_a_slot_for_batch_work(gemma_path):
 
     with pytest.raises(InvalidRequest, match="interactive_slots"):
         EngineConfig(model_path=gemma_path, n_parallel=2, interactive_slots=2).check()
+
+
+def test_a_batch_prompt_waits_while_a_live_request_decodes(gemma_path):
+    from node.engine.engine import Engine, EngineConfig
+    from node.engine.types import TextDelta
+
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=256, n_parallel=2, n_batch=128, max_queue=16,
+                              step_token_budget=64, interactive_slots=0))
+    try:
+        events: list[tuple[str, str]] = []
+        lock = threading.Lock()
+
+        def drain(name, handle, first=None):
+            for event in handle.iter_sync(120):
+                with lock:
+                    events.append((name, type(event).__name__))
+                if first is not None and isinstance(event, TextDelta):
+                    first.set()
+
+        live = eng.submit(request(eng, "Once upon a time", INTERACTIVE, max_tokens=12))
+        decoding = threading.Event()
+        reader = threading.Thread(target=drain, args=("live", live, decoding))
+        reader.start()
+        assert decoding.wait(120)
+        batch = eng.submit(request(eng, "The weather today is", BATCH, max_tokens=4))
+        drain("batch", batch)
+        reader.join(120)
+        # a free slot, yet the batch line's prompt went in only after the live request ended
+        assert events.index(("live", "Finished")) < events.index(("batch", "TextDelta"))
+    finally:
+        eng.close()
