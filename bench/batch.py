@@ -11,19 +11,18 @@ archive):
 - one by one: a plain client POSTing each line and waiting for its answer, wall time.
 Both nodes' `/v1/reame/stats` figures follow (tokens served, computed, saved per tier). Then
 fairness on the batch node: the p50 latency of `--probes` live chat requests alone, and again
-while a second batch of new lines runs, and their ratio. Prints the load average (`uptime`)
+while a second batch of new lines runs (then cancelled with Ctrl-C), and their ratio. Prints the load average (`uptime`)
 before and after: the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -150,14 +149,14 @@ def main() -> int:
         second = work / "second.jsonl"
         second.write_bytes(b"".join(orjson.dumps(line) + b"\n"
                                     for line in lines(reviews(args.lines, 0, offset=10_000), "second")))
-        background = threading.Thread(target=subprocess.run, args=([sys.executable, "-m", "node.cli", "batch",
-                                      str(second), "-o", str(work / "second.out.jsonl"), "--server", url],),
-                                      kwargs={"cwd": ROOT, "capture_output": True})
-        background.start()
+        background = subprocess.Popen([sys.executable, "-m", "node.cli", "batch", str(second), "-o",
+                                       str(work / "second.out.jsonl"), "--server", url], cwd=ROOT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3)  # the batch is running
         during = probe(url, args.probes, "busy")
-        overlapped = background.is_alive()
-        background.join()
+        overlapped = background.poll() is None
+        background.send_signal(signal.SIGINT)  # Ctrl-C: the node's batch is cancelled
+        background.wait(600)
         p50_alone, p50_during = statistics.median(alone), statistics.median(during)
         print(f"fairness: live chat p50 {p50_alone * 1000:.0f} ms alone, {p50_during * 1000:.0f} ms during a batch "
               f"({p50_during / p50_alone:.2f}x){'' if overlapped else ' (the batch ended before the probes: rerun with more --lines)'}; "

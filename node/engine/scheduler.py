@@ -13,11 +13,14 @@ Each step (all on the one thread that owns the llama context):
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
    prompt is complete (`submit_n` uses the same path);
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
-   each), then prefill chunks of newcomers (interactive ones first; a batch prompt only
-   while no interactive request is active) under `step_token_budget`, so a long prompt
+   each), then prefill chunks of newcomers (interactive ones first) under
+   `step_token_budget`, so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
-   per-sequence state is saved right after the step;
+   per-sequence state is saved right after the step. While an interactive request is
+   active, batch work yields (`_plan`): batch prompts wait, batch sequences verify no
+   drafts and sit out the steps that prefill an interactive prompt; a batch prompt goes in
+   chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
@@ -51,6 +54,7 @@ from node.engine.verify import verify
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored")
@@ -274,22 +278,30 @@ class Scheduler:
     # -- the batch ----------------------------------------------------------------------------
 
     def _plan(self) -> list[_Entry]:
+        """The step's entries. While an interactive request is active, batch work yields: batch
+        prompts wait, batch sequences verify no drafts, and sit out the steps in which an
+        interactive prompt is prefilled (its time to first token is the batch-free one)."""
         entries: list[_Entry] = []
-        decoding = [s for s in self._active if s.phase is Phase.DECODE]
+        live = [seq for seq in self._active if seq.request.priority == INTERACTIVE]
+        live_prefill = any(seq.phase is not Phase.DECODE for seq in live)
+        decoding = [s for s in self._active if s.phase is Phase.DECODE
+                    and not (live_prefill and s.request.priority > INTERACTIVE)]
         if decoding and self._speculator is not None:
             self._hook("start_step", len(decoding))
         for seq in decoding:
-            entries.append(_Entry(seq, seq.pending + self._drafts(seq), seq.n_past, True))
+            drafts = [] if live and seq.request.priority > INTERACTIVE else self._drafts(seq)
+            entries.append(_Entry(seq, seq.pending + drafts, seq.n_past, True))
         used = sum(len(e.tokens) for e in entries)
         budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         budget = min(budget, self._batch.capacity - used)
-        live = any(seq.request.priority == INTERACTIVE for seq in self._active)
         for seq in sorted(self._active, key=_priority):  # interactive prompts get the step's room first
             if budget <= 0:
                 break
-            if seq.phase is not Phase.PREFILL or (live and seq.request.priority > INTERACTIVE):
+            batch = seq.request.priority > INTERACTIVE
+            if seq.phase is not Phase.PREFILL or (live and batch):
                 continue  # a batch prompt waits while live requests run: its chunks would slow their steps
-            n = min(seq.prefill_left, budget)
+            # a batch prompt goes in small chunks: a live request arriving waits for one of them at most
+            n = min(seq.prefill_left, budget, BATCH_PREFILL_CHUNK if batch else budget)
             if seq.store_at:
                 n = min(n, seq.store_at[0] - seq.n_past)
             entries.append(_Entry(seq, list(seq.prompt[seq.n_past:seq.n_past + n]), seq.n_past, False))

@@ -109,3 +109,40 @@ def test_a_batch_prompt_waits_while_a_live_request_decodes(gemma_path):
         assert events.index(("live", "Finished")) < events.index(("batch", "TextDelta"))
     finally:
         eng.close()
+
+
+def test_batch_sequences_sit_out_a_live_prompt(gemma_path):
+    from node.engine.engine import Engine, EngineConfig
+    from node.engine.types import TextDelta
+
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=512, n_parallel=2, n_batch=256, max_queue=16,
+                              step_token_budget=16, interactive_slots=0))
+    try:
+        events: list[str] = []
+        lock = threading.Lock()
+
+        def drain(name, handle, started=None):
+            for event in handle.iter_sync(120):
+                if isinstance(event, TextDelta):
+                    with lock:
+                        events.append(name)
+                    if started is not None:
+                        started.set()
+
+        long_batch = GenerationRequest(prompt_tokens=tuple(eng.tokenize("A list of fruits: apple, pear,")),
+                                       max_tokens=80, sampling=GREEDY, priority=BATCH, speculation=False)
+        decoding = threading.Event()
+        reader = threading.Thread(target=drain, args=("batch", eng.submit(long_batch), decoding))
+        reader.start()
+        assert decoding.wait(120)
+        prompt = "Describe the harbour, the quay, the customs house and the pilots' tower. " * 6
+        with lock:
+            events.append("submit")
+        drain("live", eng.submit(request(eng, prompt, INTERACTIVE, max_tokens=2)))
+        reader.join(180)
+        between = events[events.index("submit"):events.index("live")]
+        # with 16 tokens a step beside a decoding batch, the ~100-token prompt would take 7 steps,
+        # the batch emitting a token in each; the batch sits them out, so only a step in flight counts
+        assert between.count("batch") <= 2, between
+    finally:
+        eng.close()
