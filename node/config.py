@@ -67,6 +67,21 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
          "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
+    _opt("batch", "enabled", bool, True,
+         "Serve the Batch API (/v1/files, /v1/batches) and run its batches in the background."),
+    _opt("batch", "directory", str, "", "Batch API files and progress (SQLite); empty = <home>/batches."),
+    _opt("batch", "max_file_mb", int, 100, "Largest file POST /v1/files accepts, in MB (413 above)."),
+    _opt("batch", "max_storage_mb", int, 2048,
+         "Bytes all stored files may take, in MB; an upload past it is refused (507), never evicted."),
+    _opt("batch", "max_lines", int, 50_000, "Most request lines one batch input file may hold."),
+    _opt("batch", "concurrency", int, 0,
+         "Batch lines in flight at once; 0 = the engine's slots minus interactive_slots."),
+    _opt("batch", "interactive_slots", int, 1,
+         "Engine slots batch lines leave free for live requests (0 = a batch may fill every slot)."),
+    _opt("stats", "window_minutes", int, 15, "The recent window GET /v1/reame/stats reports beside since-start."),
+    _opt("stats", "sample_seconds", int, 10, "Seconds between two points of the savings trend."),
+    _opt("stats", "log_minutes", int, 5,
+         "Minutes between two savings log lines while the node is busy; 0 = never logged."),
     _opt("arca", "remote", str, "",
          "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
          "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
@@ -176,6 +191,24 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchSettings:
+    enabled: bool
+    directory: Path
+    max_file_mb: int
+    max_storage_mb: int
+    max_lines: int
+    concurrency: int
+    interactive_slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSettings:
+    window_minutes: int
+    sample_seconds: int
+    log_minutes: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSettings:
     model: ModelSettings
     memory: MemorySettings
@@ -183,6 +216,8 @@ class NodeSettings:
     arca: ArcaSettings
     cache: CacheSettings
     speculative: SpeculativeSettings
+    batch: BatchSettings
+    stats: StatsSettings
     home: Path
     config_file: Path | None = None
 
@@ -248,6 +283,14 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "arca.l1_ttl_s": _at_least(0),
     "arca.kv_ttl_s": _at_least(0),
     "arca.corpus_max_streams": _at_least(1),
+    "batch.max_file_mb": _at_least(1),
+    "batch.max_storage_mb": _at_least(1),
+    "batch.max_lines": _at_least(1),
+    "batch.concurrency": _at_least(0),
+    "batch.interactive_slots": _at_least(0),
+    "stats.window_minutes": _at_least(1),
+    "stats.sample_seconds": _at_least(1),
+    "stats.log_minutes": _at_least(0),
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
     "arca.observe_prompt_tokens": _at_least(0),
@@ -326,6 +369,8 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         speculative=SpeculativeSettings(**{
             **spec, "sources": tuple(dict.fromkeys(n.strip() for n in spec["sources"].split(",") if n.strip())),
             "draft_model_path": optional(spec["draft_model_path"])}),
+        batch=BatchSettings(**{**section("batch"), "directory": directory(section("batch")["directory"], "batches")}),
+        stats=StatsSettings(**section("stats")),
         home=home,
         config_file=file,
     )

@@ -1,4 +1,4 @@
-"""The node's HTTP routes: OpenAI completions and chat, models, health, metrics, the web page.
+"""The node's HTTP routes: OpenAI completions and chat, models, health, metrics, savings, the web page.
 
 Handlers parse and validate into frozen requests (node.api.schemas), ask the service for an
 answer and shape it (node.api.shapes), as one JSON body or as SSE chunks. Every response
@@ -27,6 +27,7 @@ from node.api.sse import EventStream
 from node.api.state import STATE, NodeState
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
 from node.serving.metrics import CONTENT_TYPE
+from node.serving.answer import Answer
 from node.serving.service import Plan
 
 log = logging.getLogger(__name__)
@@ -112,12 +113,17 @@ async def answer(request: web.Request, state: NodeState, plan: Plan,
             headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
             if plan.options.stream:
                 return await stream_answer(request, plan, result, identity, n_choices, headers)
-            collector = Collector(identity, n_choices, plan.options.logprobs is not None)
-            async for event in result.events():
-                collector.add(event)
-            return json_response(collector.response(plan.prompt_tokens), headers=headers)
+            return json_response(await collect(plan, result, identity), headers=headers)
     finally:
         state.gate.leave()
+
+
+async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
+    """The whole OpenAI response object of a non-streamed answer."""
+    collector = Collector(identity, sum(job.n for job in plan.jobs), plan.options.logprobs is not None)
+    async for event in result.events():
+        collector.add(event)
+    return collector.response(plan.prompt_tokens)
 
 
 async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
@@ -217,6 +223,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
+async def savings(request: web.Request) -> web.Response:
+    """Tokens served against tokens computed, by tier, since start and recently (node/serving/savings.py)."""
+    return json_response(request.app[STATE].savings.report())
+
+
 async def openapi_description(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return json_response(openapi.document(state.model.model_id, __version__,
@@ -234,6 +245,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model}", model_detail)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/reame/stats", savings)
     app.router.add_get("/openapi.json", openapi_description)
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC_DIR, show_index=False)

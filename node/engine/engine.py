@@ -94,7 +94,8 @@ class Engine:
             raise
         self._scheduler = Scheduler(
             self._model, self._ctx,
-            SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft),
+            SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft,
+                            config.interactive_slots),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
             threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None)
         self._closed = False

@@ -2,18 +2,25 @@
 
 Each step (all on the one thread that owns the llama context):
 1. cancelled requests end and their slots are freed;
-2. queued requests are admitted in arrival order while a slot is free and the KV budget
-   (budget.py) can hold what they may grow to: prompt + max_tokens (+ draft room). A
-   request that is admitted can therefore never run out of KV; the rest wait in a
-   bounded queue (`EngineOverloaded` beyond it). Requests with a prompt identical to one being
+2. queued requests are admitted, interactive ones first (`GenerationRequest.priority`;
+   arrival order within a class), while a slot is free and the KV budget (budget.py) can
+   hold what they may grow to: prompt + max_tokens (+ draft room). A batch-priority
+   request takes a slot only while more than `interactive_slots` are free, so a live
+   request arriving during a batch finds a slot at once. A request that is admitted can
+   therefore never run out of KV; the rest wait in a bounded queue (`EngineOverloaded`
+   beyond it). Requests with a prompt identical to one being
    prefilled become its followers: they hold a slot and reserve only their own
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
    prompt is complete (`submit_n` uses the same path);
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
-   each), then prefill chunks of newcomers under `step_token_budget`, so a long prompt
+   each), then prefill chunks of newcomers (interactive ones first) under
+   `step_token_budget`, so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
-   per-sequence state is saved right after the step;
+   per-sequence state is saved right after the step. While an interactive request is
+   active, batch work yields (`_plan`): batch prompts wait, batch sequences verify no
+   drafts and sit out the steps that prefill an interactive prompt; a batch prompt goes in
+   chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
@@ -42,12 +49,13 @@ from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
-from node.engine.types import FinishReason
+from node.engine.types import INTERACTIVE, FinishReason
 from node.engine.verify import verify
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored")
@@ -59,6 +67,11 @@ class SchedulerLimits:
     max_queue: int
     step_token_budget: int
     max_draft: int = 0
+    interactive_slots: int = 0  # slots batch-priority requests leave free
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.request.priority
 
 
 @dataclass(slots=True)
@@ -212,19 +225,30 @@ class Scheduler:
     def _admit(self) -> None:
         while self._budget.free_slots:
             with self._lock:
-                if not self._queue:
+                seq = self._next_waiting()
+                if seq is None:
                     return
-                seq = self._queue[0]
                 leader = self._prefilling_leader(seq)
                 prompt_cells = 0 if leader else len(seq.prompt)
                 own = seq.request.max_tokens + self._limits.max_draft
                 if not self._budget.fits(prompt_cells, own):
-                    return  # arrival order: the head waits for room, nobody overtakes it
-                self._queue.popleft()
+                    return  # the head waits for room, nobody overtakes it
+                self._queue.remove(seq)
             try:
                 self._start(seq, own, leader)
             except Exception as exc:  # this request alone fails; what it took is given back
                 self._refuse(seq, exc)
+
+    def _next_waiting(self) -> Sequence | None:
+        """The head of the queue: its first request of the most urgent class (interactive before
+        batch, arrival order within a class). A batch request only while more slots are free
+        than the ones kept for interactive work (`interactive_slots`)."""
+        if not self._queue:
+            return None
+        head = min(self._queue, key=_priority)  # min keeps the first of equals: arrival order
+        if head.request.priority > INTERACTIVE and len(self._budget.free_slots) <= self._limits.interactive_slots:
+            return None
+        return head
 
     def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
@@ -281,21 +305,30 @@ class Scheduler:
     # -- the batch ----------------------------------------------------------------------------
 
     def _plan(self) -> list[_Entry]:
+        """The step's entries. While an interactive request is active, batch work yields: batch
+        prompts wait, batch sequences verify no drafts, and sit out the steps in which an
+        interactive prompt is prefilled (its time to first token is the batch-free one)."""
         entries: list[_Entry] = []
-        decoding = [s for s in self._active if s.phase is Phase.DECODE]
+        live = [seq for seq in self._active if seq.request.priority == INTERACTIVE]
+        live_prefill = any(seq.phase is not Phase.DECODE for seq in live)
+        decoding = [s for s in self._active if s.phase is Phase.DECODE
+                    and not (live_prefill and s.request.priority > INTERACTIVE)]
         if decoding and self._speculator is not None:
             self._hook("start_step", len(decoding))
         for seq in decoding:
-            entries.append(_Entry(seq, seq.pending + self._drafts(seq), seq.n_past, True))
+            drafts = [] if live and seq.request.priority > INTERACTIVE else self._drafts(seq)
+            entries.append(_Entry(seq, seq.pending + drafts, seq.n_past, True))
         used = sum(len(e.tokens) for e in entries)
         budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         budget = min(budget, self._batch.capacity - used)
-        for seq in self._active:
+        for seq in sorted(self._active, key=_priority):  # interactive prompts get the step's room first
             if budget <= 0:
                 break
-            if seq.phase is not Phase.PREFILL:
-                continue
-            n = min(seq.prefill_left, budget)
+            batch = seq.request.priority > INTERACTIVE
+            if seq.phase is not Phase.PREFILL or (live and batch):
+                continue  # a batch prompt waits while live requests run: its chunks would slow their steps
+            # a batch prompt goes in small chunks: a live request arriving waits for one of them at most
+            n = min(seq.prefill_left, budget, BATCH_PREFILL_CHUNK if batch else budget)
             if seq.store_at:
                 n = min(n, seq.store_at[0] - seq.n_past)
             entries.append(_Entry(seq, list(seq.prompt[seq.n_past:seq.n_past + n]), seq.n_past, False))

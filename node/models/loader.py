@@ -202,6 +202,7 @@ def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: Prefix
         step_token_budget=min(STEP_TOKEN_BUDGET, plan.n_batch), prefix_cache=prefix_cache,
         on_progress=progress, speculator=speculator,
         max_draft=speculator.config.max_draft if speculator is not None else 0,
+        interactive_slots=min(settings.batch.interactive_slots, plan.n_parallel - 1),
     )
 
 

@@ -108,6 +108,13 @@ class CostCurve:
             log.info("verify cost curve: %.1f ms + %.2f ms per token (measured: %s)", self.intercept * 1000,
                      self.slope * 1000, ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())))
 
+    def plain_rate(self) -> float | None:
+        """Tokens per second of plain single-stream decoding as calibrated at start-up (one token
+        per step, the scale left out), or None before a calibration."""
+        if not self.measured:
+            return None
+        return 1.0 / (self.intercept + self.slope)
+
     def seconds(self, n_tokens: int) -> float:
         return (self.intercept + self.slope * max(1, n_tokens)) * self.scale
 
