@@ -178,6 +178,34 @@ def keys_elsewhere(cluster: RedisCluster, count: int) -> list[bytes]:
 
 
 @needs_redis
+async def test_cluster_follows_a_moved_slot(cluster):
+    """A slot resharded after the client loaded the map: the MOVED reply is followed."""
+    import itertools
+    import subprocess
+
+    from redis.crc import key_slot
+
+    source, target = cluster.masters[1], cluster.masters[2]
+    key = next(b"moved-%d" % i for i in itertools.count() if key_slot(b"reame:l1:moved-%d" % i) == 5461)
+    archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=3000)
+    await archive.start()
+    try:
+        await archive.set(key, b"before")
+        moved = subprocess.run(["redis-cli", "--cluster", "reshard", f"127.0.0.1:{source.port}",
+                                "--cluster-from", source.call("cluster", "myid"),
+                                "--cluster-to", target.call("cluster", "myid"),
+                                "--cluster-slots", "1", "--cluster-yes"], capture_output=True, text=True, timeout=60)
+        assert moved.returncode == 0, moved.stdout[-2000:]
+        cluster.wait(lambda: target.call("cluster", "countkeysinslot", "5461") == "1", 30, "slot 5461 to move")
+        assert await archive.get(key) == b"before"  # MOVED: the client follows it to the new master
+        await archive.set(key, b"after")
+        assert target.call("get", "reame:l1:" + key.decode()) == "after"
+        assert archive.state() == "ok" and archive.counters.errors["get"] == archive.counters.errors["set"] == 0
+    finally:
+        await archive.close()
+
+
+@needs_redis
 async def test_cluster_tiers_and_a_failed_master(cluster, caplog):
     caplog.set_level(logging.INFO, logger="node.archive")
     archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=3000)
