@@ -1,11 +1,12 @@
-"""The node's subcommands: `reame list`, `reame run`, `reame warm`, and the config mode
-`reame --config FILE`.
+"""The node's subcommands: `reame list`, `reame run`, `reame warm`, `reame batch`, `reame stats`,
+and the config mode `reame --config FILE`.
 
 `run` answers one prompt (streamed to stdout through the chat template), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
 `warm` prefills documents known in advance into the prefix cache directory a node will use
 (node/sessions/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
-Expected failures (unknown model, bad config, no network, a prompt too long) end in one line
+`batch` answers a Batch API input file (node/batch_command.py); `stats` shows what a running
+node saved (GET /v1/reame/stats). Expected failures (unknown model, bad config, no network, a prompt too long) end in one line
 on stderr and exit code 1, never a traceback.
 """
 
@@ -15,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -54,6 +56,13 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     serve.add_argument("--arca", metavar="URL", help="shared archive: host:port, redis://, rediss://, "
                        "redis+cluster://... (default: embedded)")
     return parser
+
+
+def quiet_logging(verbose: bool) -> None:
+    """Warnings only, unless --verbose; llama.cpp's load-time remarks are not the user's business."""
+    configure_logging("info" if verbose else "warning")
+    if not verbose:
+        logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
 
 
 def settings_from_args(args: argparse.Namespace) -> NodeSettings:
@@ -172,9 +181,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
     parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
     parser.add_argument("--verbose", action="store_true", help="log what the node does")
     args = parser.parse_args(argv)
-    configure_logging("info" if args.verbose else "warning")
-    if not args.verbose:
-        logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+    quiet_logging(args.verbose)
     settings = load_settings(args.config, {"model.path": args.model, "model.threads": args.threads,
                                            "model.context_length": args.ctx, "server.parallel": 1,
                                            "arca.remote": args.arca})
@@ -199,7 +206,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
 async def warm_documents(engine: Engine, settings: NodeSettings, documents: list[tuple[Path, str]], form: str) -> int:
     import asyncio
 
-    from node.archive.client import RemoteArchive, open_archive
+    from node.archive.client import open_archive
     from node.cache.fleet import FleetTier
     from node.cache.prefix_cache import PrefixCache
     from node.serving.prompts import rendered_tokens
@@ -229,7 +236,7 @@ async def warm_documents(engine: Engine, settings: NodeSettings, documents: list
         if fleet is not None and archive is not None:
             await fleet.drain()
             pushed = int(cache.stats()["fleet_pushes"])
-            where = archive.name if isinstance(archive, RemoteArchive) else "the archive"
+            where = getattr(archive, "name", "the archive")
             print(f"pushed {pushed} states to {where} (archive: {archive.state()})")
     finally:
         if fleet is not None:
@@ -239,10 +246,119 @@ async def warm_documents(engine: Engine, settings: NodeSettings, documents: list
     return 0
 
 
+# ----------------------------------------------------------------------------- reame batch
+
+
+def cmd_batch(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="reame batch", description="Answer a Batch API input file (JSON Lines of custom_id, method, url, "
+        "body) into an output file, against a running node or a model loaded here. A rerun skips the "
+        "custom_ids the output already answers; Ctrl-C leaves a consistent output.")
+    parser.add_argument("input", type=Path, help="JSON Lines, OpenAI's batch input format")
+    parser.add_argument("model", nargs="?", help="catalog alias or GGUF path to load here (instead of --server)")
+    parser.add_argument("-o", "--output", type=Path, help="output JSON Lines (default: INPUT.output.jsonl)")
+    parser.add_argument("--server", metavar="URL", help="a running node, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--via", choices=("batch-api", "requests"), default="batch-api",
+                        help="with --server: the node's Batch API (default) or one request per line")
+    parser.add_argument("--concurrency", type=int, help="lines in flight at once (default: the engine's slots); "
+                        "not with the Batch API, where the node's [batch] concurrency decides")
+    parser.add_argument("--api-key", help="the node's bearer key (default: $REAME_API_KEY)")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="INI settings for a model loaded here")
+    parser.add_argument("--parallel", type=int, help="sequences decoded together for a model loaded here")
+    parser.add_argument("--verbose", action="store_true", help="log what the node does")
+    args = parser.parse_args(argv)
+    quiet_logging(args.verbose)
+    if (args.server is None) == (args.model is None):
+        parser.error("give either --server URL or MODEL")
+    if args.concurrency is not None and (args.concurrency < 1 or (args.server and args.via == "batch-api")):
+        parser.error("--concurrency must be >= 1, and goes with --via requests or MODEL")
+    import asyncio
+
+    from node.batch_command import BatchInputError, open_local, run as run_batch
+
+    output = args.output or args.input.with_name(args.input.stem + ".output.jsonl")
+    local = None
+    if args.model is not None:
+        # no Batch API runner in this process (a node sharing the home runs its own batches),
+        # and no slot kept for live requests: there are none here
+        settings = load_settings(args.config, {"model.path": args.model, "server.parallel": args.parallel,
+                                               "batch.enabled": False, "batch.interactive_slots": 0})
+        local = partial(open_local, settings)
+    try:
+        tally = asyncio.run(run_batch(args.input, output, server=args.server, via=args.via,
+                                      concurrency=args.concurrency, api_key=args.api_key, local=local))
+    except BatchInputError as exc:
+        print(f"reame batch: {exc}", file=sys.stderr)
+        return 1
+    print(tally.summary(output))
+    return 0 if tally.failed == 0 else 1
+
+
+# ----------------------------------------------------------------------------- reame stats
+
+
+def cmd_stats(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="reame stats", description="What a running node saved: tokens "
+                                     "served against tokens computed, by tier (GET /v1/reame/stats).")
+    parser.add_argument("--server", metavar="URL", default="http://127.0.0.1:8080", help="the node (default %(default)s)")
+    parser.add_argument("--api-key", help="the node's bearer key (default: $REAME_API_KEY)")
+    parser.add_argument("--json", action="store_true", help="print the endpoint's JSON as it is")
+    args = parser.parse_args(argv)
+    import urllib.request
+
+    import orjson
+
+    key = args.api_key or os.environ.get("REAME_API_KEY")
+    request = urllib.request.Request(args.server.rstrip("/").removesuffix("/v1") + "/v1/reame/stats",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        report = orjson.loads(response.read())
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{args.server}: what the archive saved", title_justify="left")
+    table.add_column("")
+    periods = {"since start": report["since_start"], f"last {report['window_minutes']} min": report["window"]}
+    for name in periods:
+        table.add_column(name, justify="right")
+
+    def row(label: str, value: Callable[[dict], object]) -> None:
+        table.add_row(label, *(str(value(period)) for period in periods.values()))
+
+    row("tokens served", lambda p: p["tokens_served"])
+    row("tokens computed", lambda p: p["tokens_computed"])
+    row("L1 answers (tokens, share)", lambda p: f"{p['saved']['l1']['answers']} ({p['saved']['l1']['tokens']}, "
+        f"{p['saved']['l1']['share']:.0%})")
+    row("prefix KV restored (share)", lambda p: f"{p['saved']['prefix']['tokens']} ({p['saved']['prefix']['share']:.0%})")
+    row("drafts accepted (share)", lambda p: f"{p['saved']['drafts']['tokens']} ({p['saved']['drafts']['share']:.0%})")
+    for source in report["since_start"]["saved"]["drafts"]["by_source"]:
+        row(f"  from {source}", partial(_drafts_from, source))
+    row("effective tok/s", lambda p: p["effective_tokens_per_second"] if p["effective_tokens_per_second"] is not None
+        else "-")
+    row("plain tok/s (start-up)", lambda p: p["plain_tokens_per_second"] or "-")
+    row("speed-up", lambda p: f"{p['speedup']:.2f}x" if p["speedup"] else "-")
+    Console().print(table)
+    rates = [point["served_per_second"] or 0 for point in report["trend"]][-60:]
+    if rates:
+        bars = " ▁▂▃▄▅▆▇█"
+        top = max(rates) or 1
+        print("served/s trend: " + "".join(bars[round(r / top * 8)] for r in rates))
+    return 0
+
+
+def _drafts_from(source: str, period: dict) -> object:
+    return period["saved"]["drafts"]["by_source"].get(source, 0)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "list": cmd_list,
     "run": cmd_run,
     "warm": cmd_warm,
+    "batch": cmd_batch,
+    "stats": cmd_stats,
     "--config": cmd_config,
 }
 

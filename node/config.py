@@ -29,7 +29,7 @@ OPTIONS: tuple[Option, ...] = (
          "Model: a catalog alias (`reame list`) or a path to a GGUF file."),
     _opt("model", "context_length", int, 0,
          "Context size in tokens shared by all slots; 0 = model default x parallel, capped by RAM."),
-    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4)."),
+    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4), fewer when measured faster."),
     _opt("model", "batch", int, 512, "Logical batch size: most tokens one decode step takes."),
     _opt("model", "ubatch", int, 512, "Physical micro-batch size inside one decode step."),
     _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
@@ -59,16 +59,35 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "enabled", bool, True,
          "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
     _opt("speculative", "sources", str, "lookup,archive",
-         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations)."),
-    _opt("speculative", "draft_model_path", str, "", "GGUF of a draft model (the model source); empty = none."),
+         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations), "
+         "model (a draft model: draft_model_path)."),
+    _opt("speculative", "draft_model_path", str, "",
+         "GGUF of a draft model with the target's vocabulary (source model); empty = none."),
     _opt("speculative", "min_draft", int, 1, "Shortest draft worth verifying, in tokens."),
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
          "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
+    _opt("batch", "enabled", bool, True,
+         "Serve the Batch API (/v1/files, /v1/batches) and run its batches in the background."),
+    _opt("batch", "directory", str, "", "Batch API files and progress (SQLite); empty = <home>/batches."),
+    _opt("batch", "max_file_mb", int, 100, "Largest file POST /v1/files accepts, in MB (413 above)."),
+    _opt("batch", "max_storage_mb", int, 2048,
+         "Bytes all stored files may take, in MB; an upload past it is refused (507), never evicted."),
+    _opt("batch", "max_lines", int, 50_000, "Most request lines one batch input file may hold."),
+    _opt("batch", "concurrency", int, 0,
+         "Batch lines in flight at once; 0 = the engine's slots minus interactive_slots."),
+    _opt("batch", "interactive_slots", int, 1,
+         "Engine slots batch lines leave free for live requests (0 = a batch may fill every slot)."),
+    _opt("stats", "window_minutes", int, 15, "The recent window GET /v1/reame/stats reports beside since-start."),
+    _opt("stats", "sample_seconds", int, 10, "Seconds between two points of the savings trend."),
+    _opt("stats", "log_minutes", int, 5,
+         "Minutes between two savings log lines while the node is busy; 0 = never logged."),
     _opt("arca", "remote", str, "",
          "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
          "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
     _opt("arca", "password", str, "", "AUTH password of the remote archive (a URL's own password wins); empty = none."),
+    _opt("arca", "kv_remote", str, "",
+         "L3 (shared KV states) on a server of its own, same forms as remote; empty = the remote archive."),
     _opt("arca", "tls_ca_cert_file", str, "",
          "rediss://: CA certificate that signed the server's; empty = the system's trust store."),
     _opt("arca", "tls_cert_file", str, "", "rediss://: this node's certificate, for servers that verify clients."),
@@ -128,6 +147,7 @@ class ServerSettings:
 class ArcaSettings:
     remote: str | None
     password: str | None
+    kv_remote: str | None
     tls_ca_cert_file: str | None
     tls_cert_file: str | None
     tls_key_file: str | None
@@ -171,6 +191,24 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchSettings:
+    enabled: bool
+    directory: Path
+    max_file_mb: int
+    max_storage_mb: int
+    max_lines: int
+    concurrency: int
+    interactive_slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSettings:
+    window_minutes: int
+    sample_seconds: int
+    log_minutes: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSettings:
     model: ModelSettings
     memory: MemorySettings
@@ -178,6 +216,8 @@ class NodeSettings:
     arca: ArcaSettings
     cache: CacheSettings
     speculative: SpeculativeSettings
+    batch: BatchSettings
+    stats: StatsSettings
     home: Path
     config_file: Path | None = None
 
@@ -189,14 +229,12 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-SPECULATION_SOURCES = ("lookup", "archive")
+SPECULATION_SOURCES = ("lookup", "archive", "model")
 
 
 def _sources(value: str) -> str | None:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in SPECULATION_SOURCES]
-    if "model" in unknown:
-        return "the draft-model source (model) is not available in this version; use lookup, archive"
     if unknown:
         return f"unknown source {unknown[0]!r}: expected a comma-separated list of {', '.join(SPECULATION_SOURCES)}"
     return None
@@ -241,9 +279,18 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "speculative.max_draft": _at_least(1),
     "speculative.archive_tokens": _at_least(0),
     "arca.remote": _remote,
+    "arca.kv_remote": _remote,
     "arca.l1_ttl_s": _at_least(0),
     "arca.kv_ttl_s": _at_least(0),
     "arca.corpus_max_streams": _at_least(1),
+    "batch.max_file_mb": _at_least(1),
+    "batch.max_storage_mb": _at_least(1),
+    "batch.max_lines": _at_least(1),
+    "batch.concurrency": _at_least(0),
+    "batch.interactive_slots": _at_least(0),
+    "stats.window_minutes": _at_least(1),
+    "stats.sample_seconds": _at_least(1),
+    "stats.log_minutes": _at_least(0),
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
     "arca.observe_prompt_tokens": _at_least(0),
@@ -287,6 +334,11 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
     if values["speculative.min_draft"] > values["speculative.max_draft"]:
         raise ConfigError(f"{_origin(OPTIONS_BY_NAME['speculative.min_draft'], file, env, flags)}: "
                           f"must be <= speculative.max_draft ({values['speculative.max_draft']})")
+    drafting_model = "model" in [name.strip() for name in str(values["speculative.sources"]).split(",")]
+    if drafting_model != bool(values["speculative.draft_model_path"]):
+        which = "speculative.sources" if not drafting_model else "speculative.draft_model_path"
+        raise ConfigError(f"{_origin(OPTIONS_BY_NAME[which], file, env, flags)}: the draft-model source needs both "
+                          f"'model' in speculative.sources and a speculative.draft_model_path")
     home = home_dir(env)
 
     def section(name: str) -> dict[str, Any]:
@@ -308,7 +360,7 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         memory=MemorySettings(**section("memory")),
         server=ServerSettings(**{**server, "api_key": optional(server["api_key"]),
                                  "model_id": optional(server["model_id"])}),
-        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]),
+        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]), "kv_remote": optional(arca["kv_remote"]),
                              "password": optional(arca["password"]),
                              **{name: optional(arca[name]) for name in ("tls_ca_cert_file", "tls_cert_file",
                                                                         "tls_key_file")},
@@ -317,6 +369,8 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         speculative=SpeculativeSettings(**{
             **spec, "sources": tuple(dict.fromkeys(n.strip() for n in spec["sources"].split(",") if n.strip())),
             "draft_model_path": optional(spec["draft_model_path"])}),
+        batch=BatchSettings(**{**section("batch"), "directory": directory(section("batch")["directory"], "batches")}),
+        stats=StatsSettings(**section("stats")),
         home=home,
         config_file=file,
     )

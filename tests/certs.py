@@ -1,5 +1,6 @@
 """Test certificates made with the openssl command line: a CA, a server certificate for
-127.0.0.1 and localhost, a client certificate, and a second CA that signed none of them."""
+127.0.0.1 and localhost (also usable as a client's: cluster nodes present it to each other on
+the TLS cluster bus), a client certificate, and a second CA that signed none of them."""
 
 from __future__ import annotations
 
@@ -50,6 +51,6 @@ def make_certs(directory: Path) -> Certs:
     ca = _ca(directory, "test-ca")
     other, _ = _ca(directory, "other-ca")
     server = _signed(directory, "server", ca, "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                     "extendedKeyUsage=serverAuth\n")
+                     "extendedKeyUsage=serverAuth,clientAuth\n")
     client = _signed(directory, "client", ca, "extendedKeyUsage=clientAuth\n")
     return Certs(ca[0], server[0], server[1], client[0], client[1], other)

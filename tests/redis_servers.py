@@ -81,11 +81,15 @@ class RedisCluster:
     """Three masters made into a cluster with `redis-cli --cluster create`, and one replica of
     the first master (so killing it is followed by a failover)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, tls: Certs | None = None, password: str | None = None,
+                 replica: bool = True) -> None:
+        extra = ("--tls-cluster", "yes", "--tls-replication", "yes") if tls is not None else ()
+        auth = ("--masterauth", password) if password else ()
+        self.tls, self.password = tls, password
         self.nodes = [RedisServer(directory / f"n{i}", "--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
                                   "--cluster-config-file", f"nodes-{i}.conf", "--cluster-port", str(free_port()),
-                                  "--cluster-require-full-coverage", "no")
-                      for i in range(4)]
+                                  "--cluster-require-full-coverage", "no", *extra, *auth, tls=tls, password=password)
+                      for i in range(4 if replica else 3)]
 
     @property
     def masters(self) -> list[RedisServer]:
@@ -98,15 +102,30 @@ class RedisCluster:
     def url(self, scheme: str = "redis+cluster") -> str:
         return f"{scheme}://" + ",".join(f"127.0.0.1:{node.port}" for node in self.masters)
 
+    def _cli_options(self) -> list[str]:
+        options = []
+        if self.tls is not None:
+            options += ["--tls", "--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
+                        "--key", str(self.tls.client_key)]
+        if self.password:
+            options += ["-a", self.password, "--no-auth-warning"]
+        return options
+
     def start(self) -> "RedisCluster":
         for node in self.nodes:
             node.start()
-        created = subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.masters),
-                                  "--cluster-yes"], capture_output=True, text=True, timeout=60)
+        created = subprocess.run(["redis-cli", *self._cli_options(), "--cluster", "create",
+                                  *(f"127.0.0.1:{n.port}" for n in self.masters), "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
         if created.returncode != 0:
             raise RuntimeError(f"cluster create failed: {created.stdout[-2000:]}{created.stderr[-2000:]}")
+        if len(self.nodes) == 3:
+            self.wait(lambda: all("cluster_state:ok" in n.call("cluster", "info") for n in self.nodes), 30,
+                      "the cluster")
+            return self
         first_id = self.masters[0].call("cluster", "myid")
-        added = subprocess.run(["redis-cli", "--cluster", "add-node", f"127.0.0.1:{self.replica.port}",
+        added = subprocess.run(["redis-cli", *self._cli_options(), "--cluster", "add-node",
+                                f"127.0.0.1:{self.replica.port}",
                                 f"127.0.0.1:{self.masters[0].port}", "--cluster-slave", "--cluster-master-id", first_id],
                                capture_output=True, text=True, timeout=60)
         if added.returncode != 0:

@@ -9,7 +9,8 @@ works when some other module happens to be imported first fails here.
 `test_layers_import_one_way` reads the sources (a static scan of `import` statements, lazy
 ones inside functions included) and checks the directions the design fixes: arca never
 imports node, llama_cpp or aiohttp; node/serving and node/engine never import aiohttp (and
-serving never llama_cpp); the lower node packages never import the ones above them.
+serving never llama_cpp); node/batches never imports aiohttp or the API; the lower node
+packages never import the ones above them.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("shared", ("arca", "node", "llama_cpp", "aiohttp")),
     ("node/engine", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models", "node.archive",
                      "node.cache")),
-    ("node/serving", ("aiohttp", "llama_cpp", "node.api")),
-    ("node/sessions", ("aiohttp", "llama_cpp", "node.api", "node.serving")),
+    ("node/batches", ("aiohttp", "llama_cpp", "node.api")),
+    ("node/serving", ("aiohttp", "llama_cpp", "node.api", "node.batches")),
+    ("node/sessions", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.batches")),
     ("node/archive", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.sessions", "node.engine")),
     ("node/cache", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models")),
     ("node/models", ("node.api", "node.serving", "node.sessions")),

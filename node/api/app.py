@@ -10,8 +10,11 @@ the node's own disk tier on the same disk). Sessions live in the remote archive 
 one (node/sessions/archived.py), else under `<home>/sessions`.
 With speculation on, the archive draft source (the Palimpsest) is fed by an L4 mirror
 (node/archive/mirror.py) of the model's corpus; with a remote ARCA it keeps a local copy
-under `<home>/mirror`. Shutdown order: pending writes, mirror, fleet pushes, engine, cache,
-archive.
+under `<home>/mirror` (one per server the corpus comes from). The Batch API (node/batches) keeps its store under `[batch] directory`
+and runs its lines through the same service at batch priority; the savings sampler
+(node/serving/savings.py) feeds /v1/reame/stats and the periodic savings log line. Shutdown
+order: batch lines in flight (left unfinished for the next start), sampler, pending writes,
+batch store, mirror, fleet pushes, engine, cache, archive.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
 Content-Length over it is a 413 before any body is read), Bearer auth.
@@ -20,27 +23,34 @@ Content-Length over it is a 413 before any body is read), Bearer auth.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
+from dataclasses import replace
 from functools import partial
 from typing import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from node.api.batch_lines import ApiLines
+from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
 from node.archive.mirror import CorpusMirror
+from node.batches.runner import BatchRunner
+from node.batches.store import BatchStore
 from node.cache.fleet import FleetConfig, FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
 from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
+from node.serving.savings import Savings, SavingsConfig
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.archived import ArchivedSessionStore
 from node.sessions.store import Sessions, SessionStore
@@ -50,11 +60,12 @@ from node.speculative.palimpsest import Palimpsest
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 PUBLIC_PATHS = ("/health",)
+UPLOAD_PATH = "/v1/files"
 PAGE_PATHS = ("/", "/favicon.ico")  # the chat page holds no data; its API calls carry the key
 CORS_HEADERS = {
     "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Reame-Session",
-    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
     "Access-Control-Expose-Headers": "X-Reame-Cache, X-Reame-Session",
 }
 
@@ -94,16 +105,20 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return response
 
 
-def body_limit_middleware(limit: int) -> Middleware:
+def body_limit_middleware(limit: int, upload_limit: int) -> Middleware:
     """A declared Content-Length over the limit is refused at once, before any body is read
-    (aiohttp alone would wait for the body and refuse it only after `limit` bytes)."""
+    (aiohttp alone would wait for the body and refuse it only after `limit` bytes). File
+    uploads (`POST /v1/files`) have `[batch] max_file_mb` instead, plus room for the form."""
 
     @web.middleware
     async def check_length(request: web.Request, handler: Handler) -> web.StreamResponse:
         declared = request.content_length
-        if declared is not None and declared > limit:
-            raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes "
-                                  f"([server] max_request_size_mb)")
+        upload = request.method == "POST" and request.path == UPLOAD_PATH
+        allowed, setting = (upload_limit + MIB, "[batch] max_file_mb") if upload else \
+            (limit, "[server] max_request_size_mb")
+        if declared is not None and declared > allowed:
+            raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {allowed} bytes "
+                                  f"({setting})")
         return await handler(request)
 
     return check_length
@@ -135,7 +150,7 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     if server.enable_cors:
         middlewares.append(cors_middleware)
     middlewares.append(error_middleware)
-    middlewares.append(body_limit_middleware(server.max_request_size_mb * MIB))
+    middlewares.append(body_limit_middleware(server.max_request_size_mb * MIB, settings.batch.max_file_mb * MIB))
     if server.api_key:
         middlewares.append(auth_middleware(server.api_key))
     app = web.Application(client_max_size=server.max_request_size_mb * MIB, middlewares=middlewares)
@@ -143,6 +158,7 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     app.cleanup_ctx.append(partial(node_resources, engine=engine, archive=archive))
     setup_routes(app)
     setup_cache_routes(app)
+    setup_batch_routes(app)
     return app
 
 
@@ -154,6 +170,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
     own_engine, own_archive = engine is None, archive is None
     fleet: FleetTier | None = None
     mirror: CorpusMirror | None = None
+    batches: BatchRunner | None = None
+    sampler: asyncio.Task[None] | None = None
     if engine is None:
         from node.models.loader import open_engine
 
@@ -181,10 +199,24 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
             l1_ttl_s=settings.arca.l1_ttl_s or None), cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
-        app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), controller)
+        savings = Savings(service.ledger, engine.stats, config=SavingsConfig(
+            settings.stats.window_minutes, settings.stats.sample_seconds, settings.stats.log_minutes),
+            drafts=partial(_accepted_drafts, controller) if controller is not None else None,
+            plain_rate=controller.costs.plain_rate if controller is not None else None)
+        sampler = asyncio.create_task(savings.run(), name="reame-savings")
+        state = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), savings, controller)
+        if settings.batch.enabled:
+            batches = await start_batches(settings, state, engine)
+        app[STATE] = replace(state, batches=batches)
         yield
+        if batches is not None:
+            await batches.close()
         await service.drain()
     finally:
+        if sampler is not None:
+            sampler.cancel()
+        if batches is not None:
+            await loop.run_in_executor(None, batches.store.close)
         if mirror is not None:
             await mirror.close()
         if fleet is not None:
@@ -204,6 +236,23 @@ async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessi
     return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions")
 
 
+async def start_batches(settings: NodeSettings, state: NodeState, engine: EngineClient) -> BatchRunner:
+    """The Batch API's store and runner; lines run through this node's own parser and service."""
+    batch = settings.batch
+    store = await asyncio.get_running_loop().run_in_executor(None, partial(
+        BatchStore.open, batch.directory, max_file_bytes=batch.max_file_mb * MIB,
+        max_storage_bytes=batch.max_storage_mb * MIB))
+    slots = int(engine.stats().get("slots_total", 0) or 0) or settings.server.parallel or 1
+    concurrency = batch.concurrency or max(1, slots - batch.interactive_slots)
+    runner = BatchRunner(store, ApiLines(state), concurrency=concurrency, max_lines=batch.max_lines)
+    runner.start()
+    return runner
+
+
+def _accepted_drafts(controller: Controller) -> dict[str, int]:
+    return {name: stats.accepted for name, stats in list(controller.stats.sources.items())}
+
+
 async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerprint: str,
                        controller: Controller) -> CorpusMirror | None:
     """Feed the archive draft source from the corpus: the fleet's (remote, with a local copy) or
@@ -212,9 +261,13 @@ async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerpri
     if not isinstance(palimpsest, Palimpsest):
         return None
     remote = archive.state() != "embedded"
-    # A Redis stream's cursors are not ARCA's: each kind of server has its own local copy.
-    suffix = ".redis.l4" if getattr(archive, "kind", "") == "redis" else ".l4"
-    path = settings.home / "mirror" / f"{fingerprint}{suffix}" if remote else None
+    # The local copy's cursor counts the streams of one server (an ARCA's ids, a Redis stream's
+    # entry ids): each server the corpus comes from has a copy of its own.
+    source = hashlib.blake2b(str(getattr(archive, "corpus_name", "")).encode(), digest_size=6).hexdigest()
+    path = settings.home / "mirror" / f"{fingerprint}.{source}.l4" if remote else None
+    legacy = settings.home / "mirror" / f"{fingerprint}.l4"  # one copy for the one ARCA, before
+    if path is not None and archive.kind == "arca" and legacy.exists() and not path.exists():
+        legacy.replace(path)
     mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
                           max_tokens=palimpsest.max_tokens)
     await mirror.start()

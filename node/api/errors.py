@@ -4,8 +4,8 @@
 `{"error": {"message", "type", "code", "param"}}`. Two writers use it: `error_middleware`,
 for every failure of a handler before a response started, and the SSE error event of a
 stream that already has its 200 (node/api/sse.py). Types are mapped, never messages:
-the serving layer's errors (node/serving/errors.py), sessions' and warm-ahead's own
-failures, aiohttp's HTTP exceptions (unknown path, wrong method, body over the size
+the serving layer's errors (node/serving/errors.py) and the Batch API's
+(node/batches/errors.py), sessions' and warm-ahead's own failures, aiohttp's HTTP exceptions (unknown path, wrong method, body over the size
 limit) and the failures only HTTP knows (`Unauthorized`, `PayloadTooLarge`). Anything else is logged with
 its traceback and answered 500; the server keeps serving.
 """
@@ -19,6 +19,7 @@ from typing import Awaitable, Callable, Mapping
 import orjson
 from aiohttp import web
 
+from node.batches.errors import FileTooLarge, StorageFull
 from node.serving.errors import (
     GenerationFailed, InvalidRequest, NotFound, Overloaded, ServingError,
 )
@@ -62,6 +63,8 @@ STATUSES: Mapping[type[ServingError], tuple[int, str]] = {
     InvalidRequest: (400, "invalid_request_error"),
     Unauthorized: (401, "authentication_error"),
     PayloadTooLarge: (413, "invalid_request_error"),
+    FileTooLarge: (413, "invalid_request_error"),
+    StorageFull: (507, "server_error"),
     NotFound: (404, "invalid_request_error"),
     Overloaded: (503, "server_error"),
     GenerationFailed: (500, "server_error"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.api import schemas as limits
+from node.batches.lines import ENDPOINTS
 
 Schema = dict[str, Any]
 UINT64_MAX = 2**64 - 1
@@ -80,6 +81,7 @@ OPTIONS: dict[str, Schema] = {
     "stream": boolean("answer as server-sent events"),
     "stream_options": {"type": "object", "properties": optional({"include_usage": boolean("a last chunk with usage")}),
                        "description": "only with stream: true"},
+    "speculation": boolean("extension: false decodes this request without draft tokens (the output is the same)"),
     "user": IGNORED,
 }
 
@@ -131,6 +133,23 @@ WARM_REQUEST: Schema = {
     "description": "exactly one of prompt and messages",
 }
 
+BATCH_REQUEST: Schema = {
+    "type": "object", "required": ["input_file_id", "endpoint"],
+    "properties": optional({
+        "input_file_id": string("a file uploaded with purpose batch"),
+        "endpoint": {"enum": list(ENDPOINTS), "description": "the url of every line"},
+        "completion_window": {"enum": ["24h"]},
+        "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"}},
+    }, required=("input_file_id", "endpoint")),
+}
+
+FILE_UPLOAD: Schema = {
+    "type": "object", "required": ["purpose", "file"],
+    "properties": {"purpose": {"enum": ["batch"]},
+                   "file": {"type": "string", "format": "binary",
+                            "description": "JSON Lines: custom_id, method, url, body per line"}},
+}
+
 ERROR: Schema = {
     "type": "object", "required": ["error"],
     "properties": {"error": {
@@ -144,6 +163,7 @@ STATUS_TEXT = {
     200: "success", 400: "invalid request: the field is named in error.param", 401: "missing or wrong API key",
     404: "unknown path, model or session", 405: "wrong method", 413: "body over the size limit",
     500: "a bug in the node (never expected)", 503: "overloaded or shutting down; see Retry-After",
+    507: "the stored files' byte budget is spent ([batch] max_storage_mb)",
 }
 
 
@@ -167,6 +187,8 @@ def json_body(ref: str) -> dict[str, Any]:
 GENERATION_STATUSES = (200, 400, 401, 404, 413, 503)
 GENERATION_MEDIA = ("application/json", "text/event-stream")
 SESSION_PATH = [{"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}]
+FILE_PATH = [{"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+BATCH_PATH = [{"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 
 
 def document(model_id: str, version: str, *, auth: bool) -> dict[str, Any]:
@@ -183,7 +205,8 @@ def document(model_id: str, version: str, *, auth: bool) -> dict[str, Any]:
         "info": {"title": "reame node", "version": version,
                  "description": f"OpenAI-compatible API of a reame node serving {model_id}"},
         "components": {"schemas": {"CompletionRequest": COMPLETION_REQUEST, "ChatRequest": CHAT_REQUEST,
-                                   "WarmRequest": WARM_REQUEST, "Error": ERROR}},
+                                   "WarmRequest": WARM_REQUEST, "BatchRequest": BATCH_REQUEST,
+                                   "Error": ERROR}},
         "paths": described,
     }
     if auth:
@@ -221,6 +244,35 @@ def paths() -> dict[str, Any]:
         "/v1/sessions/{session}/load": {"post": {
             "summary": "Bring the session's KV back into RAM", "parameters": SESSION_PATH,
             "responses": responses(200, 400, 401, 404, 503)}},
+        "/v1/files": {
+            "post": {"summary": "Upload a batch input file (multipart: purpose, file)",
+                     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": FILE_UPLOAD}}},
+                     "responses": responses(200, 400, 401, 413, 507)},
+            "get": {"summary": "Stored files, newest first", "parameters": [
+                {"name": "purpose", "in": "query", "schema": {"type": "string"}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10_000}},
+                {"name": "after", "in": "query", "schema": {"type": "string"}}],
+                    "responses": responses(200, 400, 401, 404)}},
+        "/v1/files/{file_id}": {
+            "get": {"summary": "A file object", "parameters": FILE_PATH, "responses": responses(200, 401, 404)},
+            "delete": {"summary": "Delete a file", "parameters": FILE_PATH, "responses": responses(200, 401, 404)}},
+        "/v1/files/{file_id}/content": {"get": {
+            "summary": "A file's bytes", "parameters": FILE_PATH,
+            "responses": responses(200, 401, 404, media=("application/octet-stream",))}},
+        "/v1/batches": {
+            "post": {"summary": "Start a batch over an uploaded file", "requestBody": json_body("BatchRequest"),
+                     "responses": responses(200, 400, 401, 404, 413)},
+            "get": {"summary": "Batches, newest first", "parameters": [
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10_000}},
+                {"name": "after", "in": "query", "schema": {"type": "string"}}],
+                    "responses": responses(200, 400, 401, 404)}},
+        "/v1/batches/{batch_id}": {"get": {"summary": "A batch object", "parameters": BATCH_PATH,
+                                           "responses": responses(200, 401, 404)}},
+        "/v1/batches/{batch_id}/cancel": {"post": {
+            "summary": "Cancel a batch (finished lines are kept)", "parameters": BATCH_PATH,
+            "responses": responses(200, 400, 401, 404)}},
+        "/v1/reame/stats": {"get": {"summary": "Tokens served against tokens computed, by tier, and the trend",
+                                    "responses": responses(200, 401)}},
         "/health": {"get": {"summary": "Liveness, engine and cache state (no auth)", "security": [],
                             "responses": responses(200)}},
         "/metrics": {"get": {"summary": "Prometheus metrics",

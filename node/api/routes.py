@@ -1,4 +1,4 @@
-"""The node's HTTP routes: OpenAI completions and chat, models, health, metrics, the web page.
+"""The node's HTTP routes: OpenAI completions and chat, models, health, metrics, savings, the web page.
 
 Handlers parse and validate into frozen requests (node.api.schemas), ask the service for an
 answer and shape it (node.api.shapes), as one JSON body or as SSE chunks. Every response
@@ -27,6 +27,7 @@ from node.api.sse import EventStream
 from node.api.state import STATE, NodeState
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
 from node.serving.metrics import CONTENT_TYPE
+from node.serving.answer import Answer
 from node.serving.service import Plan
 
 log = logging.getLogger(__name__)
@@ -112,12 +113,17 @@ async def answer(request: web.Request, state: NodeState, plan: Plan,
             headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
             if plan.options.stream:
                 return await stream_answer(request, plan, result, identity, n_choices, headers)
-            collector = Collector(identity, n_choices, plan.options.logprobs is not None)
-            async for event in result.events():
-                collector.add(event)
-            return json_response(collector.response(plan.prompt_tokens), headers=headers)
+            return json_response(await collect(plan, result, identity), headers=headers)
     finally:
         state.gate.leave()
+
+
+async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
+    """The whole OpenAI response object of a non-streamed answer."""
+    collector = Collector(identity, sum(job.n for job in plan.jobs), plan.options.logprobs is not None)
+    async for event in result.events():
+        collector.add(event)
+    return collector.response(plan.prompt_tokens)
 
 
 async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
@@ -167,6 +173,7 @@ async def health(request: web.Request) -> web.Response:
     stats = state.engine.stats()
     return json_response({
         "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
+        "archive_kind": getattr(state.archive, "kind", "unknown"),
         "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
         "cache": cache_health(state),
         "speculation": speculation_health(state),
@@ -183,7 +190,11 @@ def speculation_health(state: NodeState) -> dict:
                                                                       "saved_seconds")}}
                for name, control in controller.state().items()}
     return {"enabled": True, "max_draft": controller.config.max_draft, "sources": sources,
-            "step_cost_scale": round(controller.costs.scale, 3)}
+            "step_cost_scale": round(controller.costs.scale, 3),
+            "step_cost_line_ms": {"per_step": round(controller.costs.intercept * 1000, 2),
+                                  "per_token": round(controller.costs.slope * 1000, 2),
+                                  "calibrations": controller.costs.calibrations,
+                                  "refits": controller.costs.refits}}
 
 
 def cache_health(state: NodeState) -> dict:
@@ -212,6 +223,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
+async def savings(request: web.Request) -> web.Response:
+    """Tokens served against tokens computed, by tier, since start and recently (node/serving/savings.py)."""
+    return json_response(request.app[STATE].savings.report())
+
+
 async def openapi_description(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return json_response(openapi.document(state.model.model_id, __version__,
@@ -229,6 +245,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model}", model_detail)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/reame/stats", savings)
     app.router.add_get("/openapi.json", openapi_description)
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC_DIR, show_index=False)

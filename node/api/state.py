@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from node.archive.client import ArchiveClient
+from node.batches.runner import BatchRunner
 from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
+from node.serving.savings import Savings
 from node.serving.service import CompletionService
 from node.speculative.controller import Controller
 
@@ -24,7 +26,9 @@ class NodeState:
     service: CompletionService
     gate: "InFlightGate"
     started_at: float
+    savings: Savings
     speculation: Controller | None = None  # None when speculation is off
+    batches: BatchRunner | None = None     # the Batch API (node/batches), set once the node has started
 
 
 class InFlightGate:

@@ -7,7 +7,8 @@ on the answer path: a failure is logged, counted in `counters` (read by /metrics
 answered like a miss, so a broken archive only removes the speed-up. The session
 operations are the one exception (they raise `ArchiveUnavailable`).
 
-`open_archive(settings)` picks one from `[arca] remote` (node/archive/address.py parses it).
+`open_archive(settings)` picks one from `[arca] remote` (node/archive/address.py parses it),
+with L3 on a server of its own when `[arca] kv_remote` is set (node/archive/split.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ __all__ = ["OPERATIONS", "ArchiveClient", "ArchiveCounters", "EmbeddedArchive", 
 
 class ArchiveClient(Protocol):
     counters: ArchiveCounters
-    kind: str  # "embedded", "arca", "redis", or "unknown" (a remote server not reached yet)
+
+    @property
+    def kind(self) -> str:
+        """"embedded", "arca", "redis", or "unknown" (a remote server not reached yet)."""
 
     async def start(self) -> None:
         """First contact (a remote server); call it on the event loop that will use the client."""
@@ -59,11 +63,16 @@ def open_archive(settings: NodeSettings) -> ArchiveClient:
     if arca.remote:
         from node.archive.address import parse_address
         from node.archive.servers import TlsFiles
+        from node.archive.split import SplitArchive
 
-        return RemoteArchive(
-            password=arca.password, timeout_ms=arca.timeout_ms, address=parse_address(arca.remote),
-            tls=TlsFiles(arca.tls_ca_cert_file, arca.tls_cert_file, arca.tls_key_file),
-            limits=RedisLimits(arca.l1_ttl_s, arca.kv_ttl_s, arca.corpus_max_streams))
+        def remote(url: str) -> RemoteArchive:
+            return RemoteArchive(
+                password=arca.password, timeout_ms=arca.timeout_ms, address=parse_address(url),
+                tls=TlsFiles(arca.tls_ca_cert_file, arca.tls_cert_file, arca.tls_key_file),
+                limits=RedisLimits(arca.l1_ttl_s, arca.kv_ttl_s, arca.corpus_max_streams))
+
+        main = remote(arca.remote)
+        return SplitArchive(main, remote(arca.kv_remote)) if arca.kv_remote else main
     from arca.archive import ArchiveConfig
 
     directory = Path(arca.directory) if arca.directory else Path(settings.home) / "arca"

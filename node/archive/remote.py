@@ -55,6 +55,7 @@ class RemoteArchive:
             address = replace(address, password=password)
         self.address = address
         self.name = address.display()
+        self.corpus_name = self.name  # where L4 lives (the mirror keeps a local copy per server)
         self.timeout = timeout_ms / 1000
         self.limits = limits
         self.counters = ArchiveCounters()

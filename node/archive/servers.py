@@ -201,7 +201,11 @@ class ClusterServers(Servers):
         return await self.client.execute_command(*command)
 
     async def exists_each(self, keys: Sequence[bytes]) -> list[bool]:
-        return [bool(await self.client.execute_command("EXISTS", key)) for key in keys]
+        """One pipeline: redis-py sends each master its keys at once, the masters in parallel."""
+        pipe = self.client.pipeline()
+        for key in keys:
+            pipe.exists(key)
+        return [bool(n) for n in await pipe.execute()]
 
     def breakers(self) -> list[Breaker]:
         return [self.breaker, *self._masters.values()]

@@ -21,6 +21,7 @@ class EngineConfig:
     model_path: Path
     n_ctx: int = 4096                 # KV cells shared by all slots (unified cache)
     n_threads: int = 0                # 0: every core
+    tune_threads: bool = False        # measure fewer threads online and use them when faster (threads.py)
     n_parallel: int = 4               # sequences decoded together (llama n_seq_max)
     n_batch: int = 512                # most tokens in one llama_decode
     n_ubatch: int = 512
@@ -32,6 +33,7 @@ class EngineConfig:
     prefix_cache: PrefixCacheHook | None = None
     speculator: Speculator | None = None
     max_draft: int = 0                # most draft tokens per sequence per step (0: no speculation)
+    interactive_slots: int = 0        # slots batch-priority requests leave free for interactive ones
     swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
     flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
     on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
@@ -44,5 +46,8 @@ class EngineConfig:
         if self.n_parallel * (1 + self.max_draft) > self.n_batch:
             raise InvalidRequest(f"n_batch {self.n_batch} cannot hold {self.n_parallel} sequences "
                                  f"with {self.max_draft} draft tokens each")
+        if not 0 <= self.interactive_slots < self.n_parallel:
+            raise InvalidRequest(f"interactive_slots must be in 0..{self.n_parallel - 1} (n_parallel - 1), "
+                                 f"got {self.interactive_slots}")
         if not 0 < self.step_token_budget <= self.n_batch:
             raise InvalidRequest("step_token_budget must be in 1..n_batch")

@@ -2,18 +2,25 @@
 
 Each step (all on the one thread that owns the llama context):
 1. cancelled requests end and their slots are freed;
-2. queued requests are admitted in arrival order while a slot is free and the KV budget
-   (budget.py) can hold what they may grow to: prompt + max_tokens (+ draft room). A
-   request that is admitted can therefore never run out of KV; the rest wait in a
-   bounded queue (`EngineOverloaded` beyond it). Requests with a prompt identical to one being
+2. queued requests are admitted, interactive ones first (`GenerationRequest.priority`;
+   arrival order within a class), while a slot is free and the KV budget (budget.py) can
+   hold what they may grow to: prompt + max_tokens (+ draft room). A batch-priority
+   request takes a slot only while more than `interactive_slots` are free, so a live
+   request arriving during a batch finds a slot at once. A request that is admitted can
+   therefore never run out of KV; the rest wait in a bounded queue (`EngineOverloaded`
+   beyond it). Requests with a prompt identical to one being
    prefilled become its followers: they hold a slot and reserve only their own
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
    prompt is complete (`submit_n` uses the same path);
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
-   each), then prefill chunks of newcomers under `step_token_budget`, so a long prompt
+   each), then prefill chunks of newcomers (interactive ones first) under
+   `step_token_budget`, so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
-   per-sequence state is saved right after the step;
+   per-sequence state is saved right after the step. While an interactive request is
+   active, batch work yields (`_plan`): batch prompts wait, batch sequences verify no
+   drafts and sit out the steps that prefill an interactive prompt; a batch prompt goes in
+   chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
@@ -39,14 +46,16 @@ import numpy as np
 from node.engine.budget import KVBudget
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
+from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
-from node.engine.types import FinishReason
+from node.engine.types import INTERACTIVE, FinishReason
 from node.engine.verify import verify
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored")
@@ -58,6 +67,11 @@ class SchedulerLimits:
     max_queue: int
     step_token_budget: int
     max_draft: int = 0
+    interactive_slots: int = 0  # slots batch-priority requests leave free
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.request.priority
 
 
 @dataclass(slots=True)
@@ -73,12 +87,16 @@ class _Entry:
 
 class Scheduler:
     def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
-                 prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None) -> None:
+                 prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None,
+                 threads: ThreadTuner | None = None) -> None:
         self._model = model
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
         self._speculator = speculator if limits.max_draft > 0 else None
+        self.threads = threads
+        self._threads_now = threads.current if threads is not None else 0
+        self._ctx_threads = ctx.n_threads
         self._eog = model.info.eog_tokens
         self._pieces: dict[int, bytes] = {}
         self._batch = TokenBatch(ctx.n_batch)
@@ -119,6 +137,8 @@ class Scheduler:
             "kv_cells_total": self._ctx.n_ctx,
             "kv_cells_reserved": self._budget.reserved,
             "kv_cells_used": KVBudget.cells_used(active),
+            "threads": self.threads.current if self.threads is not None else self._ctx_threads,
+            "threads_tuned": int(self.threads is not None),
             **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
         }
 
@@ -133,6 +153,10 @@ class Scheduler:
     def _run(self) -> None:
         self._calibrate()
         while True:
+            with self._lock:
+                idle = not self._closing and not self._queue and not self._active
+            if idle and self._calibration_due():
+                self._calibrate()
             with self._lock:
                 while not self._closing and not self._queue and not self._active:
                     self._wake.wait()
@@ -162,13 +186,29 @@ class Scheduler:
         if not entries:
             return False
         decoding = all(e.decoding for e in entries)
+        threads = self._use_threads(decoding)
         t0 = time.perf_counter()
         self._decode(entries)
-        if decoding and self._speculator is not None:
-            self._hook("step_done", len(entries), sum(len(e.tokens) for e in entries), time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        if decoding:
+            n_tokens = sum(len(e.tokens) for e in entries)
+            if self._speculator is not None:
+                self._hook("step_done", len(entries), n_tokens, elapsed)
+            if self.threads is not None:
+                self.threads.observe(threads, n_tokens, elapsed)
         self.counters["steps"] += 1
         self.counters["step_ms"] += (time.perf_counter() - start) * 1000
         return True
+
+    def _use_threads(self, decoding: bool) -> int:
+        """Set the tuner's thread count for this step (a trial's count on decode-only steps)."""
+        if self.threads is None:
+            return 0
+        wanted = self.threads.threads() if decoding else self.threads.current
+        if wanted != self._threads_now:
+            self._ctx.set_threads(wanted)
+            self._threads_now = wanted
+        return wanted
 
     def _reap_cancelled(self) -> None:
         for seq in [s for s in self._active if s.channel.cancelled]:
@@ -185,19 +225,30 @@ class Scheduler:
     def _admit(self) -> None:
         while self._budget.free_slots:
             with self._lock:
-                if not self._queue:
+                seq = self._next_waiting()
+                if seq is None:
                     return
-                seq = self._queue[0]
                 leader = self._prefilling_leader(seq)
                 prompt_cells = 0 if leader else len(seq.prompt)
                 own = seq.request.max_tokens + self._limits.max_draft
                 if not self._budget.fits(prompt_cells, own):
-                    return  # arrival order: the head waits for room, nobody overtakes it
-                self._queue.popleft()
+                    return  # the head waits for room, nobody overtakes it
+                self._queue.remove(seq)
             try:
                 self._start(seq, own, leader)
             except Exception as exc:  # this request alone fails; what it took is given back
                 self._refuse(seq, exc)
+
+    def _next_waiting(self) -> Sequence | None:
+        """The head of the queue: its first request of the most urgent class (interactive before
+        batch, arrival order within a class). A batch request only while more slots are free
+        than the ones kept for interactive work (`interactive_slots`)."""
+        if not self._queue:
+            return None
+        head = min(self._queue, key=_priority)  # min keeps the first of equals: arrival order
+        if head.request.priority > INTERACTIVE and len(self._budget.free_slots) <= self._limits.interactive_slots:
+            return None
+        return head
 
     def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
@@ -254,21 +305,30 @@ class Scheduler:
     # -- the batch ----------------------------------------------------------------------------
 
     def _plan(self) -> list[_Entry]:
+        """The step's entries. While an interactive request is active, batch work yields: batch
+        prompts wait, batch sequences verify no drafts, and sit out the steps in which an
+        interactive prompt is prefilled (its time to first token is the batch-free one)."""
         entries: list[_Entry] = []
-        decoding = [s for s in self._active if s.phase is Phase.DECODE]
+        live = [seq for seq in self._active if seq.request.priority == INTERACTIVE]
+        live_prefill = any(seq.phase is not Phase.DECODE for seq in live)
+        decoding = [s for s in self._active if s.phase is Phase.DECODE
+                    and not (live_prefill and s.request.priority > INTERACTIVE)]
         if decoding and self._speculator is not None:
             self._hook("start_step", len(decoding))
         for seq in decoding:
-            entries.append(_Entry(seq, seq.pending + self._drafts(seq), seq.n_past, True))
+            drafts = [] if live and seq.request.priority > INTERACTIVE else self._drafts(seq)
+            entries.append(_Entry(seq, seq.pending + drafts, seq.n_past, True))
         used = sum(len(e.tokens) for e in entries)
         budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         budget = min(budget, self._batch.capacity - used)
-        for seq in self._active:
+        for seq in sorted(self._active, key=_priority):  # interactive prompts get the step's room first
             if budget <= 0:
                 break
-            if seq.phase is not Phase.PREFILL:
-                continue
-            n = min(seq.prefill_left, budget)
+            batch = seq.request.priority > INTERACTIVE
+            if seq.phase is not Phase.PREFILL or (live and batch):
+                continue  # a batch prompt waits while live requests run: its chunks would slow their steps
+            # a batch prompt goes in small chunks: a live request arriving waits for one of them at most
+            n = min(seq.prefill_left, budget, BATCH_PREFILL_CHUNK if batch else budget)
             if seq.store_at:
                 n = min(n, seq.store_at[0] - seq.n_past)
             entries.append(_Entry(seq, list(seq.prompt[seq.n_past:seq.n_past + n]), seq.n_past, False))
@@ -290,7 +350,7 @@ class Scheduler:
         if draft is None or not draft.tokens:
             return []
         if len(draft.tokens) > room:
-            draft = Draft(draft.tokens[:room], draft.source, draft.probs[:room] if draft.probs else None)
+            draft = draft.head(room)
         seq.draft = draft
         self.counters["draft_tokens"] += len(draft.tokens)
         return [int(t) for t in draft.tokens]
@@ -307,6 +367,15 @@ class Scheduler:
             return
         self._hook("calibrate", self._measure)
         self._ctx.clear()
+
+    def _calibration_due(self) -> bool:
+        if self._speculator is None:
+            return False
+        try:
+            return bool(self._speculator.calibration_due())
+        except Exception:
+            log.exception("speculator calibration_due() failed")
+            return False
 
     def _measure(self, n_seqs: int, k: int) -> float | None:
         """Seconds of one decode of n_seqs sequences with k drafts each; None once requests wait
@@ -382,9 +451,11 @@ class Scheduler:
             return
         assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
         sampler = seq.sampler
+        dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
         verdict = verify(e.tokens, logits[e.first_row:e.first_row + len(e.tokens)],
                          lambda row: sampler.choose(row, seq.tokens),
-                         lambda choice: seq.accept(choice, self._eog, self._piece))
+                         lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
+                         choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += verdict.n_valid
@@ -418,7 +489,8 @@ class Scheduler:
     def _begin_drafts(self, seq: Sequence) -> None:
         if self._speculator is None or not seq.request.speculation:
             return
-        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy)
+        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy,
+                                 seq.request.sampling)
         self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:

@@ -12,6 +12,11 @@ from typing import AsyncIterator, Literal, Mapping, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
+# Admission classes (GenerationRequest.priority): the scheduler admits and prefills the lowest
+# number first, in arrival order within a class. Batch lines (node/batches) run as BATCH.
+INTERACTIVE = 0
+BATCH = 1
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -51,6 +56,9 @@ class GenerationRequest:
     # Draft tokens may be verified for this request (output is the same either way; False
     # gives plain decoding, the baseline benchmarks compare against).
     speculation: bool = True
+    # INTERACTIVE (live requests) or BATCH (batch lines): interactive work is admitted first, and
+    # batch work leaves `EngineConfig.interactive_slots` slots to it (node/engine/scheduler.py).
+    priority: int = INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,22 +40,25 @@ class Answer:
 
     async def __aenter__(self) -> "Answer":
         jobs = self.plan.jobs
-        self._stored = list(await asyncio.gather(*(self.service.lookup(job) for job in jobs)))
-        keyed = [job.key is not None for job in jobs]
-        if any(keyed):
-            self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
-        misses = [job.prompt_tokens for job, stored in zip(jobs, self._stored) if stored is None]
-        await asyncio.gather(*(self.service.prefetch(tokens) for tokens in misses))
+        self.service.ledger.enter()
         try:
+            self._stored = list(await asyncio.gather(*(self.service.lookup(job) for job in jobs)))
+            keyed = [job.key is not None for job in jobs]
+            if any(keyed):
+                self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
+            misses = [job.prompt_tokens for job, stored in zip(jobs, self._stored) if stored is None]
+            await asyncio.gather(*(self.service.prefetch(tokens) for tokens in misses))
             for job, stored in zip(jobs, self._stored):
                 self._handles.append([] if stored is not None else self.service.submit(job))
         except BaseException:
             self._cancel()
+            self.service.ledger.leave()
             raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._cancel()
+        self.service.ledger.leave()
 
     def _cancel(self) -> None:
         for handles in self._handles:
@@ -92,6 +95,8 @@ class Answer:
             for piece in choice.pieces:
                 yield ChoiceText(index, piece.text, piece.logprobs)
             yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens)
+        self.service.ledger.served(len(job.prompt_tokens), sum(c.completion_tokens for c in stored.choices),
+                                   from_l1=True)
 
     async def _generate(self, job: Job, handles: Sequence[GenerationHandle]) -> AsyncIterator[ChoiceEvent]:
         pieces: list[list[Piece]] = [[] for _ in handles]
@@ -116,6 +121,7 @@ class Answer:
             yield event
         done = [event for event in finished if event is not None]
         if len(done) == len(handles):
+            self.service.ledger.served(len(job.prompt_tokens), sum(f.completion_tokens for f in done), from_l1=False)
             self.service.remember(
                 job,
                 [StoredChoice(tuple(p), f.reason, f.completion_tokens) for p, f in zip(pieces, done)],

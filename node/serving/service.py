@@ -39,11 +39,12 @@ from node.archive.client import ArchiveClient
 from node.cache.fleet import FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.engine import errors as engine_errors
-from node.engine.types import GenerationHandle, GenerationRequest
+from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest
 from node.serving.answer import Answer
 from node.serving.engine_client import EngineClient
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
+from node.serving.ledger import Ledger
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.plan import COMPLETED, Job, Plan
@@ -82,10 +83,11 @@ class CompletionService:
         self.turns = (SessionTurns(sessions, model.template, self.prompts, cache, self.warm)
                       if sessions is not None else None)
         self._writes: set[asyncio.Task[None]] = set()
+        self.ledger = Ledger()  # what was served (node/serving/ledger.py)
 
     # ---- planning -------------------------------------------------------------------
 
-    def plan_completion(self, req: CompletionRequest) -> Plan:
+    def plan_completion(self, req: CompletionRequest, *, priority: int = INTERACTIVE) -> Plan:
         jobs = []
         for number, prompt in enumerate(req.prompts):
             if isinstance(prompt, str):
@@ -98,10 +100,11 @@ class CompletionService:
                                          f"{self.model.n_vocab}: {bad[:5]}", param="prompt", code="invalid_value")
                 tokens = prompt
                 text = self.engine.detokenize(prompt).decode("utf-8", "replace") if req.echo else ""
-            jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, ()))
+            jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, (),
+                                  priority=priority))
         return Plan("text", tuple(jobs), req.options)
 
-    def plan_chat(self, req: ChatRequest, session: Session | None = None) -> Plan:
+    def plan_chat(self, req: ChatRequest, session: Session | None = None, *, priority: int = INTERACTIVE) -> Plan:
         template = self.model.template
         messages = [message.as_dict() for message in req.messages]
         turn = None
@@ -118,11 +121,12 @@ class CompletionService:
         except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
             raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
         job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings),
-                        store_final_state=turn is not None and self.cache is not None)
+                        store_final_state=turn is not None and self.cache is not None, priority=priority)
         return Plan("chat", (job,), req.options, turn)
 
     def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
-             options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False) -> Job:
+             options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False,
+             priority: int = INTERACTIVE) -> Job:
         outside = [token for token in options.sampling.logit_bias if token >= self.model.n_vocab]
         if outside:
             raise InvalidRequest(f"'logit_bias' holds token ids outside the vocabulary of "
@@ -134,7 +138,7 @@ class CompletionService:
         request = GenerationRequest(
             prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
             stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
-            store_final_state=store_final_state, speculation=options.speculation,
+            store_final_state=store_final_state, speculation=options.speculation, priority=priority,
         )
         return Job(number * options.n, tokens, echo, request, options.n, key)
 

@@ -84,6 +84,7 @@ class ArchivedSessionStore:
         if local is not None and session_id in self._unsaved and (stored is None or local.updated > stored.updated):
             await self._put(local)  # a save that missed the archive: the newer version wins
             return local
+        self._unsaved.discard(session_id)  # the archive's version is the newer one
         if stored is None:
             self._known.pop(session_id, None)
             raise SessionNotFound(session_id)

@@ -48,8 +48,11 @@ def tls_cli(port: int, certs, *args: str, client_cert: bool = True, ca=None) -> 
 
 def tls_redis(port: int, certs, *, client_cert: bool = True, ca=None, **kwargs) -> redis.Redis:
     extra = {"ssl_certfile": str(certs.client_cert), "ssl_keyfile": str(certs.client_key)} if client_cert else {}
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(ca or certs.ca),
-                       socket_timeout=5, **extra, **kwargs)
+                       socket_timeout=5, retry=Retry(NoBackoff(), 0), **extra, **kwargs)
 
 
 @needs_cli
@@ -84,12 +87,30 @@ def test_redis_py_over_tls(tls_arca, certs):
         tls_redis(port, certs, client_cert=False, password=PASSWORD).ping()
 
 
+def test_config_get_shows_the_listeners(tls_arca, certs):
+    server = tls_arca("optional")
+    client = tls_redis(server.state.tls_port, certs)
+    view = client.config_get("*port*") | client.config_get("tls-auth-clients")
+    assert view == {"port": str(server.port), "tls-port": str(server.state.tls_port), "tls-auth-clients": "optional"}
+
+
 def test_client_certificates_optional_or_not_asked(tls_arca, certs):
     for mode in ("optional", "no"):
         server = tls_arca(mode)
         port = server.state.tls_port
         assert tls_redis(port, certs, client_cert=False).ping()
         assert tls_redis(port, certs).ping()
+
+
+def test_a_client_certificate_is_not_a_password(tls_arca, certs, monkeypatch):
+    """Protected mode at run time: a remote client over TLS, with a valid certificate but no
+    password configured, is refused like any other."""
+    import arca.server as server_module
+
+    server = tls_arca()
+    monkeypatch.setattr(server_module, "is_loopback", lambda host: False)
+    with pytest.raises(redis.RedisError, match="DENIED"):
+        tls_redis(server.state.tls_port, certs).ping()
 
 
 def test_protected_mode_counts_a_tls_listener_as_exposed(certs):

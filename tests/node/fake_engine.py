@@ -10,7 +10,8 @@ is tested on the real Gemma model.
 
 Knobs a test sets: `refuse` (an engine error every submit raises), `fail_after` (end every
 generation with an error after that many tokens), `hold` (an asyncio.Event the generation
-waits on before its first token). `submitted` records every request that reached it.
+waits on before its first token), `token_delay_s` (seconds per token, for work that must
+still be running when a test acts). `submitted` records every request that reached it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class FakeHandle:
         reason: FinishReason = "length"
         ended_by_eog = False
         for token in script[:req.max_tokens]:
-            await asyncio.sleep(0)
+            await asyncio.sleep(engine.token_delay_s)
             if self.cancelled:
                 reason = "cancelled"
                 break
@@ -94,6 +95,7 @@ class FakeEngine:
         self.refuse: EngineError | None = None
         self.fail_after: int | None = None
         self.hold: asyncio.Event | None = None
+        self.token_delay_s = 0.0
         self.closed = False
 
     @property

@@ -1,4 +1,5 @@
-// The chat page: streams answers from /v1/chat/completions and shows speed and cache state.
+// The chat page: streams answers from /v1/chat/completions and shows speed and cache state;
+// the savings panel polls /v1/reame/stats and plots tokens served and computed per second.
 // `?ask=TEXT` sends TEXT once the page has loaded; body[data-state] becomes "done" or "error"
 // when an answer ends, so a headless browser can tell when a round trip is complete.
 "use strict";
@@ -117,6 +118,43 @@ async function send(text) {
   }
 }
 
+function percent(share) { return Math.round(share * 100) + "%"; }
+
+// Polyline points for `values` in a 300x60 box, scaled to `top`.
+function polyline(values, top) {
+  if (values.length < 2) return "";
+  return values.map((v, i) => {
+    const x = (i / (values.length - 1)) * 300;
+    const y = 58 - (Math.max(v || 0, 0) / top) * 56;
+    return x.toFixed(1) + "," + y.toFixed(1);
+  }).join(" ");
+}
+
+async function loadSavings() {
+  let stats;
+  try {
+    const response = await fetch("/v1/reame/stats", { headers: headers() });
+    if (!response.ok) return;
+    stats = await response.json();
+  } catch (err) {
+    return;
+  }
+  const total = stats.since_start, saved = total.saved;
+  $("saved-served").textContent = "served " + total.tokens_served + " tokens";
+  $("saved-computed").textContent = "computed " + total.tokens_computed;
+  $("saved-tiers").textContent = "L1 " + percent(saved.l1.share) + " · prefix " + percent(saved.prefix.share) +
+                                 " · drafts " + percent(saved.drafts.share);
+  const speed = total.effective_tokens_per_second;
+  $("saved-speed").textContent = "effective " + (speed === null ? "–" : speed.toFixed(1)) + " tok/s" +
+                                 (total.speedup === null ? "" : " = " + total.speedup.toFixed(2) + " x plain");
+  const served = stats.trend.map((p) => p.served_per_second || 0);
+  const computed = stats.trend.map((p) => p.computed_per_second || 0);
+  const top = Math.max(1, ...served, ...computed);
+  $("trend-served").setAttribute("points", polyline(served, top));
+  $("trend-computed").setAttribute("points", polyline(computed, top));
+  $("savings").dataset.points = String(stats.trend.length);
+}
+
 $("api-key").value = apiKey();
 $("api-key").addEventListener("change", (e) => localStorage.setItem("reame-api-key", e.target.value));
 $("ask").addEventListener("submit", (e) => {
@@ -131,6 +169,8 @@ $("prompt").addEventListener("keydown", (e) => {
 });
 $("reset").addEventListener("click", () => { history.length = 0; $("log").textContent = ""; });
 
+loadSavings();
+setInterval(loadSavings, 5000);
 loadHealth().then(() => {
   const ask = new URLSearchParams(location.search).get("ask");
   if (ask) send(ask);

@@ -1,0 +1,141 @@
+"""Runs the node's batches: validate, run every line, finalize; resumes after a restart.
+
+One task per node takes the batches with work left, oldest first, one at a time. A
+`validating` batch has its input file checked line by line (node/batches/validation.py)
+and becomes `in_progress` with its lines, or `failed` with the errors. The lines still
+`done = 0` run through the `LineExecutor` (the API's parser and the service, at batch
+priority), at most `concurrency` at once and in input order of starting; each result is
+committed as it ends, so a killed node resumes with exactly the unfinished lines. A line
+the engine has no room for (overloaded) is tried again after `retry_s`; any other failure
+of a line is that line's error, and the batch goes on. With nothing left the batch is
+`finalizing`, then `completed` with its output and error files written in input order.
+
+Cancelling (`cancel()`): the lines in flight are stopped (they stay unfinished), the batch
+becomes `cancelled` with the results it has. Closing the runner stops the lines in flight
+the same way, leaving the batch `in_progress` for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from node.batches.lines import InputLine, LineExecutor, output_line
+from node.batches.store import BatchRecord, BatchStore
+from node.batches.validation import read_lines
+
+log = logging.getLogger(__name__)
+PAGE = 256  # pending lines read from the store at a time
+
+
+class BatchRunner:
+    def __init__(self, store: BatchStore, executor: LineExecutor, *, concurrency: int, max_lines: int,
+                 retry_s: float = 1.0) -> None:
+        self.store = store
+        self.executor = executor
+        self.concurrency = max(1, concurrency)
+        self.max_lines = max_lines
+        self.retry_s = retry_s
+        self._wake = asyncio.Event()
+        self._cancelled: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._current: str | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._main(), name="reame-batches")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def cancel(self, batch_id: str) -> None:
+        """Stop the batch's lines in flight (the store already says `cancelling`)."""
+        self._cancelled.add(batch_id)
+        if self._current == batch_id:
+            for task in list(self._in_flight):
+                task.cancel()
+        self.wake()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _main(self) -> None:
+        while True:
+            self._wake.clear()
+            for batch_id in await self.store.call(self.store.active_batches):
+                try:
+                    await self._run(batch_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug or a broken disk: logged, retried at the next wake
+                    log.exception("batch %s could not run", batch_id)
+            await self._wake.wait()
+
+    async def _run(self, batch_id: str) -> None:
+        batch = await self.store.call(self.store.get_batch, batch_id)
+        if batch is None:
+            return
+        if batch.status == "validating":
+            batch = await self._validate(batch_id, str(batch.row["input_file_id"]), str(batch.row["endpoint"]))
+        if batch.status == "in_progress" and batch_id not in self._cancelled:
+            await self._run_lines(batch_id)
+            await self.store.call(self.store.mark_finalizing, batch_id)
+        final = await self.store.call(self.store.finalize, batch_id)
+        if final.status in ("completed", "cancelled"):
+            counts = final.to_object()["request_counts"]
+            log.info("batch %s %s: %d lines, %d completed, %d failed", batch_id, final.status, counts["total"],
+                     counts["completed"], counts["failed"])
+            self._cancelled.discard(batch_id)
+
+    async def _validate(self, batch_id: str, file_id: str, endpoint: str) -> BatchRecord:
+        path = self.store.file_path(file_id)
+        try:
+            lines, errors = await self.store.call(read_lines, path, endpoint, self.executor, self.max_lines)
+        except FileNotFoundError:
+            lines, errors = [], [{"code": "file_not_found", "message": f"The input file {file_id} was deleted",
+                                  "param": "input_file_id", "line": None}]
+        if errors:
+            log.info("batch %s failed validation: %d errors, first: %s", batch_id, len(errors), errors[0]["message"])
+            return await self.store.call(self.store.fail_batch, batch_id, errors)
+        return await self.store.call(self.store.start_batch, batch_id, lines)
+
+    async def _run_lines(self, batch_id: str) -> None:
+        self._current = batch_id
+        room = asyncio.Semaphore(self.concurrency)
+        after = 0
+        try:
+            while batch_id not in self._cancelled:
+                page = await self.store.call(self.store.pending_lines, batch_id, after, PAGE)
+                if not page:
+                    break
+                for line in page:
+                    await room.acquire()
+                    if batch_id in self._cancelled:
+                        room.release()
+                        break
+                    task = asyncio.create_task(self._line(batch_id, line))
+                    self._in_flight.add(task)
+
+                    def done(task: asyncio.Task[None]) -> None:
+                        self._in_flight.discard(task)
+                        room.release()
+                    task.add_done_callback(done)
+                after = page[-1].number
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        finally:
+            for task in list(self._in_flight):
+                task.cancel()
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+            self._current = None
+
+    async def _line(self, batch_id: str, line: InputLine) -> None:
+        while True:
+            result = await self.executor.run(line.url, line.body)
+            if not result.retry:
+                break
+            await asyncio.sleep(self.retry_s)
+        await self.store.call(self.store.finish_line, batch_id, line.number, result.ok,
+                              output_line(line.custom_id, result))
