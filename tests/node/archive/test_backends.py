@@ -206,6 +206,34 @@ async def test_cluster_follows_a_moved_slot(cluster):
 
 
 @needs_redis
+async def test_cluster_follows_ask_during_a_migration(cluster):
+    """A slot half-way through a migration: a key not on the old master yet is answered with
+    ASK, and the client asks the importing master (ASKING first)."""
+    import itertools
+
+    from redis.crc import key_slot
+
+    source, target = cluster.masters[1], cluster.masters[2]
+    slot = "5470"
+    key = next(b"ask-%d" % i for i in itertools.count() if key_slot(b"reame:l1:ask-%d" % i) == int(slot))
+    source_id, target_id = source.call("cluster", "myid"), target.call("cluster", "myid")
+    archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=3000)
+    await archive.start()
+    try:
+        assert target.call("cluster", "setslot", slot, "importing", source_id) == "OK"
+        assert source.call("cluster", "setslot", slot, "migrating", target_id) == "OK"
+        await archive.set(key, b"asked")  # the old master says ASK: the write lands on the new one
+        assert target.call("cluster", "countkeysinslot", slot) == "1"
+        assert source.call("cluster", "countkeysinslot", slot) == "0"
+        assert await archive.get(key) == b"asked"
+        assert archive.counters.errors["get"] == archive.counters.errors["set"] == 0
+    finally:
+        for node in cluster.masters:
+            node.call("cluster", "setslot", slot, "node", target_id)
+        await archive.close()
+
+
+@needs_redis
 async def test_cluster_tiers_and_a_failed_master(cluster, caplog):
     caplog.set_level(logging.INFO, logger="node.archive")
     archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=3000)
