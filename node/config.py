@@ -65,6 +65,14 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
          "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
+    _opt("conclave", "max_candidates", int, 16,
+         "Largest N a request may ask for with \"conclave\": N or --best-of N (1-16)."),
+    _opt("conclave", "explore_temperature", float, 0.7,
+         "Candidates after the first sample at least this hot (the first is the request unchanged)."),
+    _opt("conclave", "seed", int, 0,
+         "Base seed of the explorers (candidate i: seed + i) when the request gives none."),
+    _opt("conclave", "adaptive", bool, True,
+         "Start an absolute majority of the N candidates; the rest only when they disagree."),
     _opt("arca", "remote", str, "",
          "Shared ARCA as host:port; empty = the archive embedded in this node."),
     _opt("arca", "password", str, "", "AUTH password of the remote ARCA; empty = none."),
@@ -140,6 +148,14 @@ class SpeculativeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ConclaveSettings:
+    max_candidates: int
+    explore_temperature: float
+    seed: int
+    adaptive: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CacheSettings:
     enabled: bool
     directory: Path
@@ -157,6 +173,7 @@ class NodeSettings:
     arca: ArcaSettings
     cache: CacheSettings
     speculative: SpeculativeSettings
+    conclave: ConclaveSettings
     home: Path
     config_file: Path | None = None
 
@@ -217,6 +234,9 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "speculative.min_draft": _at_least(1),
     "speculative.max_draft": _at_least(1),
     "speculative.archive_tokens": _at_least(0),
+    "conclave.max_candidates": lambda v: None if 1 <= v <= 16 else f"must be between 1 and 16, got {v}",
+    "conclave.explore_temperature": lambda v: None if 0.0 <= v <= 2.0 else f"must be between 0 and 2, got {v}",
+    "conclave.seed": lambda v: None if 0 <= v < 2**63 else f"must be between 0 and 2**63 - 1, got {v}",
     "arca.remote": _host_port,
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
@@ -289,6 +309,7 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         speculative=SpeculativeSettings(**{
             **spec, "sources": tuple(dict.fromkeys(n.strip() for n in spec["sources"].split(",") if n.strip())),
             "draft_model_path": optional(spec["draft_model_path"])}),
+        conclave=ConclaveSettings(**section("conclave")),
         home=home,
         config_file=file,
     )

@@ -40,6 +40,7 @@ from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
 from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
+from node.serving.conclave.runner import ConclavePolicy
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.store import SessionStore
 from node.speculative.controller import Controller
@@ -177,7 +178,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             mirror = await start_mirror(settings, archive, model.fingerprint, controller)
         sessions = await loop.run_in_executor(None, SessionStore.open, settings.home / "sessions")
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
-            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens),
+            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
+            conclave=conclave_policy(settings)),
             cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), controller)
@@ -194,6 +196,12 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
                 await loop.run_in_executor(None, cache.close)
         if own_archive and archive is not None:
             await archive.close()
+
+
+def conclave_policy(settings: NodeSettings) -> ConclavePolicy:
+    spec = settings.conclave
+    return ConclavePolicy(max_candidates=spec.max_candidates, explore_temperature=spec.explore_temperature,
+                          seed=spec.seed, adaptive=spec.adaptive)
 
 
 async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerprint: str,
