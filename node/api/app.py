@@ -179,7 +179,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         sessions = await loop.run_in_executor(None, SessionStore.open, settings.home / "sessions")
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
-            conclave=conclave_policy(settings)),
+            conclave=ConclavePolicy.from_settings(settings.conclave)),
             cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), controller)
@@ -196,12 +196,6 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
                 await loop.run_in_executor(None, cache.close)
         if own_archive and archive is not None:
             await archive.close()
-
-
-def conclave_policy(settings: NodeSettings) -> ConclavePolicy:
-    spec = settings.conclave
-    return ConclavePolicy(max_candidates=spec.max_candidates, explore_temperature=spec.explore_temperature,
-                          seed=spec.seed, adaptive=spec.adaptive)
 
 
 async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerprint: str,

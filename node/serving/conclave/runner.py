@@ -30,6 +30,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from node.config import ConclaveSettings
+from node.engine.errors import EngineError
 from node.engine.types import Finished, GenerationHandle, GenerationRequest, TextDelta
 from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, tally
 from node.serving.errors import GenerationFailed, ServingError
@@ -52,6 +54,11 @@ class ConclavePolicy:
     seed: int = 0                     # explorers' base seed when the request has none
     adaptive: bool = True             # start `initial` candidates, the rest only on disagreement
     initial: int = 0                  # 0: an absolute majority of N
+
+    @classmethod
+    def from_settings(cls, spec: ConclaveSettings) -> "ConclavePolicy":
+        return cls(max_candidates=spec.max_candidates, explore_temperature=spec.explore_temperature,
+                   seed=spec.seed, adaptive=spec.adaptive)
 
 
 def candidate_requests(request: GenerationRequest, n: int, policy: ConclavePolicy) -> list[GenerationRequest]:
@@ -154,8 +161,8 @@ class ConclaveRun:
             return
         try:
             self._watch(self._submit(rest, 0, self._group))
-        except ServingError as exc:  # the vote goes on with the candidates it has
-            log.warning("conclave: %d more candidates could not start: %s", len(rest), exc.message)
+        except (ServingError, EngineError) as exc:  # the vote goes on with the candidates it has
+            log.warning("conclave: %d more candidates could not start: %s", len(rest), exc)
             self._requests = self._requests[:len(self._candidates)]
 
     async def decide(self) -> Outcome:
