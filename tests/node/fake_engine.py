@@ -11,7 +11,7 @@ is tested on the real Gemma model.
 Knobs a test sets: `refuse` (an engine error every submit raises), `fail_after` (end every
 generation with an error after that many tokens), `hold` (an asyncio.Event the generation
 waits on before its first token), `answers` (a function giving each request's answer text,
-e.g. by its seed, for Conclave tests). `submitted` records every request that reached it,
+e.g. by its seed, for Conclave tests), `logprob` (the same for the tokens' logprob). `submitted` records every request that reached it,
 `groups` the requests of each `submit_group` call.
 """
 
@@ -79,7 +79,8 @@ class FakeHandle:
             logprobs: tuple[TokenLogprob, ...] = ()
             if req.logprobs is not None:
                 top = tuple((t, bytes([t]), -0.5 - i) for i, t in enumerate(sorted({token, 32, 46})[:req.logprobs]))
-                logprobs = (TokenLogprob(token, bytes([token]), -0.5, top),)
+                chosen = engine.logprob(req) if engine.logprob is not None else -0.5
+                logprobs = (TokenLogprob(token, bytes([token]), chosen, top),)
             yield TextDelta(piece, (token,), logprobs)
         completion = len(generated) + int(ended_by_eog)  # an end-of-generation token counts, unseen
         yield Finished(reason, len(req.prompt_tokens), completion, tuple(generated))
@@ -99,6 +100,7 @@ class FakeEngine:
         self.fail_after: int | None = None
         self.hold: asyncio.Event | None = None
         self.answers: Callable[[GenerationRequest], str] | None = None  # the answer per request, else the script
+        self.logprob: Callable[[GenerationRequest], float] | None = None  # each token's logprob, else -0.5
         self.groups: list[list[GenerationRequest]] = []  # every submit_group call's requests
         self._group_ids = 0
         self.closed = False
