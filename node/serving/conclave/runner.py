@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 COMPLETED = ("stop", "length")
 SEED_SPACE = 2**64
-CANCEL_WAIT_S = 5.0
+CANCEL_WAIT_S = 30.0  # the engine applies a cancel at its next step; a loaded machine has slow steps
 
 # submit(requests, spare, group) -> handles; raises the serving layer's errors
 Submit = Callable[[Sequence[GenerationRequest], int, "int | None"], Sequence[GenerationHandle]]
