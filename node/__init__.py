@@ -5,7 +5,9 @@ Layout (one line per package; imports point down this list, never up):
     api/        HTTP only: aiohttp app, routes, parsing into serving's requests, response
                 shapes, SSE, the one error mapping and its middleware, /metrics, static/
     serving/    no aiohttp, no llama_cpp: request types, typed errors, the engine-client
-                Protocol, prompts, L1 keys, the service (archive -> engine -> archive)
+                Protocol, prompts, L1 keys, the service (archive -> engine -> archive);
+                serving/conclave/: best-of-N vote and its runner, OpenAI best_of (used by the
+                service and the CLI; never imports sessions, the archive or the cache)
     sessions/   chat sessions (store, turns), template cuts, warm-ahead
     archive/    the archive client (embedded | remote ARCA) and its circuit breaker
     models/     catalog, download, fingerprint, GGUF metadata, chat templates, loader

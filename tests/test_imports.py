@@ -113,6 +113,8 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("node/engine", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models", "node.archive",
                      "node.cache")),
     ("node/serving", ("aiohttp", "llama_cpp", "node.api")),
+    ("node/serving/conclave", ("aiohttp", "llama_cpp", "node.api", "node.sessions", "node.archive", "node.cache",
+                               "node.models", "node.serving.answer")),
     ("node/sessions", ("aiohttp", "llama_cpp", "node.api", "node.serving")),
     ("node/archive", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.sessions", "node.engine")),
     ("node/cache", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models")),
