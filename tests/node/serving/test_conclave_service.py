@@ -22,6 +22,7 @@ from node.serving.plan import ChoiceDone, ChoiceText
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.store import SessionStore
 from tests.node.fake_engine import BOS, N_VOCAB, FakeEngine
+from tests.node.serving.test_service import answer, text_of
 
 CHAT = {"messages": [{"role": "user", "content": "What is 12 + 30?"}], "temperature": 0, "max_tokens": 64}
 
@@ -45,16 +46,6 @@ async def service(tmp_path):
 
 def by_seed(table: dict[int | None, str]):
     return lambda request: table[request.sampling.seed]
-
-
-async def answer(service, plan):
-    async with service.answer(plan) as result:
-        events = [event async for event in result.events()]
-    return result.cache, events
-
-
-def text_of(events, index=0):
-    return "".join(e.text for e in events if isinstance(e, ChoiceText) and e.index == index)
 
 
 def done_of(events, index=0) -> ChoiceDone:
