@@ -1,19 +1,21 @@
 """The Conclave: its wall time, the samples adaptive stopping saves, and the accuracy it buys.
 
-    .venv/bin/python bench/conclave.py [--n 5] [--tokens 24] [--rounds 2] [--items 120] [--model PATH]
+    .venv/bin/python bench/conclave.py [--n 5] [--tokens 24] [--rounds 1] [--items 120] [--model PATH]
 
 One engine (12 slots, no speculation so every mode decodes the same way), the same code
 path as `reame run --best-of N` (node/serving/conclave/runner.py), all in one run:
 
-1. Wall time. One prompt, `--tokens` tokens per answer with end-of-generation banned (every
-   candidate runs its whole length and nobody agrees early: the Conclave's worst case):
-   one plain greedy answer; a Conclave of N candidates (all N started, one prefill, N-1
-   forks, one batch); the same N candidate requests one after another. Rounds alternate;
-   the best round of each is compared. Targets: N candidates <= 2.0x one answer, and
-   >= 2.5x faster than N answers one after another.
-2. Samples decoded on an easy set (few-shot copying a number: candidates agree): adaptive
-   stopping (an absolute majority of N started, the rest only on disagreement) against all N
-   started, with the decided answers compared.
+1. The easy set (few-shot copying of a number: short answers that end by themselves, and
+   candidates that agree), per prompt: one plain greedy answer; the Conclave of N as it
+   runs by default (adaptive: an absolute majority of N started, the rest only on
+   disagreement; a majority stops the others); the Conclave with all N started; the N
+   candidate requests one after another. Printed: samples started and tokens decoded with
+   adaptive stopping against all N, whether the answers agree, and the wall time of the
+   Conclave against one answer (target <= 2.0x) and against N answers one after another
+   (target >= 2.5x faster).
+2. The worst case: one prompt, `--tokens` tokens per answer with end-of-generation banned,
+   all N started: every candidate runs its whole length and nobody agrees early. The same
+   three timings (one answer, the Conclave, N one after another).
 3. Accuracy on a held-out few-shot set where the model is unsure: `--items` two-digit
    additions (seeded, never the few-shot examples), graded automatically by the vote's own
    answer key (the last number) against the true sum: the plain greedy answer against the
@@ -97,7 +99,7 @@ async def timed(coro) -> tuple[float, float]:
     return time.perf_counter() - start, time.process_time() - cpu
 
 
-async def wall(bench: Bench, tokens: int, rounds: int) -> None:
+async def worst_case(bench: Bench, tokens: int, rounds: int) -> None:
     request = bench.request(WALL_PROMPT, tokens, ban_eog=True)
     await bench.plain(dataclasses.replace(request, max_tokens=4))  # warm-up
     one, together, apart = [], [], []
@@ -107,39 +109,61 @@ async def wall(bench: Bench, tokens: int, rounds: int) -> None:
         apart.append(await timed(bench.serial(request)))
         print(f"  round {r + 1}: one answer {one[-1][0]:6.2f} s   conclave of {bench.n} {together[-1][0]:6.2f} s   "
               f"{bench.n} one after another {apart[-1][0]:6.2f} s   (load {os.getloadavg()[0]:.1f})", flush=True)
-    t1, tn, ts = (min(t[0] for t in times) for times in (one, together, apart))
-    c1, cn, cs = (min(t[1] for t in times) for times in (one, together, apart))
-    print(f"wall, {bench.n} candidates x {tokens} tokens (best of {rounds}, load {os.getloadavg()[0]:.1f}):")
-    print(f"  one answer {t1:.2f} s, conclave {tn:.2f} s, one after another {ts:.2f} s")
+    report(f"worst case: all {bench.n} candidates run {tokens} tokens (end of generation banned), "
+           f"best of {rounds}", bench.n, *(min(times) for times in (one, together, apart)))
+
+
+def report(title: str, n: int, one: tuple[float, float], conclave: tuple[float, float],
+           apart: tuple[float, float]) -> None:
+    (t1, c1), (tn, cn), (ts, cs) = one, conclave, apart
+    print(f"{title} (load {os.getloadavg()[0]:.1f}):")
+    print(f"  one answer {t1:.2f} s, conclave {tn:.2f} s, {n} one after another {ts:.2f} s")
     print(f"  conclave / one answer        {tn / t1:5.2f}x  (target <= 2.0)")
     print(f"  one after another / conclave {ts / tn:5.2f}x  (target >= 2.5)")
-    print(f"  CPU seconds (less sensitive to other load): {c1:.2f} / {cn:.2f} / {cs:.2f}: "
+    print(f"  CPU seconds of this process (less sensitive to other load): {c1:.2f} / {cn:.2f} / {cs:.2f}: "
           f"{cn / c1:.2f}x one answer, {cs / cn:.2f}x faster than one after another", flush=True)
 
 
 async def easy(bench: Bench) -> None:
+    """Per prompt: one plain answer, the Conclave (adaptive), the Conclave with all N started,
+    and the N candidate requests one after another."""
     started = {True: 0, False: 0}
     tokens = {True: 0, False: 0}
-    seconds = {True: 0.0, False: 0.0}
+    times = {"one": [0.0, 0.0], "adaptive": [0.0, 0.0], "fixed": [0.0, 0.0], "apart": [0.0, 0.0]}
     same = 0
+
+    def add(name: str, measured: tuple[float, float]) -> None:
+        times[name][0] += measured[0]
+        times[name][1] += measured[1]
+
+    await bench.plain(bench.request(EASY[0], 2))  # warm-up
     for text in EASY:
         request = bench.request(text, 6, stop=("\n",))
+        add("one", await timed(bench.plain(request)))
         answers = {}
         for adaptive in (True, False):
-            start = time.perf_counter()
-            outcome, decoded = await bench.conclave(request, adaptive=adaptive)
-            seconds[adaptive] += time.perf_counter() - start
-            started[adaptive] += outcome.started
-            tokens[adaptive] += decoded
-            answers[adaptive] = outcome.winner.text.strip()
+            outcome: list = []
+
+            async def run(adaptive: bool = adaptive, into: list = outcome) -> None:
+                into.extend(await bench.conclave(request, adaptive=adaptive))
+
+            add("adaptive" if adaptive else "fixed", await timed(run()))
+            started[adaptive] += outcome[0].started
+            tokens[adaptive] += outcome[1]
+            answers[adaptive] = outcome[0].winner.text.strip()
+        add("apart", await timed(bench.serial(request)))
         same += answers[True] == answers[False]
     k = len(EASY)
-    print(f"easy set, {k} prompts, N = {bench.n} (load {os.getloadavg()[0]:.1f}):")
+    print(f"easy set, {k} prompts (few-shot copying of a number, answers of a few tokens), N = {bench.n} "
+          f"(load {os.getloadavg()[0]:.1f}):")
     print(f"  samples started   adaptive {started[True]:3d}  vs all N {started[False]:3d}  "
           f"({1 - started[True] / started[False]:.0%} fewer)")
     print(f"  tokens decoded    adaptive {tokens[True]:3d}  vs all N {tokens[False]:3d}")
-    print(f"  seconds           adaptive {seconds[True]:5.1f} vs all N {seconds[False]:5.1f}")
-    print(f"  same answer       {same}/{k}", flush=True)
+    print(f"  same answer       {same}/{k}")
+    print(f"  seconds           adaptive {times['adaptive'][0]:5.1f} vs all N {times['fixed'][0]:5.1f}", flush=True)
+    as_pair = {name: (value[0], value[1]) for name, value in times.items()}
+    report(f"wall on the easy set, summed over {k} prompts, the Conclave adaptive", bench.n,
+           as_pair["one"], as_pair["adaptive"], as_pair["apart"])
 
 
 async def accuracy(bench: Bench, count: int) -> None:
@@ -175,9 +199,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=24)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--items", type=int, default=120)
-    parser.add_argument("--only", choices=("wall", "easy", "accuracy"), help="one part only")
+    parser.add_argument("--only", choices=("easy", "worst", "accuracy"), help="one part only")
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
 
@@ -188,10 +212,10 @@ def main() -> int:
     bench = Bench(engine, args.n)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
     try:
-        if args.only in (None, "wall"):
-            asyncio.run(wall(bench, args.tokens, args.rounds))
         if args.only in (None, "easy"):
             asyncio.run(easy(bench))
+        if args.only in (None, "worst"):
+            asyncio.run(worst_case(bench, args.tokens, args.rounds))
         if args.only in (None, "accuracy"):
             asyncio.run(accuracy(bench, args.items))
     finally:

@@ -214,8 +214,7 @@ class Scheduler:
                 return
             source = self._fork_source(seq)
             if source is None or source.share is None:
-                seq.fork = False  # no member holds the prompt any more: an ordinary request
-                continue
+                continue  # no member holds the prompt (yet, or any more): admitted as any request
             own = seq.request.max_tokens + self._limits.max_draft + 1  # + the prompt's last token, decoded again
             if not self._budget.fits(0, max(0, own - source.share.spare)):
                 continue

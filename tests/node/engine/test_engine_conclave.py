@@ -55,7 +55,10 @@ def test_a_late_fork_clones_the_prompt_from_a_running_sibling(engine):
     (first,) = engine.submit_group([request(engine, 12)], spare=1)
     events = first.iter_sync(timeout=180)
     assert isinstance(next(events), TextDelta)  # the first candidate is decoding
-    forked = engine.stats()["forked_late"]
+    stats = engine.stats()
+    prompt = len(request(engine).prompt_tokens)
+    assert stats["kv_cells_reserved"] >= prompt + 2 * 12  # reserved for the candidate to come too
+    forked = stats["forked_late"]
     (late,) = engine.submit_group([request(engine, 12)], group=first.group)
     rest = [e for e in events if isinstance(e, Finished)]
     assert finish(late).generated == fresh.generated == rest[0].generated
