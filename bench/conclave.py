@@ -172,6 +172,7 @@ async def accuracy(bench: Bench, count: int) -> None:
     items = additions(count)
     right = {"greedy": 0, "conclave": 0}
     started = 0
+    done: list[int] = []
     gate = asyncio.Semaphore(2)
 
     async def one(a: int, b: int) -> None:
@@ -184,6 +185,10 @@ async def accuracy(bench: Bench, count: int) -> None:
             right["greedy"] += answer_key(greedy) == truth
             right["conclave"] += answer_key(outcome.winner.text) == truth
             started += outcome.started
+            done.append(1)
+            if len(done) % 20 == 0:
+                print(f"  {len(done)}/{count} items: greedy {right['greedy']}, conclave {right['conclave']} right",
+                      flush=True)
 
     start = time.perf_counter()
     await asyncio.gather(*(one(a, b) for a, b in items))
