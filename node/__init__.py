@@ -8,7 +8,9 @@ Layout (one line per package; imports point down this list, never up):
                 run through an executor the API provides (its parser, the service)
     serving/    no aiohttp, no llama_cpp: request types, typed errors, the engine-client
                 Protocol, prompts, L1 keys, the service (archive -> engine -> archive),
-                the ledger of what was served and the savings it adds up to
+                the ledger of what was served and the savings it adds up to;
+                serving/conclave/: best-of-N vote and its runner, OpenAI best_of (used by the
+                service and the CLI; never imports sessions, the archive or the cache)
     sessions/   chat sessions (store, turns), template cuts, warm-ahead
     archive/    the archive client (embedded | remote ARCA | Redis/Valkey, standalone or Cluster),
                 its URL, breakers, the L4 mirror

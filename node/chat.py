@@ -17,6 +17,7 @@ from node.engine.types import Finished, GenerationRequest, SamplingParams, TextD
 if TYPE_CHECKING:
     from node.config import NodeSettings
     from node.engine.engine import Engine
+    from node.serving.conclave.runner import ConclavePolicy
 
 PROMPT = "> "
 
@@ -60,9 +61,7 @@ class Conversation:
     def reset(self) -> None:
         self.history.clear()
 
-    def reply(self, text: str, out: TextIO) -> Finished:
-        """Answer `text` given the history, streaming to `out`; the turn joins the history."""
-        messages = [*self.history, {"role": "user", "content": text}]
+    def _request(self, messages: list[dict[str, str]]) -> GenerationRequest:
         tokens = self.engine.tokenize(self.template.render(messages), add_bos=True, special=True)
         room = self.engine.n_ctx - len(tokens)
         if room < 1:
@@ -71,8 +70,47 @@ class Conversation:
             raise ConversationTooLong(
                 f"{what} ({len(tokens)} tokens) does not fit the context ({self.engine.n_ctx}){hint}"
             )
-        request = GenerationRequest(tuple(tokens), max_tokens=min(self.max_tokens, room),
-                                    sampling=self.sampling, stop=self.template.stop_strings)
+        return GenerationRequest(tuple(tokens), max_tokens=min(self.max_tokens, room),
+                                 sampling=self.sampling, stop=self.template.stop_strings)
+
+    def conclave(self, text: str, out: TextIO, n: int, policy: ConclavePolicy, *, votes: bool = False) -> int:
+        """Answer `text` by a Conclave of n candidates: the winner, then `CONCLAVE consensus=k/N`."""
+        import asyncio
+
+        from node.serving.conclave.runner import ConclaveRun, Outcome
+
+        request = self._request([*self.history, {"role": "user", "content": text}])
+
+        async def decide() -> Outcome:
+            loop = asyncio.get_running_loop()
+            run = ConclaveRun(lambda reqs, spare, group: self.engine.submit_group(reqs, loop, spare=spare, group=group),
+                              request, n, policy)
+            run.start()
+            try:
+                return await run.decide()
+            finally:
+                run.cancel()
+
+        outcome = asyncio.run(decide())
+        assert outcome.winner.finished is not None
+        if outcome.winner.finished.reason == "error":
+            raise EngineError(outcome.winner.finished.error or "generation failed")
+        out.write(outcome.winner.text + "\n")
+        verdict = outcome.verdict
+        line = f"CONCLAVE consensus={verdict.consensus}/{outcome.candidates}"
+        if votes:
+            shown = " ".join(f"{answer!r}={count}" for answer, count in verdict.votes.items())
+            line += (f" decision={verdict.method} started={outcome.started} cancelled={outcome.cancelled}"
+                     f" votes: {shown or '(no extractable answers)'}")
+        out.write(line + "\n")
+        out.flush()
+        self._report(outcome.winner.finished)
+        return 0
+
+    def reply(self, text: str, out: TextIO) -> Finished:
+        """Answer `text` given the history, streaming to `out`; the turn joins the history."""
+        messages = [*self.history, {"role": "user", "content": text}]
+        request = self._request(messages)
         handle = self.engine.submit(request)
         parts: list[str] = []
         finished: Finished | None = None

@@ -1,7 +1,8 @@
 """The node's subcommands: `reame list`, `reame run`, `reame warm`, `reame batch`, `reame stats`,
 and the config mode `reame --config FILE`.
 
-`run` answers one prompt (streamed to stdout through the chat template), or chats turn after
+`run` answers one prompt (streamed to stdout through the chat template; with `--best-of N`
+by a Conclave of N candidates, node/serving/conclave/), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
 `warm` prefills documents known in advance into the prefix cache directory a node will use
 (node/sessions/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
@@ -43,6 +44,9 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     parser.add_argument("--max-tokens", type=int, default=512, help="longest answer (default 512)")
     parser.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy (default 0.7)")
     parser.add_argument("--seed", type=int, help="sampling seed, for reproducible answers")
+    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+                        help="Conclave: N candidates forked from one prefill, the answer by majority vote "
+                        "(prints CONCLAVE consensus=k/N; --verbose adds the votes)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
     parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
     parser.add_argument("--parallel", type=int, help="sequences decoded together (default: 1, 4 serving)")
@@ -71,7 +75,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         "model.path": getattr(args, "model", None),
         "model.threads": args.threads,
         "model.context_length": args.ctx,
-        "server.parallel": args.parallel if args.parallel is not None or serving else 1,
+        "server.parallel": args.parallel if args.parallel is not None or serving else max(1, args.best_of),
         "server.host": args.host,
         "server.port": args.port,
         "server.api_key": args.api_key,
@@ -142,11 +146,21 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_flag
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if not 1 <= args.best_of <= settings.conclave.max_candidates:
+        raise ConfigError(f"--best-of must be between 1 and {settings.conclave.max_candidates} "
+                          f"([conclave] max_candidates), got {args.best_of}")
+    if args.best_of > 1 and prompt is None:
+        raise ConfigError("--best-of answers one prompt: give the prompt on the command line")
     from node.chat import Conversation, load_engine
 
     engine = load_engine(settings)
     try:
         conversation = Conversation(engine, max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
+        if prompt is not None and args.best_of > 1:
+            from node.serving.conclave.runner import ConclavePolicy
+
+            return conversation.conclave(prompt, sys.stdout, args.best_of, ConclavePolicy.from_settings(settings.conclave),
+                                         votes=args.verbose)
         if prompt is not None:
             return conversation.one_shot(prompt, sys.stdout)
         print(CHAT_HELP.format(model=settings.model.path), file=sys.stderr)

@@ -82,6 +82,14 @@ OPTIONS: tuple[Option, ...] = (
     _opt("stats", "sample_seconds", int, 10, "Seconds between two points of the savings trend."),
     _opt("stats", "log_minutes", int, 5,
          "Minutes between two savings log lines while the node is busy; 0 = never logged."),
+    _opt("conclave", "max_candidates", int, 16,
+         "Largest N a request may ask for with \"conclave\": N or --best-of N (1-16)."),
+    _opt("conclave", "explore_temperature", float, 0.7,
+         "Candidates after the first sample at least this hot (the first is the request unchanged)."),
+    _opt("conclave", "seed", int, 0,
+         "Base seed of the explorers (candidate i: seed + i) when the request gives none."),
+    _opt("conclave", "adaptive", bool, True,
+         "Start an absolute majority of the N candidates; the rest only when they disagree."),
     _opt("arca", "remote", str, "",
          "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
          "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
@@ -181,6 +189,14 @@ class SpeculativeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ConclaveSettings:
+    max_candidates: int
+    explore_temperature: float
+    seed: int
+    adaptive: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CacheSettings:
     enabled: bool
     directory: Path
@@ -218,6 +234,7 @@ class NodeSettings:
     speculative: SpeculativeSettings
     batch: BatchSettings
     stats: StatsSettings
+    conclave: ConclaveSettings
     home: Path
     config_file: Path | None = None
 
@@ -291,6 +308,9 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "stats.window_minutes": _at_least(1),
     "stats.sample_seconds": _at_least(1),
     "stats.log_minutes": _at_least(0),
+    "conclave.max_candidates": lambda v: None if 1 <= v <= 16 else f"must be between 1 and 16, got {v}",
+    "conclave.explore_temperature": lambda v: None if 0.0 <= v <= 2.0 else f"must be between 0 and 2, got {v}",
+    "conclave.seed": lambda v: None if 0 <= v < 2**63 else f"must be between 0 and 2**63 - 1, got {v}",
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
     "arca.observe_prompt_tokens": _at_least(0),
@@ -371,6 +391,7 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
             "draft_model_path": optional(spec["draft_model_path"])}),
         batch=BatchSettings(**{**section("batch"), "directory": directory(section("batch")["directory"], "batches")}),
         stats=StatsSettings(**section("stats")),
+        conclave=ConclaveSettings(**section("conclave")),
         home=home,
         config_file=file,
     )

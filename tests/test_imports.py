@@ -115,6 +115,8 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
                      "node.cache")),
     ("node/batches", ("aiohttp", "llama_cpp", "node.api")),
     ("node/serving", ("aiohttp", "llama_cpp", "node.api", "node.batches")),
+    ("node/serving/conclave", ("aiohttp", "llama_cpp", "node.api", "node.sessions", "node.archive", "node.cache",
+                               "node.models", "node.serving.answer", "node.batches")),
     ("node/sessions", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.batches")),
     ("node/archive", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.sessions", "node.engine")),
     ("node/cache", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models")),

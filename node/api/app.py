@@ -51,6 +51,7 @@ from node.serving.engine_client import EngineClient
 from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
 from node.serving.savings import Savings, SavingsConfig
+from node.serving.conclave.runner import ConclavePolicy
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.archived import ArchivedSessionStore
 from node.sessions.store import Sessions, SessionStore
@@ -197,7 +198,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         sessions = await open_sessions(settings, archive)
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
-            l1_ttl_s=settings.arca.l1_ttl_s or None), cache=cache, fleet=fleet, sessions=sessions)
+            l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave)),
+            cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         savings = Savings(service.ledger, engine.stats, config=SavingsConfig(
             settings.stats.window_minutes, settings.stats.sample_seconds, settings.stats.log_minutes),

@@ -77,7 +77,10 @@ OPTIONS: dict[str, Schema] = {
          "items": {"type": "string", "minLength": 1, "maxLength": limits.MAX_STOP_LENGTH}},
     ], "description": "generation ends before any of these strings; the stop text is never sent"},
     "n": integer(1, limits.MAX_CHOICES, "choices, forked from one prefill"),
-    "best_of": integer(1, limits.MAX_CHOICES, "accepted only when equal to n"),
+    "best_of": integer(1, limits.MAX_CHOICES, "candidates generated; the n with the highest mean token "
+                       "logprob are returned (at least n)"),
+    "conclave": integer(1, limits.MAX_CONCLAVE, "extension: candidates of a best-of-N consensus; one voted "
+                        "answer, its verdict in the response's `reame` object (needs n = 1, no best_of > 1)"),
     "stream": boolean("answer as server-sent events"),
     "stream_options": {"type": "object", "properties": optional({"include_usage": boolean("a last chunk with usage")}),
                        "description": "only with stream: true"},

@@ -17,6 +17,7 @@ from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest, G
 
 MAX_PROMPTS = 16
 MAX_CHOICES = 16
+MAX_CONCLAVE = 16  # candidates of a Conclave; a node may allow fewer ([conclave] max_candidates)
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_MESSAGES = 4096
@@ -190,12 +191,17 @@ def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | No
         include_usage = Fields(fields.body["stream_options"], "stream_options").boolean("include_usage", False)
     n = fields.integer("n", 1, 1, MAX_CHOICES)
     best_of = fields.integer("best_of", None, 1, MAX_CHOICES)
-    if best_of is not None and best_of != n:
-        raise UnsupportedFeature("'best_of' different from 'n' is not supported", param="best_of")
+    if best_of is not None and best_of < n:
+        raise fields.fail("best_of", f"must be at least 'n' ({n}): the n best of best_of candidates are returned")
+    conclave = fields.integer("conclave", 1, 1, MAX_CONCLAVE)
+    if conclave > 1 and n > 1:
+        raise fields.fail("conclave", "returns one voted answer: it needs 'n' = 1")
+    if conclave > 1 and best_of is not None and best_of > 1:
+        raise fields.fail("conclave", "and 'best_of' choose among candidates in different ways: send one of them")
     return GenerationOptions(
         max_tokens=max_tokens, sampling=parse_sampling(fields), stop=parse_stop(fields), n=n,
         logprobs=logprobs, stream=stream, include_usage=include_usage,
-        speculation=fields.boolean("speculation", True),
+        speculation=fields.boolean("speculation", True), conclave=conclave, best_of=best_of or n,
     )
 
 

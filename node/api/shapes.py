@@ -1,7 +1,9 @@
 """OpenAI response objects: whole completions, stream chunks, logprobs and usage.
 
 Builders only: they take the service's choice events and the request's identity and return
-plain dicts ready for orjson. `Collector` gathers a non-streamed answer choice by choice.
+plain dicts ready for orjson. `Collector` gathers a non-streamed answer choice by choice. A
+Conclave's verdict is the top-level `reame` object of the response, or of the stream chunk
+carrying the winner's finish_reason.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Collector:
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n_choices)]
         self.finish: list[str | None] = [None] * n_choices
         self.completion_tokens = 0
+        self.consensus: dict | None = None
 
     def add(self, event: ChoiceEvent) -> None:
         if isinstance(event, ChoiceText):
@@ -86,6 +89,8 @@ class Collector:
         elif isinstance(event, ChoiceDone):
             self.finish[event.index] = event.finish_reason
             self.completion_tokens += event.completion_tokens
+            if event.consensus is not None:
+                self.consensus = dict(event.consensus)
 
     def response(self, prompt_tokens: int) -> dict:
         choices = []
@@ -100,8 +105,11 @@ class Collector:
             else:
                 choices.append({"index": index, "text": text, "finish_reason": reason,
                                 "logprobs": text_logprobs(items, 0) if self.want_logprobs else None})
-        return {**self.identity.envelope(chunk=False), "choices": choices,
-                "usage": usage(prompt_tokens, self.completion_tokens)}
+        response = {**self.identity.envelope(chunk=False), "choices": choices,
+                    "usage": usage(prompt_tokens, self.completion_tokens)}
+        if self.consensus is not None:
+            response["reame"] = self.consensus
+        return response
 
 
 class ChunkMaker:
@@ -133,7 +141,10 @@ class ChunkMaker:
                 body["delta"] = {}
             else:
                 body["text"] = ""
-            return self._chunk(body)
+            chunk = self._chunk(body)
+            if event.consensus is not None:
+                chunk["reame"] = dict(event.consensus)
+            return chunk
         logprobs = None
         if self.want_logprobs:
             if chat:

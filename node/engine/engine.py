@@ -37,8 +37,9 @@ __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo",
 class Handle:
     """The caller's side of one generation: events out, cancel in."""
 
-    def __init__(self, request_id: str, channel: Channel, scheduler: Scheduler) -> None:
+    def __init__(self, request_id: str, channel: Channel, scheduler: Scheduler, group: int = 0) -> None:
         self.request_id = request_id
+        self.group = group  # the requests of one submit_n / submit_group share it
         self._channel = channel
         self._scheduler = scheduler
         self._finished = False
@@ -152,7 +153,49 @@ class Engine:
             channel = Channel(loop)
             seqs.append(Sequence(req, channel, seed=base_seed + i, constraint=grammars[i],
                                  key=next(self._keys), group=group))
-            handles.append(Handle(request_id, channel, self._scheduler))
+            handles.append(Handle(request_id, channel, self._scheduler, group))
+        self._scheduler.enqueue(seqs)
+        return handles
+
+    def submit_group(self, reqs: Seq[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None, *,
+                     spare: int = 0, group: int | None = None) -> list[Handle]:
+        """Generations of one prompt with parameters of their own, sharing one prefill.
+
+        Every request must have the same prompt tokens; each samples with its own seed (a
+        fresh one when None). `spare`: requests of this prompt that may join later, whose KV
+        cells are reserved now with these. `group`: join a group an earlier call returned
+        (`Handle.group`): while one of its members still holds the prompt in the KV, a
+        joiner clones it instead of prefilling, and all of them draft for each other.
+        """
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+        if not reqs:
+            raise InvalidRequest("a group needs at least one request")
+        prompt = reqs[0].prompt_tokens
+        if any(req.prompt_tokens != prompt for req in reqs):
+            raise InvalidRequest("the requests of a group must share one prompt")
+        if spare < 0:
+            raise InvalidRequest(f"spare must be >= 0, got {spare}")
+        for req in reqs:
+            self._validate(req, 1)
+        longest = max(req.max_tokens for req in reqs)
+        need = len(prompt) + (len(reqs) + spare) * (longest + self.config.max_draft + 1)
+        if group is None and need > self._ctx.n_ctx:
+            raise PromptTooLong(len(prompt), (len(reqs) + spare) * longest, self._ctx.n_ctx)
+        loop = loop if loop is not None else _running_loop()
+        joining = group is not None
+        group_id = group if group is not None else next(self._groups)
+        per_fork = longest + self.config.max_draft + 1
+        handles, seqs = [], []
+        for i, req in enumerate(reqs):
+            gbnf = req.sampling.grammar
+            grammar = Grammar(self._model.vocab, gbnf) if gbnf else None
+            seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
+            request_id = req.request_id or f"req-{next(self._ids)}"
+            channel = Channel(loop)
+            seqs.append(Sequence(req, channel, seed=seed, constraint=grammar, key=next(self._keys), group=group_id,
+                                 spare=spare * per_fork if i == 0 else 0, fork=joining or i > 0))
+            handles.append(Handle(request_id, channel, self._scheduler, group_id))
         self._scheduler.enqueue(seqs)
         return handles
 

@@ -11,7 +11,11 @@ Each step (all on the one thread that owns the llama context):
    beyond it). Requests with a prompt identical to one being
    prefilled become its followers: they hold a slot and reserve only their own
    max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
-   prompt is complete (`submit_n` uses the same path);
+   prompt is complete (`submit_n` and `submit_group` use the same path). A fork joining a
+   group that is already decoding (a Conclave's later candidate) goes before the queue's
+   head: it clones every prompt token but the last from a member still holding them and
+   decodes that one token for its own first logits, drawing its cells from the group's
+   spare reservation;
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
    each), then prefill chunks of newcomers (interactive ones first) under
    `step_token_budget`, so a long prompt
@@ -58,7 +62,7 @@ IDLE_WAIT_S = 0.05
 BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
-            "final_states_stored")
+            "final_states_stored", "forked_late")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +227,7 @@ class Scheduler:
     # -- admission ----------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        self._admit_forks()
         while self._budget.free_slots:
             with self._lock:
                 seq = self._next_waiting()
@@ -231,7 +236,7 @@ class Scheduler:
                 leader = self._prefilling_leader(seq)
                 prompt_cells = 0 if leader else len(seq.prompt)
                 own = seq.request.max_tokens + self._limits.max_draft
-                if not self._budget.fits(prompt_cells, own):
+                if not self._budget.fits(prompt_cells, own + seq.spare):
                     return  # the head waits for room, nobody overtakes it
                 self._queue.remove(seq)
             try:
@@ -249,6 +254,55 @@ class Scheduler:
         if head.request.priority > INTERACTIVE and len(self._budget.free_slots) <= self._limits.interactive_slots:
             return None
         return head
+
+    def _admit_forks(self) -> None:
+        """Forks joining a running group go before the queue's head: their prompt is in the KV
+        already and their cells were (as far as the spare goes) reserved with the group's."""
+        with self._lock:
+            forks = [s for s in self._queue if s.fork]
+        for seq in forks:
+            if not self._budget.free_slots:
+                return
+            source = self._fork_source(seq)
+            if source is None or source.share is None:
+                continue  # no member holds the prompt (yet, or any more): admitted as any request
+            own = seq.request.max_tokens + self._limits.max_draft + 1  # + the prompt's last token, decoded again
+            if not self._budget.fits(0, max(0, own - source.share.spare)):
+                continue
+            with self._lock:
+                if seq not in self._queue:
+                    continue
+                self._queue.remove(seq)
+            try:
+                self._start_fork(seq, own, source)
+            except Exception as exc:
+                self._refuse(seq, exc)
+
+    def _fork_source(self, seq: Sequence) -> Sequence | None:
+        """A decoding member of seq's group whose KV still holds all of the prompt but its last token."""
+        n = len(seq.prompt) - 1
+        for other in self._active:
+            if (other.group == seq.group and other.phase is Phase.DECODE and other.prompt == seq.prompt
+                    and other.n_past >= n and self._window_kept(other.slot, n)):
+                return other
+        return None
+
+    def _start_fork(self, seq: Sequence, own: int, source: Sequence) -> None:
+        """Clone the prompt but its last token from source; that token is decoded again for the
+        fork's own first logits (one token of prefill instead of the whole prompt)."""
+        assert source.share is not None
+        seq.make_sampler(self._model.n_vocab)
+        self._budget.take_fork(seq, own, source.share)
+        seq.t_admit = time.perf_counter()
+        self._active.append(seq)
+        seq.phase = Phase.PREFILL
+        self._ctx.seq_rm(seq.slot)
+        n = len(seq.prompt) - 1
+        if n > 0:
+            self._ctx.seq_cp(source.slot, seq.slot, 0, n)
+        seq.n_past, seq.store_at = n, []
+        self.counters["shared_prefills"] += 1
+        self.counters["forked_late"] += 1
 
     def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""

@@ -70,13 +70,19 @@ class Phase(enum.Enum):
 
 
 class PromptShare:
-    """KV cells of one prompt shared by a leader and its forks, released by the last user."""
+    """KV cells of one prompt shared by a leader and its forks, released by the last user.
 
-    __slots__ = ("cells", "users")
+    `spare` cells are held for forks of the prompt not started yet (the Conclave's later
+    candidates): a fork that starts while a member of its group still holds the prompt
+    draws its cells from them, and whatever is left goes with the last user.
+    """
+
+    __slots__ = ("cells", "users", "spare")
 
     def __init__(self, cells: int) -> None:
         self.cells = cells
         self.users = 1
+        self.spare = 0
 
 
 class Sequence:
@@ -86,11 +92,12 @@ class Sequence:
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
-        "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft",
+        "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "spare", "fork",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
-                 constraint: Constraint | None = None, *, key: int = 0, group: int = 0) -> None:
+                 constraint: Constraint | None = None, *, key: int = 0, group: int = 0, spare: int = 0,
+                 fork: bool = False) -> None:
         self.request = request
         self.channel = channel
         self.sampler: TokenSampler | None = None  # made on the engine thread at admission
@@ -120,6 +127,8 @@ class Sequence:
         self.group = group
         self.draft_seq: DraftSeq | None = None  # set while a speculator drafts for it
         self.draft: Draft | None = None         # the draft in the current step's batch
+        self.spare = spare  # KV cells to hold for later forks of this prompt (PromptShare.spare)
+        self.fork = fork    # joins a running group: clone the prompt from a member still holding it
 
     def make_sampler(self, n_vocab: int) -> None:
         """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""

@@ -110,7 +110,13 @@ class ModelInfo:
 
 
 class GenerationHandle(Protocol):
-    """The caller's side of one submitted generation: its events, and a way to stop it."""
+    """The caller's side of one submitted generation: its events, and a way to stop it.
+
+    `group` is shared by the generations of one `submit_n` / `submit_group` call; passing it
+    to a later `submit_group` makes the new ones forks of the same prompt.
+    """
+
+    group: int
 
     def cancel(self) -> None: ...
 

@@ -4,7 +4,8 @@
 looks every keyed job up in L1 and submits the misses to the engine (so overload and
 too-long prompts fail before any byte is sent); iterating `answer.events()` yields
 `ChoiceText` and `ChoiceDone` in generation order, hits replayed exactly as they once
-streamed; leaving it cancels whatever is still generating, which is how a client that goes
+streamed (a Conclave's or best_of's job through node/serving/conclave/events.py); leaving it
+cancels whatever is still generating, which is how a client that goes
 away stops its generation within one engine step. A completed generation is handed back to
 the service to remember (L1, L4) and, for a session turn, to extend the session.
 """
@@ -16,6 +17,8 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
 from node.engine.types import Finished, GenerationHandle, TextDelta
+from node.serving.conclave.events import best_of_events, conclave_events
+from node.serving.conclave.runner import ConclaveRun
 from node.serving.errors import GenerationFailed
 from node.serving.l1 import Piece, StoredAnswer, StoredChoice
 from node.serving.plan import COMPLETED, ChoiceDone, ChoiceEvent, ChoiceText, Job, Plan
@@ -36,6 +39,7 @@ class Answer:
         self.started = time.perf_counter()
         self._stored: list[StoredAnswer | None] = []
         self._handles: list[Sequence[GenerationHandle]] = []
+        self._runs: dict[int, ConclaveRun] = {}  # job number -> its Conclave
         self._generated: tuple[int, ...] | None = None  # choice 0's token ids (None: replayed from L1)
 
     async def __aenter__(self) -> "Answer":
@@ -48,8 +52,16 @@ class Answer:
                 self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
             misses = [job.prompt_tokens for job, stored in zip(jobs, self._stored) if stored is None]
             await asyncio.gather(*(self.service.prefetch(tokens) for tokens in misses))
-            for job, stored in zip(jobs, self._stored):
-                self._handles.append([] if stored is not None else self.service.submit(job))
+            for number, (job, stored) in enumerate(zip(jobs, self._stored)):
+                if stored is not None:
+                    self._handles.append([])
+                elif job.conclave > 1:
+                    self._runs[number] = self.service.start_conclave(job)
+                    self._handles.append([])
+                elif job.best_of > job.n:
+                    self._handles.append(self.service.submit_best_of(job))
+                else:
+                    self._handles.append(self.service.submit(job))
         except BaseException:
             self._cancel()
             self.service.ledger.leave()
@@ -61,17 +73,26 @@ class Answer:
         self.service.ledger.leave()
 
     def _cancel(self) -> None:
+        for run in self._runs.values():
+            run.cancel()
         for handles in self._handles:
             for handle in handles:
                 handle.cancel()
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         sources: list[AsyncIterator[ChoiceEvent]] = []
-        for job, stored, handles in zip(self.plan.jobs, self._stored, self._handles):
+        for number, (job, stored, handles) in enumerate(zip(self.plan.jobs, self._stored, self._handles)):
             for choice in range(job.n):
                 if job.echo_text:
                     sources.append(_single(ChoiceText(job.first_choice + choice, job.echo_text)))
-            sources.append(self._replay(job, stored) if stored is not None else self._generate(job, handles))
+            if stored is not None:
+                sources.append(self._replay(job, stored))
+            elif number in self._runs:
+                sources.append(conclave_events(self.service, job, self._runs[number]))
+            elif job.best_of > job.n:
+                sources.append(best_of_events(self.service, job, handles, job.request.logprobs is not None))
+            else:
+                sources.append(self._generate(job, handles))
         first = True
         answer: list[str] = []
         finish_reason = None
@@ -94,7 +115,8 @@ class Answer:
             index = job.first_choice + offset
             for piece in choice.pieces:
                 yield ChoiceText(index, piece.text, piece.logprobs)
-            yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens)
+            yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens,
+                             stored.consensus if offset == 0 else None)
         self.service.ledger.served(len(job.prompt_tokens), sum(c.completion_tokens for c in stored.choices),
                                    from_l1=True)
 

@@ -39,6 +39,11 @@ class EngineClient(Protocol):
                  loop: asyncio.AbstractEventLoop | None = None) -> Sequence[GenerationHandle]:
         """n generations of one prompt sharing one prefill (choice i seeded seed + i)."""
 
+    def submit_group(self, reqs: Sequence[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None, *,
+                     spare: int = 0, group: int | None = None) -> Sequence[GenerationHandle]:
+        """Generations of one prompt with parameters of their own sharing one prefill; `spare`
+        reserves KV for that many more joining later with `group` (the Conclave)."""
+
     def stats(self) -> Mapping[str, int]: ...
 
     def close(self) -> None: ...

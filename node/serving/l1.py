@@ -5,8 +5,8 @@ The header holds the model's content fingerprint (never its path), the KV cache 
 changes the numerics, so greedy output too), the endpoint kind, the chat template name, and
 every field of the request's `GenerationOptions` and `SamplingParams`, found by iterating
 over the dataclasses' fields (the grammar too), except the ones listed in `NOT_KEYED`
-(presentation only: `stream`, `include_usage`) and, for a greedy request,
-`GREEDY_IRRELEVANT` (top_k, top_p, min_p and the seed cannot change a greedy choice, so
+(presentation only: `stream`, `include_usage`) and, for a greedy request that is neither
+a Conclave nor a best_of (whose other candidates sample, seeded), `GREEDY_IRRELEVANT` (top_k, top_p, min_p and the seed cannot change a greedy choice, so
 requests differing only in them share one entry). A field added later is therefore in the
 key unless someone decides otherwise, and tests/node/serving/test_l1.py fails until it is
 listed in `KEYED` or `NOT_KEYED`. The other
@@ -16,7 +16,8 @@ answering.
 
 The value is a versioned JSON record of each choice as it streamed (text pieces with their
 logprobs), its finish reason and its true token counts, so a hit answers exactly like the
-generation did, streamed or not. A record that does not decode is a miss.
+generation did, streamed or not, and, for a Conclave, its verdict (the `reame` object). A
+record that does not decode is a miss.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ RECORD_VERSION = 1
 # of these two lists (a test fails for a field in neither). The key does not read KEYED: it
 # takes every field not in NOT_KEYED, so a field nobody classified is still in the key.
 KEYED: frozenset[str] = frozenset({
-    "max_tokens", "stop", "n", "logprobs",
+    "max_tokens", "stop", "n", "logprobs", "conclave", "best_of",
     "sampling.temperature", "sampling.top_k", "sampling.top_p", "sampling.min_p",
     "sampling.repeat_penalty", "sampling.repeat_last_n", "sampling.presence_penalty",
     "sampling.frequency_penalty", "sampling.logit_bias", "sampling.seed", "sampling.grammar",
@@ -78,14 +79,18 @@ class StoredChoice:
 class StoredAnswer:
     prompt_tokens: int
     choices: tuple[StoredChoice, ...]
+    consensus: Mapping[str, Any] | None = None  # a Conclave's verdict, answered again with a hit
 
 
 def l1_key(
     *, fingerprint: str, kv_type: str, kind: str, template: str,
-    prompt_tokens: Sequence[int], options: GenerationOptions,
+    prompt_tokens: Sequence[int], options: GenerationOptions, extra: Mapping[str, Any] | None = None,
 ) -> bytes:
+    """`extra`: node settings that shape the answer beyond the request (a Conclave's explorers)."""
     header = {"v": KEY_VERSION, "model": fingerprint, "kv": kv_type, "kind": kind, "template": template,
               "options": keyed_fields(options)}
+    if extra:
+        header["extra"] = {name: _canonical(value) for name, value in extra.items()}
     digest = hashlib.sha256(orjson.dumps(header, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
     digest.update(b"\x00")
     digest.update(pack_tokens(prompt_tokens))
@@ -94,7 +99,8 @@ def l1_key(
 
 def keyed_fields(options: GenerationOptions) -> dict[str, Any]:
     """Every output-affecting field of the options, sampling parameters as "sampling.<name>"."""
-    greedy = options.sampling.greedy
+    # a Conclave's explorers and best_of's candidates sample, seeded: then the seed counts
+    greedy = options.sampling.greedy and options.conclave <= 1 and options.best_of <= 1
     values: dict[str, Any] = {}
     for name, value in _fields(options):
         if name in NOT_KEYED or (greedy and name in GREEDY_IRRELEVANT):
@@ -134,6 +140,7 @@ def encode_answer(answer: StoredAnswer) -> bytes:
     return orjson.dumps({
         "v": RECORD_VERSION,
         "prompt_tokens": answer.prompt_tokens,
+        **({"reame": answer.consensus} if answer.consensus is not None else {}),
         "choices": [
             {
                 "finish_reason": choice.finish_reason,
@@ -161,6 +168,7 @@ def decode_answer(value: bytes) -> StoredAnswer | None:
                 )
                 for choice in record["choices"]
             ),
+            consensus=dict(record["reame"]) if record.get("reame") is not None else None,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         log.warning("ignoring an L1 record that does not decode: %s", exc)

@@ -1,7 +1,8 @@
 """Prometheus metrics of one node app, in a CollectorRegistry of its own (never the global one).
 
 Counted by the node: requests by route and status, prompt and generated tokens, time to
-first token, request latency, L1 archive hits and misses and lookup latency. Read at scrape
+first token, request latency, L1 archive hits and misses and lookup latency, Conclaves (by
+decision, candidates by outcome). Read at scrape
 time from their owners: the engine's queue depth and active sequences, the archive
 client's errors per operation, and the prefix KV cache's counters per tier (`CacheStats`).
 """
@@ -162,9 +163,23 @@ class Metrics:
                                       registry=self.registry)
         self.archive_latency = Histogram("reame_archive_latency_seconds", "Archive round trips by operation",
                                          ["operation"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.conclave_requests = Counter("reame_conclave_requests", "Conclave (best-of-N consensus) requests started",
+                                         registry=self.registry)
+        self.conclave_decisions = Counter("reame_conclave_decisions", "Conclaves decided, by how the vote went",
+                                          ["decision"], registry=self.registry)
+        self.conclave_candidates = Counter("reame_conclave_candidates",
+                                           "Conclave candidates: finished, stopped mid-generation (cancelled) "
+                                           "or never started (skipped)", ["outcome"], registry=self.registry)
         self.background_dropped = Counter("reame_archive_writes_dropped",
                                           "Archive writes skipped because too many were pending",
                                           registry=self.registry)
+
+    def conclave_outcome(self, outcome: Any) -> None:
+        """Count a decided Conclave (node/serving/conclave/runner.py's Outcome)."""
+        self.conclave_decisions.labels(outcome.verdict.method).inc()
+        self.conclave_candidates.labels("finished").inc(outcome.started - outcome.cancelled)
+        self.conclave_candidates.labels("cancelled").inc(outcome.cancelled)
+        self.conclave_candidates.labels("skipped").inc(outcome.candidates - outcome.started)
 
     def watch(self, live: Collector) -> None:
         self.registry.register(live)

@@ -9,6 +9,7 @@ shapes them into OpenAI objects, any other front end may read them as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from node.engine.types import GenerationRequest, TokenLogprob
 from node.serving.requests import GenerationOptions
@@ -25,6 +26,8 @@ class Job:
     request: GenerationRequest
     n: int
     key: bytes | None
+    conclave: int = 1  # > 1: one answer voted among this many candidates
+    best_of: int = 1   # > n: the n best of this many candidates by mean logprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class ChoiceDone:
     index: int
     finish_reason: str
     completion_tokens: int
+    consensus: Mapping[str, object] | None = None  # a Conclave's verdict (the response's `reame` object)
 
 
 ChoiceEvent = ChoiceText | ChoiceDone

@@ -25,6 +25,8 @@ class GenerationOptions:
     stream: bool
     include_usage: bool
     speculation: bool = True  # False: plain decoding (same output; benchmarks' baseline)
+    conclave: int = 1  # > 1: candidates of a Conclave, one answer by vote (node/serving/conclave/)
+    best_of: int = 1   # > n: OpenAI's best_of, the n candidates with the highest mean logprob
 
     @property
     def deterministic(self) -> bool:

@@ -24,16 +24,24 @@ remote ARCA), bounded by `prefetch_timeout_s` so a slow archive costs only the s
 Chat requests inside a session (node/sessions/turns.py) continue the session's tokens; their
 engine request asks for the final state (prompt + answer) to be stored in the cache.
 
+A job with `conclave` > 1 runs as a Conclave (node/serving/conclave/): candidates forked from
+one prefill, one answer by vote, its verdict in the answer (and in L1 with it, the node's
+explorer settings in the key); a job with `best_of` > n runs best_of candidates on the same
+forks and answers the n with the highest mean token log-probability.
+
 The engine's typed errors become the serving layer's here, at submit, and nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
+import random
 import time
-from dataclasses import dataclass
-from typing import Any, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Coroutine, Iterator, Mapping, Sequence
 
 from node.archive.client import ArchiveClient
 from node.cache.fleet import FleetTier
@@ -41,6 +49,7 @@ from node.cache.prefix_cache import PrefixCache
 from node.engine import errors as engine_errors
 from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest
 from node.serving.answer import Answer
+from node.serving.conclave.runner import SEED_SPACE, ConclavePolicy, ConclaveRun
 from node.serving.engine_client import EngineClient
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
@@ -66,6 +75,7 @@ class ServiceOptions:
     observe_prompt_tokens: int = 64
     max_pending_writes: int = 256
     prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
+    conclave: ConclavePolicy = field(default_factory=ConclavePolicy)
 
 
 class CompletionService:
@@ -102,6 +112,9 @@ class CompletionService:
                 text = self.engine.detokenize(prompt).decode("utf-8", "replace") if req.echo else ""
             jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, (),
                                   priority=priority))
+        if req.options.conclave > 1 and len(jobs) > 1:
+            raise InvalidRequest("A Conclave answers one prompt: send 'prompt' as one string or token array",
+                                 param="prompt", code="invalid_value")
         return Plan("text", tuple(jobs), req.options)
 
     def plan_chat(self, req: ChatRequest, session: Session | None = None, *, priority: int = INTERACTIVE) -> Plan:
@@ -116,6 +129,10 @@ class CompletionService:
                     raise InvalidRequest("Sessions are not enabled on this node", param="session")
                 if req.options.n != 1:
                     raise InvalidRequest("A session turn has one answer: 'n' must be 1", param="n")
+                if req.options.conclave > 1 or req.options.best_of > 1:
+                    field_name = "conclave" if req.options.conclave > 1 else "best_of"
+                    raise InvalidRequest(f"A session turn has one plain answer: '{field_name}' is not "
+                                         "available inside a session", param=field_name, code="invalid_value")
                 turn = self.turns.begin(session, messages)
                 tokens = turn.prompt_tokens
         except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
@@ -131,16 +148,26 @@ class CompletionService:
         if outside:
             raise InvalidRequest(f"'logit_bias' holds token ids outside the vocabulary of "
                                  f"{self.model.n_vocab}: {outside[:5]}", param="logit_bias", code="invalid_value")
+        policy = self.options.conclave
+        if options.conclave > policy.max_candidates:
+            raise InvalidRequest(f"'conclave' must be between 1 and {policy.max_candidates} on this node "
+                                 f"([conclave] max_candidates), got {options.conclave}",
+                                 param="conclave", code="invalid_value")
         key = None
         if self.options.l1_enabled and options.deterministic:
+            extra: Mapping[str, Any] | None = None
+            if options.conclave > 1:  # what the explorers sample with comes from the node's settings
+                extra = {"conclave.explore_temperature": policy.explore_temperature,
+                         "conclave.seed": policy.seed}
             key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,
-                         template=template, prompt_tokens=tokens, options=options)
+                         template=template, prompt_tokens=tokens, options=options, extra=extra)
         request = GenerationRequest(
             prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
             stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
             store_final_state=store_final_state, speculation=options.speculation, priority=priority,
         )
-        return Job(number * options.n, tokens, echo, request, options.n, key)
+        return Job(number * options.n, tokens, echo, request, options.n, key, options.conclave,
+                   max(options.best_of, options.n))
 
     # ---- answering ------------------------------------------------------------------
 
@@ -177,10 +204,39 @@ class CompletionService:
 
     def submit_request(self, request: GenerationRequest, n: int) -> Sequence[GenerationHandle]:
         loop = asyncio.get_running_loop()
-        try:
+        with self._engine_errors():
             if n == 1:
                 return [self.engine.submit(request, loop)]
             return list(self.engine.submit_n(request, n, loop))
+
+    def submit_group(self, requests: Sequence[GenerationRequest], spare: int = 0,
+                     group: int | None = None) -> Sequence[GenerationHandle]:
+        """Requests of one prompt forked from one prefill (node/serving/conclave/)."""
+        loop = asyncio.get_running_loop()
+        with self._engine_errors():
+            return list(self.engine.submit_group(requests, loop, spare=spare, group=group))
+
+    def start_conclave(self, job: Job) -> ConclaveRun:
+        """The job's Conclave with its first candidates submitted (failing as a submit does)."""
+        run = ConclaveRun(self.submit_group, job.request, job.conclave, self.options.conclave)
+        run.start()
+        self.metrics.conclave_requests.inc()
+        return run
+
+    def submit_best_of(self, job: Job) -> Sequence[GenerationHandle]:
+        """best_of candidates: the request's own sampling, seed + i, log-probabilities computed."""
+        request = job.request
+        if request.logprobs is None:
+            request = dataclasses.replace(request, logprobs=0)
+        seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
+        return self.submit_group([
+            dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=(seed + i) % SEED_SPACE))
+            for i in range(job.best_of)])
+
+    @contextlib.contextmanager
+    def _engine_errors(self) -> Iterator[None]:
+        try:
+            yield
         except engine_errors.EngineOverloaded:
             raise Overloaded("Every slot and queue place is taken; retry shortly", retry_after_s=1) from None
         except engine_errors.EngineClosed:
@@ -193,11 +249,12 @@ class CompletionService:
 
     # ---- after a completed job --------------------------------------------------------
 
-    def remember(self, job: Job, choices: list[StoredChoice], generated: list[tuple[int, ...]]) -> None:
+    def remember(self, job: Job, choices: list[StoredChoice], generated: list[tuple[int, ...]], *,
+                 consensus: Mapping[str, Any] | None = None) -> None:
         if any(choice.finish_reason not in COMPLETED for choice in choices):
             return
         if job.key is not None and sum(choice.completion_tokens for choice in choices) > 0:
-            record = encode_answer(StoredAnswer(len(job.prompt_tokens), tuple(choices)))
+            record = encode_answer(StoredAnswer(len(job.prompt_tokens), tuple(choices), consensus))
             self._background("set", self.archive.set(job.key, record, self.options.l1_ttl_s))
         if self.options.observe:
             context = job.prompt_tokens[-self.options.observe_prompt_tokens:] if self.options.observe_prompt_tokens else ()

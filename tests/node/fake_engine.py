@@ -11,14 +11,16 @@ is tested on the real Gemma model.
 Knobs a test sets: `refuse` (an engine error every submit raises), `fail_after` (end every
 generation with an error after that many tokens), `hold` (an asyncio.Event the generation
 waits on before its first token), `token_delay_s` (seconds per token, for work that must
-still be running when a test acts). `submitted` records every request that reached it.
+still be running when a test acts), `answers` (a function giving each request's answer text,
+e.g. by its seed, for Conclave tests), `logprob` (the same for the tokens' logprob). `submitted` records every request that reached it,
+`groups` the requests of each `submit_group` call.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import AsyncIterator, Mapping, Sequence
+from typing import AsyncIterator, Callable, Mapping, Sequence
 
 from node.engine.config import EngineConfig
 from node.engine.errors import EngineError, InvalidRequest, PromptTooLong
@@ -31,9 +33,10 @@ N_VOCAB = 258
 
 
 class FakeHandle:
-    def __init__(self, engine: "FakeEngine", req: GenerationRequest) -> None:
+    def __init__(self, engine: "FakeEngine", req: GenerationRequest, group: int = 0) -> None:
         self.engine = engine
         self.req = req
+        self.group = group
         self.cancelled = False
         self._events = self._run()
 
@@ -47,7 +50,8 @@ class FakeHandle:
         req, engine = self.req, self.engine
         if engine.hold is not None:
             await engine.hold.wait()
-        script = [*f"Fake answer to {len(req.prompt_tokens)} tokens.".encode(), EOG]
+        answer = engine.answers(req) if engine.answers is not None else f"Fake answer to {len(req.prompt_tokens)} tokens."
+        script = [*answer.encode(), EOG]
         generated: list[int] = []
         text = ""
         reason: FinishReason = "length"
@@ -76,7 +80,8 @@ class FakeHandle:
             logprobs: tuple[TokenLogprob, ...] = ()
             if req.logprobs is not None:
                 top = tuple((t, bytes([t]), -0.5 - i) for i, t in enumerate(sorted({token, 32, 46})[:req.logprobs]))
-                logprobs = (TokenLogprob(token, bytes([token]), -0.5, top),)
+                chosen = engine.logprob(req) if engine.logprob is not None else -0.5
+                logprobs = (TokenLogprob(token, bytes([token]), chosen, top),)
             yield TextDelta(piece, (token,), logprobs)
         completion = len(generated) + int(ended_by_eog)  # an end-of-generation token counts, unseen
         yield Finished(reason, len(req.prompt_tokens), completion, tuple(generated))
@@ -96,6 +101,10 @@ class FakeEngine:
         self.fail_after: int | None = None
         self.hold: asyncio.Event | None = None
         self.token_delay_s = 0.0
+        self.answers: Callable[[GenerationRequest], str] | None = None  # the answer per request, else the script
+        self.logprob: Callable[[GenerationRequest], float] | None = None  # each token's logprob, else -0.5
+        self.groups: list[list[GenerationRequest]] = []  # every submit_group call's requests
+        self._group_ids = 0
         self.closed = False
 
     @property
@@ -132,6 +141,20 @@ class FakeEngine:
             raise InvalidRequest("the grammar does not parse as GBNF (llama.cpp grammar syntax)")
         self.submitted.extend([req] * n)
         return [FakeHandle(self, req) for _ in range(n)]
+
+    def submit_group(self, reqs: Sequence[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None, *,
+                     spare: int = 0, group: int | None = None) -> list[FakeHandle]:
+        if self.refuse is not None:
+            raise self.refuse
+        prompt = len(reqs[0].prompt_tokens)
+        if group is None and prompt + (len(reqs) + spare) * max(r.max_tokens for r in reqs) > self.n_ctx:
+            raise PromptTooLong(prompt, (len(reqs) + spare) * reqs[0].max_tokens, self.n_ctx)
+        if group is None:
+            self._group_ids += 1
+            group = self._group_ids
+        self.groups.append(list(reqs))
+        self.submitted.extend(reqs)
+        return [FakeHandle(self, req, group) for req in reqs]
 
     def stats(self) -> Mapping[str, int]:
         return {"active": 0, "queued": 0, "submitted": len(self.submitted)}

@@ -81,6 +81,18 @@ def test_one_shot_streams_an_answer(gemma_home):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.model
+def test_best_of_prints_the_winner_and_the_consensus_line(gemma_home):
+    result = reame("run", "gemma3", "What is 2 + 2?", "--best-of", "3", "--max-tokens", "6", "--temp", "0",
+                   "--ctx", "1024", "--verbose", env=gemma_home)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert re.fullmatch(r"CONCLAVE consensus=[1-3]/3 decision=\w+ started=[23] cancelled=\d votes: .*", lines[-1])
+    assert len(lines) >= 2 and "Traceback" not in result.stderr
+    bad = reame("run", "gemma3", "Hi", "--best-of", "17", env=gemma_home)
+    assert bad.returncode == 1 and "--best-of must be between 1 and 16" in bad.stderr
+
+
 class Terminal:
     """A child process on a pseudo-terminal, read until an expected pattern shows up."""
 

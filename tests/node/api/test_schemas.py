@@ -95,7 +95,6 @@ def test_chat_shape_errors(body, param):
          "messages[0].content[0].type"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({**TEXT, "suffix": "end"}, "suffix"),
-        ({**TEXT, "best_of": 3}, "best_of"),
         ({**TEXT, "echo": True, "logprobs": 2}, "echo"),
     ],
 )
@@ -167,7 +166,7 @@ JSON = st.recursive(
 FIELDS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
                           "top_p", "top_k", "min_p", "seed", "stop", "n", "presence_penalty", "frequency_penalty",
                           "repeat_penalty", "logit_bias", "logprobs", "top_logprobs", "echo", "stream",
-                          "stream_options", "best_of", "tools", "response_format"])
+                          "stream_options", "best_of", "conclave", "tools", "response_format"])
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,78 @@
+"""A Conclave's or a best_of's answer as the service's choice events, once it is decided.
+
+Nothing of any candidate is sent before the decision: the winner (or the n best of best_of)
+is then replayed piece by piece, exactly as it streamed from the engine, followed by its
+`ChoiceDone` (carrying the Conclave's verdict). A stream therefore never shows a loser's
+text; its first byte costs the time to the decision instead of one token (with an absolute
+majority: about the time of the slowest of the first majority of candidates).
+
+A completed answer is remembered like any other (L1 for a deterministic request, the verdict
+with it; L4 for the returned choices' tokens); every candidate's generated tokens count in
+the node's generated-token metric.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
+
+from node.engine.types import GenerationHandle
+from node.serving.conclave.runner import Candidate, ConclaveRun
+from node.serving.conclave.select import best, run_all
+from node.serving.errors import GenerationFailed
+from node.serving.l1 import Piece, StoredChoice
+from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText, Job
+
+if TYPE_CHECKING:
+    from node.serving.service import CompletionService
+
+
+def _replay(index: int, candidate: Candidate, logprobs: bool) -> list[ChoiceEvent]:
+    events: list[ChoiceEvent] = [ChoiceText(index, piece.text, piece.logprobs if logprobs else ())
+                                 for piece in candidate.pieces]
+    return events
+
+
+def _stored(candidate: Candidate, logprobs: bool) -> StoredChoice:
+    assert candidate.finished is not None
+    pieces = tuple(piece if logprobs else Piece(piece.text) for piece in candidate.pieces)
+    return StoredChoice(pieces, candidate.finished.reason, candidate.finished.completion_tokens)
+
+
+def _count(service: CompletionService, candidates: Sequence[Candidate]) -> int:
+    tokens = sum(c.finished.completion_tokens for c in candidates if c.finished is not None)
+    service.metrics.generated_tokens.inc(tokens)
+    return tokens
+
+
+async def conclave_events(service: CompletionService, job: Job, run: ConclaveRun) -> AsyncIterator[ChoiceEvent]:
+    outcome = await run.decide()
+    tokens = _count(service, run.candidates)
+    service.metrics.conclave_outcome(outcome)
+    winner = outcome.winner
+    assert winner.finished is not None
+    logprobs = job.request.logprobs is not None
+    for event in _replay(job.first_choice, winner, logprobs):
+        yield event
+    consensus = {**outcome.summary(), "generated_tokens": tokens}
+    yield ChoiceDone(job.first_choice, winner.finished.reason, winner.finished.completion_tokens, consensus)
+    service.remember(job, [_stored(winner, logprobs)], [tuple(winner.finished.generated)], consensus=consensus)
+
+
+async def best_of_events(service: CompletionService, job: Job, handles: Sequence[GenerationHandle],
+                         logprobs: bool) -> AsyncIterator[ChoiceEvent]:
+    """`logprobs`: whether the client asked for them (the candidates always compute them)."""
+    candidates = [Candidate(number, handle) for number, handle in enumerate(handles)]
+    await run_all(candidates)
+    _count(service, candidates)
+    chosen = best(candidates, job.n)
+    if len(chosen) < job.n:
+        failed = next((c.finished for c in candidates if not c.completed and c.finished is not None), None)
+        raise GenerationFailed(f"Generation {failed.reason if failed else 'failed'}: "
+                               f"{(failed.error if failed else None) or 'no detail'}")
+    for offset, candidate in enumerate(chosen):
+        assert candidate.finished is not None
+        for event in _replay(job.first_choice + offset, candidate, logprobs):
+            yield event
+        yield ChoiceDone(job.first_choice + offset, candidate.finished.reason, candidate.finished.completion_tokens)
+    service.remember(job, [_stored(c, logprobs) for c in chosen],
+                     [tuple(c.finished.generated) for c in chosen if c.finished is not None])

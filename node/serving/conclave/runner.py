@@ -1,0 +1,214 @@
+"""Running a Conclave: the candidates on the engine, the vote as they finish, losers stopped.
+
+Candidate 0 is the request unchanged (a greedy request stays greedy, so the Conclave's answer
+is the plain answer whenever the vote does not overrule it); candidate i > 0 (an explorer)
+samples with seed + i (the request's seed, else `ConclavePolicy.seed`, so a Conclave over a
+greedy request is reproducible and cacheable) at a temperature of at least
+`explore_temperature`. All of them are one group in the engine: one prefill, forks of it
+(`llama_memory_seq_cp`), decoded in the one interleaved batch with every other user, and
+drafting for each other (the prompt-lookup source shares its index within a group).
+
+Adaptive start (`adaptive`): only `initial` candidates start (default: an absolute majority
+of N, 3 of 5), with KV reserved for all N. When the finished and running candidates can no
+longer make an absolute majority (the leading answer's votes + the candidates still running
+< N // 2 + 1), every remaining candidate starts at once; a candidate started while a sibling
+still holds the prompt in the KV clones it (one token of prefill), otherwise it prefills
+again (the prefix cache restoring what it holds). When the first candidates agree, the rest
+never run.
+
+Every time a candidate finishes, the vote (vote.py) is taken: an absolute majority of N stops
+the others at once (cancelled mid-generation; the engine frees their slots and KV at its next
+step, and the run waits for that before it returns). Otherwise, once no candidate is left,
+the plurality with at least 2 votes or the ROUGE-L medoid decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from node.config import ConclaveSettings
+from node.engine.errors import EngineError
+from node.engine.types import Finished, GenerationHandle, GenerationRequest, TextDelta
+from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, tally
+from node.serving.errors import GenerationFailed, ServingError
+from node.serving.l1 import Piece
+
+log = logging.getLogger(__name__)
+
+COMPLETED = ("stop", "length")
+SEED_SPACE = 2**64
+CANCEL_WAIT_S = 30.0  # the engine applies a cancel at its next step; a loaded machine has slow steps
+
+# submit(requests, spare, group) -> handles; raises the serving layer's errors
+Submit = Callable[[Sequence[GenerationRequest], int, "int | None"], Sequence[GenerationHandle]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConclavePolicy:
+    max_candidates: int = 16          # the largest N a request may ask for
+    explore_temperature: float = 0.7  # explorers sample at least this hot
+    seed: int = 0                     # explorers' base seed when the request has none
+    adaptive: bool = True             # start `initial` candidates, the rest only on disagreement
+    initial: int = 0                  # 0: an absolute majority of N
+
+    @classmethod
+    def from_settings(cls, spec: ConclaveSettings) -> "ConclavePolicy":
+        return cls(max_candidates=spec.max_candidates, explore_temperature=spec.explore_temperature,
+                   seed=spec.seed, adaptive=spec.adaptive)
+
+
+def candidate_requests(request: GenerationRequest, n: int, policy: ConclavePolicy) -> list[GenerationRequest]:
+    """Candidate 0 is the request unchanged; candidate i samples with seed + i, hotter."""
+    sampling = request.sampling
+    base = sampling.seed if sampling.seed is not None else policy.seed
+    temperature = max(sampling.temperature, policy.explore_temperature)
+    out = [request]
+    for i in range(1, n):
+        explorer = dataclasses.replace(sampling, temperature=temperature, seed=(base + i) % SEED_SPACE)
+        out.append(dataclasses.replace(request, sampling=explorer,
+                                       request_id=f"{request.request_id}/{i}" if request.request_id else ""))
+    return out
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One candidate's output as it streamed."""
+
+    number: int
+    handle: GenerationHandle
+    pieces: list[Piece] = field(default_factory=list)
+    finished: Finished | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(piece.text for piece in self.pieces)
+
+    @property
+    def completed(self) -> bool:
+        return self.finished is not None and self.finished.reason in COMPLETED
+
+    async def consume(self) -> "Candidate":
+        async for event in self.handle:
+            if isinstance(event, TextDelta):
+                self.pieces.append(Piece(event.text, tuple(event.logprobs)))
+            elif isinstance(event, Finished):
+                self.finished = event
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The decided Conclave: the winner and what it cost."""
+
+    verdict: Verdict
+    winner: Candidate
+    candidates: int       # N asked for
+    started: int          # candidates that ran (some perhaps stopped early)
+    stopped_early: bool   # candidates were cancelled or never started because a majority was reached
+    cancelled: int        # candidates stopped mid-generation
+
+    def summary(self) -> dict[str, object]:
+        """The response's `reame` object."""
+        return {"consensus": self.verdict.consensus, "candidates": self.candidates,
+                "votes": dict(self.verdict.votes), "stopped_early": self.stopped_early,
+                "decision": self.verdict.method, "started": self.started}
+
+
+class ConclaveRun:
+    """One Conclave: `start()` submits the first candidates (failing like any submit),
+    `await decide()` returns the Outcome, `cancel()` stops everything (a client gone)."""
+
+    def __init__(self, submit: Submit, request: GenerationRequest, n: int, policy: ConclavePolicy) -> None:
+        self._submit = submit
+        self.n = n
+        self.policy = policy
+        self._requests = candidate_requests(request, n, policy)
+        self._candidates: list[Candidate] = []
+        self._tasks: dict[int, asyncio.Task[Candidate]] = {}
+        self._group: int | None = None
+        self._done: asyncio.Queue[Candidate] = asyncio.Queue()
+
+    @property
+    def initial(self) -> int:
+        if not self.policy.adaptive:
+            return self.n
+        return min(self.n, self.policy.initial or majority(self.n))
+
+    def start(self) -> None:
+        first = self.initial
+        handles = self._submit(self._requests[:first], self.n - first, None)
+        self._group = handles[0].group if handles else None
+        self._watch(handles)
+
+    def _watch(self, handles: Sequence[GenerationHandle]) -> None:
+        for handle in handles:
+            candidate = Candidate(len(self._candidates), handle)
+            self._candidates.append(candidate)
+            task = asyncio.ensure_future(candidate.consume())
+            task.add_done_callback(self._finished(candidate))
+            self._tasks[candidate.number] = task
+
+    def _finished(self, candidate: Candidate) -> Callable[["asyncio.Task[Candidate]"], None]:
+        return lambda _task: self._done.put_nowait(candidate)
+
+    def _start_rest(self) -> None:
+        rest = self._requests[len(self._candidates):]
+        if not rest:
+            return
+        try:
+            self._watch(self._submit(rest, 0, self._group))
+        except (ServingError, EngineError) as exc:  # the vote goes on with the candidates it has
+            log.warning("conclave: %d more candidates could not start: %s", len(rest), exc)
+            self._requests = self._requests[:len(self._candidates)]
+
+    async def decide(self) -> Outcome:
+        texts: dict[int, str] = {}
+        keys: dict[int, str | None] = {}
+        verdict: Verdict | None = None
+        finished = 0
+        while verdict is None:
+            candidate = await self._done.get()
+            finished += 1
+            if candidate.completed:
+                texts[candidate.number] = candidate.text
+                keys[candidate.number] = answer_key(candidate.text)
+            elif candidate.finished is not None:
+                log.warning("conclave candidate %d ended with %s: %s", candidate.number, candidate.finished.reason,
+                            candidate.finished.error)
+            running = len(self._candidates) - finished
+            verdict = early(keys, self.n)
+            if verdict is not None:
+                break
+            counts = tally(keys)
+            leading = max((len(members) for members in counts.values()), default=0)
+            if len(self._candidates) < len(self._requests) and (running == 0 or leading + running < majority(self.n)):
+                self._start_rest()
+                running = len(self._candidates) - finished
+            if running == 0:
+                if not texts:
+                    reason = candidate.finished.error if candidate.finished else None
+                    raise GenerationFailed(f"Every Conclave candidate failed: {reason or 'no detail'}")
+                verdict = decide(texts, self.n)
+        cancelled = await self._stop_running()
+        stopped = verdict.method == "majority" and (cancelled > 0 or len(self._candidates) < self.n)
+        return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled)
+
+    async def _stop_running(self) -> int:
+        running = [c for c in self._candidates if not self._tasks[c.number].done()]
+        for candidate in running:
+            candidate.handle.cancel()
+        if running:
+            await asyncio.wait([self._tasks[c.number] for c in running], timeout=CANCEL_WAIT_S)
+        return len(running)
+
+    def cancel(self) -> None:
+        for candidate in self._candidates:
+            candidate.handle.cancel()
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        return list(self._candidates)
