@@ -22,7 +22,7 @@ from node import __version__
 from node.api import openapi
 from node.api.errors import error_reply
 from node.api.schemas import parse_chat, parse_completion
-from node.api.shapes import ChunkMaker, Collector, Identity
+from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
 from node.api.sse import EventStream
 from node.api.state import STATE, NodeState
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
@@ -112,7 +112,8 @@ async def answer(request: web.Request, state: NodeState, plan: Plan,
             headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
             if plan.options.stream:
                 return await stream_answer(request, plan, result, identity, n_choices, headers)
-            collector = Collector(identity, n_choices, plan.options.logprobs is not None)
+            collector = Collector(identity, n_choices, plan.options.logprobs is not None,
+                                  tool_readers(plan, n_choices))
             async for event in result.events():
                 collector.add(event)
             return json_response(collector.response(plan.prompt_tokens), headers=headers)
@@ -123,13 +124,14 @@ async def answer(request: web.Request, state: NodeState, plan: Plan,
 async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
                         headers: dict) -> web.StreamResponse:
     stream = EventStream(request, headers)
-    maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage)
+    maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage,
+                       tool_readers(plan, n_choices))
     await stream.open()
     try:
         if plan.kind == "chat":
             await stream.send_all(maker.role(index) for index in range(n_choices))
         async for event in result.events():
-            await stream.send(maker.event(event))
+            await stream.send_all(maker.events(event))
         if plan.options.include_usage:
             await stream.send(maker.usage_chunk(plan.prompt_tokens))
         await stream.done()

@@ -9,6 +9,10 @@
 ids, prompt + max_tokens against the context, a grammar that does not compile) and raises;
 everything else that goes wrong for one request arrives as `Finished(reason="error")` on
 its handle.
+
+Grammars compile once per distinct spec (node/engine/grammar.py). `prepare_grammar(spec)`
+compiles into the engine's bounded cache and is meant to run on a worker thread before
+`submit` (the service does so), so neither the event loop nor the engine thread compiles.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 
 from node.engine.config import EngineConfig
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
-from node.engine.grammar import Grammar
+from node.engine.grammar import CompiledGrammar, GrammarCompiler
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.llama import LlamaContext, LlamaModel
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
-from node.engine.types import Event, Finished, GenerationRequest, ModelInfo
+from node.engine.types import Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
 
 __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "Speculator"]
 
@@ -94,6 +98,7 @@ class Engine:
             self._model, self._ctx,
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft),
             prefix_cache=config.prefix_cache, speculator=config.speculator)
+        self.grammars = GrammarCompiler(self._model.vocab, self._model.n_vocab, self._model.info.eog_tokens)
         self._closed = False
         self._ids = itertools.count(1)
         self._keys = itertools.count(1)
@@ -137,8 +142,9 @@ class Engine:
         self._validate(req, n)
         loop = loop if loop is not None else _running_loop()
         base_seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
-        gbnf = req.sampling.grammar  # compiled here: a grammar that does not parse fails the submit
-        grammars = [Grammar(self._model.vocab, gbnf) if gbnf else None for _ in range(n)]
+        spec = req.sampling.grammar  # compiled here unless prepared: a grammar that does not compile fails the submit
+        compiled = self.grammars.compile(spec) if spec is not None else None
+        grammars = [compiled.matcher() if compiled is not None else None for _ in range(n)]
         handles, seqs = [], []
         group = next(self._groups)
         for i in range(n):
@@ -151,6 +157,11 @@ class Engine:
             handles.append(Handle(request_id, channel, self._scheduler))
         self._scheduler.enqueue(seqs)
         return handles
+
+    def prepare_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile a grammar into the engine's cache (blocking: call it on a worker thread);
+        raises InvalidRequest with the reason when it does not compile."""
+        return self.grammars.compile(spec)
 
     def _validate(self, req: GenerationRequest, n: int) -> None:
         if not req.prompt_tokens:
@@ -166,7 +177,7 @@ class Engine:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)
 
     def stats(self) -> dict[str, int]:
-        return self._scheduler.stats()
+        return {**self._scheduler.stats(), **self.grammars.stats()}
 
     def close(self) -> None:
         if self._closed:

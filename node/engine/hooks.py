@@ -34,14 +34,22 @@ class PrefixCacheHook(Protocol):
         """
 
 
+class Forcing(Protocol):
+    """A sequence's grammar as a draft source sees it (node/engine/grammar.py's Matcher)."""
+
+    def forced(self) -> Sequence[int]:
+        """Tokens the grammar admits no alternative to after the sequence's context; [] when free."""
+
+
 @dataclass(frozen=True, slots=True)
 class DraftSeq:
-    """What a draft source knows of one sequence: its identity, siblings and prompt."""
+    """What a draft source knows of one sequence: its identity, siblings, prompt and grammar."""
 
     key: int                   # unique for the engine's life
     group: int                 # shared by the sequences of one request (n > 1 siblings)
     prompt: tuple[int, ...]
     sampled: bool              # False: greedy
+    grammar: Forcing | None = None  # the sequence's parse state, when its output is constrained
 
 
 @dataclass(frozen=True, slots=True)

@@ -418,7 +418,8 @@ class Scheduler:
     def _begin_drafts(self, seq: Sequence) -> None:
         if self._speculator is None or not seq.request.speculation:
             return
-        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy)
+        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy,
+                                 grammar=seq.constraint)
         self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from node.engine.types import GenerationRequest, TokenLogprob
 from node.serving.requests import GenerationOptions
+from node.serving.structure import ToolMarkers
 from node.sessions.turns import SessionTurn
 
 COMPLETED = ("stop", "length")  # the finish reasons of an answer worth remembering
@@ -33,6 +34,7 @@ class Plan:
     jobs: tuple[Job, ...]
     options: GenerationOptions
     turn: SessionTurn | None = None  # a chat turn inside a session
+    markers: ToolMarkers | None = None  # how the template marks tool calls (tool_choice "auto")
 
     @property
     def prompt_tokens(self) -> int:
