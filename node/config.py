@@ -58,8 +58,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "parallel", int, 0, "Sequences decoded together in one batch; 0 = auto (4)."),
     _opt("speculative", "enabled", bool, True,
          "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
-    _opt("speculative", "sources", str, "lookup,archive",
-         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations)."),
+    _opt("speculative", "sources", str, "lookup,archive,format",
+         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations), "
+         "format (Il Suggeritore: forced grammar tokens and form rules)."),
     _opt("speculative", "draft_model_path", str, "", "GGUF of a draft model (the model source); empty = none."),
     _opt("speculative", "min_draft", int, 1, "Shortest draft worth verifying, in tokens."),
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
@@ -168,14 +169,14 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-SPECULATION_SOURCES = ("lookup", "archive")
+SPECULATION_SOURCES = ("lookup", "archive", "format")
 
 
 def _sources(value: str) -> str | None:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in SPECULATION_SOURCES]
     if "model" in unknown:
-        return "the draft-model source (model) is not available in this version; use lookup, archive"
+        return "the draft-model source (model) is not available in this version; use lookup, archive, format"
     if unknown:
         return f"unknown source {unknown[0]!r}: expected a comma-separated list of {', '.join(SPECULATION_SOURCES)}"
     return None

@@ -33,7 +33,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512  # the CLI's default; the context may clip it further
 
 MAX_TOOLS = 128
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # function and schema names
 UNSUPPORTED_FIELDS = {
     "functions": "function calling (the deprecated 'functions'; use 'tools')",
     "function_call": "function calling (the deprecated 'function_call'; use 'tool_choice')",
@@ -230,7 +230,7 @@ def parse_response_format(fields: Fields) -> GrammarSpec | None:
 def parse_format(fields: Fields) -> GrammarSpec | None:
     """Ollama's `format`: "json" (any JSON object) or a JSON Schema."""
     value = fields.body.get("format")
-    if value is None or value == "":
+    if value is None:
         return None
     if value == "json":
         return structure.schema_spec(structure.ANY_OBJECT, "format")

@@ -121,6 +121,10 @@ class Matcher:
             return []
         return list(self._m.compute_ff_tokens())
 
+    def valid(self, tokens: Sequence[int]) -> int:
+        """How many of the tokens, in order, fit the grammar from here (nothing is consumed)."""
+        return int(self._m.validate_tokens([int(t) for t in tokens])) if tokens else 0
+
     @property
     def accepting(self) -> bool:
         return bool(self._m.is_accepting())

@@ -40,6 +40,9 @@ class Forcing(Protocol):
     def forced(self) -> Sequence[int]:
         """Tokens the grammar admits no alternative to after the sequence's context; [] when free."""
 
+    def valid(self, tokens: Sequence[int]) -> int:
+        """How many of these tokens, in order, the grammar admits after the sequence's context."""
+
 
 @dataclass(frozen=True, slots=True)
 class DraftSeq:

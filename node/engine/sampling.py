@@ -67,6 +67,8 @@ class Constraint(Protocol):
 
     def forced(self) -> Sequence[int]: ...
 
+    def valid(self, tokens: Sequence[int]) -> int: ...
+
 
 def validate_params(params: SamplingParams, n_vocab: int) -> None:
     """Raise InvalidRequest for values llama.cpp would reject or misbehave on."""

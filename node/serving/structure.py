@@ -42,8 +42,6 @@ def canonical_json(value: Any) -> str:
 
 def schema_spec(schema: Any, param: str) -> GrammarSpec:
     """A checked JSON Schema as a grammar; raises a 400 naming `param` and the problem."""
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise InvalidRequest(f"'{param}' must be a JSON Schema object", param=param, code="invalid_value")
     import jsonschema
