@@ -5,17 +5,20 @@ Layout (one line per package; imports point down this list, never up):
     api/        HTTP only: aiohttp app, routes, parsing into serving's requests, response
                 shapes, SSE, the one error mapping and its middleware, /metrics, static/
     serving/    no aiohttp, no llama_cpp: request types, typed errors, the engine-client
-                Protocol, prompts, L1 keys, the service (archive -> engine -> archive)
+                Protocol, prompts, L1 keys, structured output and tool calls, the service
     sessions/   chat sessions (store, turns), template cuts, warm-ahead
     archive/    the archive client (embedded | remote ARCA) and its circuit breaker
     models/     catalog, download, fingerprint, GGUF metadata, chat templates, loader
     cache/      the prefix KV cache (block hashes, RAM, disk, the fleet tier in ARCA)
+    speculative/ draft sources (prompt lookup, the Palimpsest, Il Suggeritore), the controller
+                that is the engine's Speculator, per-source statistics
     engine/     the runtime: llama.cpp wrapper, scheduler thread, sequences, KV budget,
                 sampling, grammar, detokenizer, hooks, the engine's contract types
 
-    api -> serving -> sessions, archive, models, cache, engine -> shared, arca
+    api -> serving -> sessions, archive, models, cache, speculative, engine -> shared, arca
 
-models/ may open an engine and its cache (the loader); sessions/ use the cache, the
+models/ may open an engine, its cache and its speculation controller (the loader);
+speculative/ knows only the engine's hooks; sessions/ use the cache, the
 templates and the engine's contract types; engine/ imports nothing else of the node.
 At the root: cli.py and commands.py (`reame` and its subcommands), chat.py (the terminal
 chat), config.py (the node's settings). tests/test_imports.py checks the directions.

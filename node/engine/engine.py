@@ -111,6 +111,11 @@ class Engine:
         return self._model.info
 
     @property
+    def vocab(self) -> object:
+        """The model's llama.cpp vocabulary (read only; benchmarks hand it to llama.cpp's samplers)."""
+        return self._model.vocab
+
+    @property
     def n_ctx(self) -> int:
         return self._ctx.n_ctx
 

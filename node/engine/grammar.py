@@ -21,6 +21,7 @@ complete, only they are allowed.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import threading
 import time
@@ -146,12 +147,18 @@ class GrammarCompiler:
         self.hits = 0
 
     def tokenizer(self) -> Any:
-        """llguidance's view of the vocabulary (control tokens marked as special), built once."""
+        """llguidance's view of the vocabulary, built once: every token's bytes, control tokens
+        (and user-defined ones that look like them) marked special, llama.cpp's tokenizer for
+        text, and every end-of-generation token as the grammar's end."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                from llguidance.llamacpp import lltokenizer_from_vocab
+                import llguidance
 
-                self._tokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self._n_vocab, eos_token=self._eog)
+                buffer = ctypes.create_string_buffer(1024)
+                pieces = [_piece(self._vocab, token, buffer) for token in range(self._n_vocab)]
+                tokenize = ctypes.cast(ll.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+                self._tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+                    tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=self._eog, slices=None)
             return self._tokenizer
 
     def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
@@ -191,6 +198,15 @@ class GrammarCompiler:
         with self._lock:
             return {"grammars_cached": len(self._cache), "grammars_compiled": self.compiled,
                     "grammar_cache_hits": self.hits}
+
+
+def _piece(vocab: ll.llama_vocab_p, token: int, buffer: Any) -> bytes:
+    n = ll.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True)
+    piece = bytes(buffer[:n]) if n > 0 else b""
+    attr = ll.llama_vocab_get_attr(vocab, token)
+    if attr & ll.LLAMA_TOKEN_ATTR_CONTROL or (attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<") and piece.endswith(b">")):
+        piece = b"\xff" + piece  # llguidance's mark of a special token
+    return piece
 
 
 def _short(message: str) -> str:
