@@ -156,6 +156,8 @@ def case_mask(engine, controller, args) -> list[str]:
         ll.llama_sampler_accept(sampler, token)
     ll.llama_sampler_free(sampler)
 
+    outlines = outlines_masks(engine, tokens)
+
     def line(name: str, values: list[float]) -> str:
         return (f"  {name:44s} p50 {pct(values, 50):8.1f} us  p99 {pct(values, 99):8.1f} us  "
                 f"({pct(values, 50) / 10 / step_ms:5.2f}% / {pct(values, 99) / 10 / step_ms:5.2f}% of a step)")
@@ -168,9 +170,50 @@ def case_mask(engine, controller, args) -> list[str]:
         line("llguidance: whole-vocabulary mask + apply", mask),
         line("llguidance: forced tokens", forced),
         line("llama.cpp grammar sampler, whole vocabulary", full),
+        *([f"  outlines-core: vocabulary {outlines[0]:.1f} s, index of this schema {outlines[1]:.1f} s (per schema)",
+           line("outlines-core: whole-vocabulary mask", outlines[2])] if outlines else
+          ["  outlines-core: not installed (pip install outlines-core); skipped"]),
         f"  ratio (llama.cpp full mask / llguidance sample-first check, p50): {pct(full, 50) / pct(check, 50):.0f}x; "
         f"(/ llguidance full mask, p50): {pct(full, 50) / pct(mask, 50):.0f}x",
     ]
+
+
+def outlines_masks(engine, tokens: list[int]) -> tuple[float, float, list[float]] | None:
+    """outlines-core on the same schema and tokens, when it is installed: (vocabulary s, index s, mask us)."""
+    try:
+        import outlines_core
+    except ImportError:
+        return None
+    import numpy as np
+
+    started = time.perf_counter()
+    pieces: dict[str, list[int]] = {}
+    eos = engine.model_info.eos if engine.model_info.eos is not None else 1
+    for token in range(engine.model_info.n_vocab):
+        try:
+            piece = engine.token_piece(token).decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # byte tokens: outlines-core takes text pieces
+        if piece and token != eos and token not in engine.model_info.eog_tokens:
+            pieces.setdefault(piece, []).append(token)
+    vocabulary = outlines_core.Vocabulary(eos, pieces)
+    vocab_s = time.perf_counter() - started
+    started = time.perf_counter()
+    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(SCHEMA))
+    index = outlines_core.Index(regex, vocabulary)
+    index_s = time.perf_counter() - started
+    guide = outlines_core.Guide(index)
+    words = np.zeros((engine.model_info.n_vocab + 31) // 32, dtype=np.int32)
+    masks = []
+    for token in tokens:
+        t0 = time.perf_counter()
+        guide.write_mask_into(words.ctypes.data, words.size, 4)
+        masks.append((time.perf_counter() - t0) * 1e6)
+        try:
+            guide.advance(token)
+        except Exception:  # its regex tokenizes the answer differently: stop at the first disagreement
+            break
+    return vocab_s, index_s, masks
 
 
 def find_llama_server(args) -> Path | None:

@@ -11,7 +11,8 @@ constrained decoding without drafts gives.
 Without a grammar, form rules read the last lines of the text (prompt tail and output), each
 its own source so the controller measures and switches each one separately:
 - `form.list`      after a list line, the next marker: `3. x\\n` -> `4.`, `- x\\n` -> `-`;
-- `form.list_end`  inside a list item: the line's end and the next marker (`\\n4.`);
+- `form.list_end`  inside a list item at least as long as the shortest earlier one: the
+                   line's end and the next marker (`\\n4.`);
 - `form.table`     markdown tables: a row's leading pipe, the separator row under a header,
                    a row's closing pipe and the next row's opening one;
 - `form.indent`    after a newline in code: the previous line's indentation (one level
@@ -153,9 +154,13 @@ def rule_list(lines: list[str]) -> str | None:
 
 
 def rule_list_end(lines: list[str]) -> str | None:
+    """Inside an item at least as long as the shortest earlier item: its end and the next marker."""
     line = lines[-1]
     match = _NUMBERED.match(line) or _BULLET.match(line)
     if match is None or not match.groups()[-1]:
+        return None
+    earlier = [m.groups()[-1] for m in (_NUMBERED.match(x) or _BULLET.match(x) for x in lines[:-1]) if m]
+    if any(earlier) and len(match.groups()[-1]) < min(len(item) for item in earlier if item):
         return None
     marker = next_marker(line)
     return "\n" + marker if marker else None

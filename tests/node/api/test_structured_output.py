@@ -85,8 +85,23 @@ SCHEMAS = schemas()
 
 @pytest.fixture(scope="module")
 def node(gemma_path, tmp_path_factory):
-    with LiveNode(node_settings(gemma_path, tmp_path_factory.mktemp("structure"))) as live:
-        yield live
+    """The loader's engine and controller (Il Suggeritore among its sources), with a fixed cost
+    line so that what is drafted does not depend on the load of the machine."""
+    from node.engine.engine import Engine
+    from node.models.loader import build_speculator, engine_config, plan_engine
+    from node.speculative.costs import CostCurve
+
+    settings = node_settings(gemma_path, tmp_path_factory.mktemp("structure"))
+    plan = plan_engine(settings, progress=False)
+    controller = build_speculator(settings, plan)
+    assert controller is not None and "grammar" in controller.source_names
+    controller.costs = CostCurve({1: 0.0126, 8: 0.0150}, fixed=True)
+    engine = Engine(engine_config(settings, plan, speculator=controller))
+    controller.bind_vocabulary(engine.token_piece, lambda text: engine.tokenize(text, add_bos=False, special=False))
+    live = LiveNode(settings, engine=engine).start()
+    yield live
+    live.stop()
+    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,8 @@ def test_the_call_schema_covers_each_allowed_function():
     (rule_list, ["- milk", ""], "-"),
     (rule_list, ["plain", ""], None),
     (rule_list, ["1. Apple", "2."], None),
-    (rule_list_end, ["1. Apple", "2. Pe"], "\n3."),
+    (rule_list_end, ["1. Apple", "2. Pe"], None),  # shorter than every earlier item: not yet
+    (rule_list_end, ["1. Apple", "2. Peach"], "\n3."),
     (rule_list_end, ["* one"], "\n*"),
     (rule_list_end, ["2. "], None),
     (rule_table, ["| a | b |", ""], "|---|---|"),
