@@ -179,6 +179,9 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens),
             cache=cache, fleet=fleet, sessions=sessions)
+        warm_grammars = getattr(engine, "warm_grammars", None)
+        if warm_grammars is not None:  # the grammar engine's vocabulary, built before the first structured request
+            loop.run_in_executor(None, warm_grammars)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         app[STATE] = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), controller)
         yield

@@ -163,6 +163,15 @@ class Engine:
         self._scheduler.enqueue(seqs)
         return handles
 
+    def warm_grammars(self) -> None:
+        """Build the grammar engine's view of the vocabulary now (seconds at 262,144 tokens), so
+        the first structured request does not wait for it; blocking: call it on a worker thread."""
+        try:
+            if not self._closed:
+                self.grammars.tokenizer()
+        except InvalidRequest:  # closed while building: nothing to warm any more
+            pass
+
     def prepare_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compile a grammar into the engine's cache (blocking: call it on a worker thread);
         raises InvalidRequest with the reason when it does not compile."""
@@ -188,6 +197,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self.grammars.close()
         self._scheduler.close()
         self._ctx.close()
         self._model.close()

@@ -60,7 +60,9 @@ def to_llguidance(spec: GrammarSpec) -> str:
             return str(llguidance.LLMatcher.grammar_from_lark(spec.text))
         if spec.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(spec.text))
-    except Exception as exc:  # the converters raise ValueError and friends with the reason
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the converters raise ValueError with the reason; a library panic too
         raise InvalidRequest(f"the {spec.kind} grammar does not compile: {exc}") from None
     raise InvalidRequest(f"unknown grammar kind {spec.kind!r}")
 
@@ -141,6 +143,7 @@ class GrammarCompiler:
         self._capacity = capacity
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
+        self._closing = False
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self.compiled = 0
@@ -155,11 +158,21 @@ class GrammarCompiler:
                 import llguidance
 
                 buffer = ctypes.create_string_buffer(1024)
-                pieces = [_piece(self._vocab, token, buffer) for token in range(self._n_vocab)]
+                pieces = []
+                for token in range(self._n_vocab):
+                    if self._closing and token % 4096 == 0:
+                        raise InvalidRequest("the engine is closing")
+                    pieces.append(_piece(self._vocab, token, buffer))
                 tokenize = ctypes.cast(ll.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
                 self._tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
                     tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=self._eog, slices=None)
             return self._tokenizer
+
+    def close(self) -> None:
+        """Stop a vocabulary build under way and wait for it (the vocabulary is about to be freed)."""
+        self._closing = True
+        with self._tokenizer_lock:
+            pass
 
     def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
         with self._lock:

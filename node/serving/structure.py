@@ -82,8 +82,10 @@ def _check_grammar(spec: GrammarSpec, param: str) -> None:
 
             grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.text))
         error = llguidance.LLMatcher.validate_grammar(grammar, None)
-    except Exception as exc:
-        error = str(exc)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the converters raise ValueError; a panic in the library is a BaseException
+        error = str(exc) or type(exc).__name__
     if not error:
         return
     error = " ".join(line.strip() for line in str(error).splitlines() if line.strip())[:400]
