@@ -7,23 +7,26 @@ Layout (one line per package; imports point down this list, never up):
     batches/    no aiohttp: the Batch API's store (SQLite + files), validation, runner; lines
                 run through an executor the API provides (its parser, the service)
     serving/    no aiohttp, no llama_cpp: request types, typed errors, the engine-client
-                Protocol, prompts, L1 keys, the service (archive -> engine -> archive),
-                the ledger of what was served and the savings it adds up to;
-                serving/conclave/: best-of-N vote and its runner, OpenAI best_of (used by the
-                service and the CLI; never imports sessions, the archive or the cache)
+                Protocol, prompts, L1 keys, structured output and tool calls, the service
+                (archive -> engine -> archive), the ledger of what was served and the savings
+                it adds up to; serving/conclave/: best-of-N vote and its runner, OpenAI best_of
+                (used by the service and the CLI; never imports sessions, the archive or the cache)
     sessions/   chat sessions (store, turns), template cuts, warm-ahead
     archive/    the archive client (embedded | remote ARCA | Redis/Valkey, standalone or Cluster),
                 its URL, breakers, the L4 mirror
     models/     catalog, download, fingerprint, GGUF metadata, chat templates, loader
     cache/      the prefix KV cache (block hashes, RAM, disk, the fleet tier in ARCA)
+    speculative/ draft sources (prompt lookup, the Palimpsest, Il Suggeritore), the controller
+                that is the engine's Speculator, per-source statistics
     engine/     the runtime: llama.cpp wrapper, scheduler thread, sequences, KV budget,
                 sampling, grammar, detokenizer, hooks, the engine's contract types
 
-    api -> batches -> serving -> sessions, archive, models, cache, engine -> shared, arca
+    api -> batches -> serving -> sessions, archive, models, cache, speculative, engine -> shared, arca
 
-models/ may open an engine and its cache (the loader); sessions/ use the cache, the
-templates, the engine's contract types and the archive's one error (sessions kept in a
-remote archive); engine/ imports nothing else of the node.
+models/ may open an engine, its cache and its speculation controller (the loader);
+speculative/ knows only the engine's hooks; sessions/ use the cache, the templates, the
+engine's contract types and the archive's one error (sessions kept in a remote archive);
+engine/ imports nothing else of the node.
 At the root: cli.py and commands.py (`reame` and its subcommands), chat.py (the terminal
 chat), batch_command.py and batch_output.py (`reame batch`), config.py (the node's settings). tests/test_imports.py checks the directions.
 """

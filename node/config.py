@@ -58,9 +58,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "parallel", int, 0, "Sequences decoded together in one batch; 0 = auto (4)."),
     _opt("speculative", "enabled", bool, True,
          "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
-    _opt("speculative", "sources", str, "lookup,archive",
+    _opt("speculative", "sources", str, "lookup,archive,format",
          "Draft sources, comma-separated: lookup (the request's own text), archive (past generations), "
-         "model (a draft model: draft_model_path)."),
+         "format (Il Suggeritore: forced grammar tokens and form rules), model (a draft model: draft_model_path)."),
     _opt("speculative", "draft_model_path", str, "",
          "GGUF of a draft model with the target's vocabulary (source model); empty = none."),
     _opt("speculative", "min_draft", int, 1, "Shortest draft worth verifying, in tokens."),
@@ -246,7 +246,7 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-SPECULATION_SOURCES = ("lookup", "archive", "model")
+SPECULATION_SOURCES = ("lookup", "archive", "format", "model")
 
 
 def _sources(value: str) -> str | None:

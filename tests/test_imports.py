@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("arca", "node", "shared")
 THIRD_PARTY = ("numpy", "orjson", "hiredis", "zstandard", "rich", "aiohttp", "redis", "prometheus_client",
-               "jinja2", "tqdm", "llama_cpp", "uvloop")
+               "jinja2", "tqdm", "llama_cpp", "uvloop", "llguidance", "jsonschema")
 
 CHILD = r"""
 import importlib, os, sys, traceback
@@ -112,8 +112,10 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("arca", ("node", "llama_cpp", "aiohttp")),
     ("shared", ("arca", "node", "llama_cpp", "aiohttp")),
     ("node/engine", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models", "node.archive",
-                     "node.cache")),
+                     "node.cache", "node.speculative")),
     ("node/batches", ("aiohttp", "llama_cpp", "node.api")),
+    ("node/speculative", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.sessions", "node.models",
+                          "node.archive", "node.cache", "node.batches")),
     ("node/serving", ("aiohttp", "llama_cpp", "node.api", "node.batches")),
     ("node/serving/conclave", ("aiohttp", "llama_cpp", "node.api", "node.sessions", "node.archive", "node.cache",
                                "node.models", "node.serving.answer", "node.batches")),

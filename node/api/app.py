@@ -200,6 +200,9 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
             l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave)),
             cache=cache, fleet=fleet, sessions=sessions)
+        warm_grammars = getattr(engine, "warm_grammars", None)
+        if warm_grammars is not None:  # the grammar engine's vocabulary, built before the first structured request
+            loop.run_in_executor(None, warm_grammars)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         savings = Savings(service.ledger, engine.stats, config=SavingsConfig(
             settings.stats.window_minutes, settings.stats.sample_seconds, settings.stats.log_minutes),

@@ -88,6 +88,51 @@ OPTIONS: dict[str, Schema] = {
     "user": IGNORED,
 }
 
+JSON_SCHEMA: Schema = {"type": "object", "description": "a JSON Schema the output must validate against"}
+STRUCTURE: dict[str, Schema] = {
+    "response_format": {
+        "type": "object", "required": ["type"],
+        "properties": {
+            "type": {"enum": ["text", "json_object", "json_schema"]},
+            "json_schema": {"type": "object", "required": ["schema"], "properties": optional({
+                "name": string("the schema's name", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+                "description": string("what the schema is for"),
+                "schema": JSON_SCHEMA,
+                "strict": boolean("accepted; the output always validates"),
+            }, required=("schema",))},
+        },
+        "description": "OpenAI structured output: any JSON object, or JSON valid under a schema",
+    },
+    "grammar": string("llama.cpp extension: a GBNF grammar the output must match", minLength=1),
+    "json_schema": {**JSON_SCHEMA, "description": "llama.cpp extension: a JSON Schema the output must match"},
+    "format": {"anyOf": [{"enum": ["json"]}, JSON_SCHEMA],
+               "description": "Ollama extension: \"json\" (any JSON object) or a JSON Schema"},
+}
+TOOL: Schema = {
+    "type": "object", "required": ["type", "function"],
+    "properties": {
+        "type": {"enum": ["function"]},
+        "function": {"type": "object", "required": ["name"], "properties": optional({
+            "name": string("the function's name", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+            "description": string("what it does"),
+            "parameters": {**JSON_SCHEMA, "description": "its arguments' JSON Schema"},
+            "strict": boolean("accepted; arguments always validate"),
+        }, required=("name",))},
+    },
+}
+TOOLS: dict[str, Schema] = {
+    "tools": {"type": "array", "maxItems": limits.MAX_TOOLS, "items": TOOL,
+              "description": "functions the model may call"},
+    "tool_choice": {"anyOf": [
+        {"enum": ["none", "auto", "required"]},
+        {"type": "object", "required": ["type", "function"],
+         "properties": {"type": {"enum": ["function"]},
+                        "function": {"type": "object", "required": ["name"],
+                                     "properties": {"name": {"type": "string"}}}}},
+    ], "description": "none, auto (templates that render tools), required, or one named function"},
+    "parallel_tool_calls": boolean("accepted; a forced call is one call"),
+}
+
 COMPLETION_REQUEST: Schema = {
     "type": "object", "required": ["prompt"],
     "properties": optional({
@@ -100,6 +145,7 @@ COMPLETION_REQUEST: Schema = {
         "echo": boolean("prefix each answer with its prompt"),
         "logprobs": integer(0, limits.MAX_TOP_LOGPROBS, "logprob of each token plus this many alternatives"),
         **OPTIONS,
+        **STRUCTURE,
     }, required=("prompt",)),
 }
 
@@ -123,6 +169,8 @@ CHAT_REQUEST: Schema = {
         "top_logprobs": integer(0, limits.MAX_TOP_LOGPROBS, "alternatives per token; needs logprobs: true"),
         "session": string("continue a session made by POST /v1/sessions (or the X-Reame-Session header)"),
         **OPTIONS,
+        **STRUCTURE,
+        **TOOLS,
     }, required=("messages",)),
 }
 

@@ -22,7 +22,7 @@ from node import __version__
 from node.api import openapi
 from node.api.errors import error_reply
 from node.api.schemas import parse_chat, parse_completion
-from node.api.shapes import ChunkMaker, Collector, Identity
+from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
 from node.api.sse import EventStream
 from node.api.state import STATE, NodeState
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
@@ -129,13 +129,14 @@ async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
 async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
                         headers: dict) -> web.StreamResponse:
     stream = EventStream(request, headers)
-    maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage)
+    maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage,
+                       tool_readers(plan, n_choices))
     await stream.open()
     try:
         if plan.kind == "chat":
             await stream.send_all(maker.role(index) for index in range(n_choices))
         async for event in result.events():
-            await stream.send(maker.event(event))
+            await stream.send_all(maker.events(event))
         if plan.options.include_usage:
             await stream.send(maker.usage_chunk(plan.prompt_tokens))
         await stream.done()

@@ -1,19 +1,24 @@
 """OpenAI request bodies, type-checked field by field into the serving layer's frozen requests.
 
 Every field is checked for its JSON type and range; a failure is an `InvalidRequest` naming
-the field (`param`). Real OpenAI features this node does not offer (tools, images, audio,
-structured output, ...) are refused with `UnsupportedFeature` instead of being ignored.
+the field (`param`). Real OpenAI features this node does not offer (images, audio, ...) are
+refused with `UnsupportedFeature` instead of being ignored. Structured output (`response_format`,
+`grammar`, `json_schema`, `format`) and tools are read by `parse_output` into a grammar
+(node/serving/structure.py checks schemas and grammars) and an `Output`.
 Unknown fields that do not change the output (`user`, `metadata`, `store`, ...) are ignored.
 Nothing here knows the model: token ids are range-checked by the service.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any, Mapping, overload
 
-from node.engine.types import SamplingParams
+from node.engine.types import GrammarSpec, SamplingParams
+from node.serving import structure
 from node.serving.errors import InvalidRequest, UnsupportedFeature
-from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest, GenerationOptions
+from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest, GenerationOptions, Output, Tool
 
 MAX_PROMPTS = 16
 MAX_CHOICES = 16
@@ -28,13 +33,11 @@ MIN_REPEAT_PENALTY = 0.01  # logits are divided by it: smaller values overflow t
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512  # the CLI's default; the context may clip it further
 
+MAX_TOOLS = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # function and schema names
 UNSUPPORTED_FIELDS = {
-    "tools": "tool calling",
-    "tool_choice": "tool calling",
-    "functions": "function calling",
-    "function_call": "function calling",
-    "parallel_tool_calls": "tool calling",
-    "response_format": "structured output (response_format)",
+    "functions": "function calling (the deprecated 'functions'; use 'tools')",
+    "function_call": "function calling (the deprecated 'function_call'; use 'tool_choice')",
     "audio": "audio output",
     "modalities": "output modalities other than text",
     "prediction": "predicted outputs",
@@ -121,7 +124,7 @@ def type_name(value: Any) -> str:
 def refuse_unsupported(body: Mapping[str, Any]) -> None:
     for key, feature in UNSUPPORTED_FIELDS.items():
         value = body.get(key)
-        if value is None or value == [] or (key == "response_format" and value == {"type": "text"}):
+        if value is None or value == []:
             continue
         raise UnsupportedFeature(f"{feature.capitalize()} ('{key}') is not supported by this server", param=key)
 
@@ -179,7 +182,8 @@ def parse_seed(fields: Fields) -> int | None:
     return None if seed == -1 else seed
 
 
-def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | None) -> GenerationOptions:
+def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | None,
+                  chat: bool = False) -> GenerationOptions:
     max_tokens = fields.integer("max_completion_tokens", None, 1, MAX_TOKENS_LIMIT)
     if max_tokens is None:
         max_tokens = fields.integer("max_tokens", default_max_tokens, 1, MAX_TOKENS_LIMIT)
@@ -198,11 +202,134 @@ def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | No
         raise fields.fail("conclave", "returns one voted answer: it needs 'n' = 1")
     if conclave > 1 and best_of is not None and best_of > 1:
         raise fields.fail("conclave", "and 'best_of' choose among candidates in different ways: send one of them")
+    grammar, output = parse_output(fields, chat=chat)
     return GenerationOptions(
-        max_tokens=max_tokens, sampling=parse_sampling(fields), stop=parse_stop(fields), n=n,
-        logprobs=logprobs, stream=stream, include_usage=include_usage,
-        speculation=fields.boolean("speculation", True), conclave=conclave, best_of=best_of or n,
+        max_tokens=max_tokens, sampling=dataclasses.replace(parse_sampling(fields), grammar=grammar),
+        stop=parse_stop(fields), n=n, logprobs=logprobs, stream=stream, include_usage=include_usage,
+        speculation=fields.boolean("speculation", True), output=output, conclave=conclave, best_of=best_of or n,
     )
+
+
+def parse_response_format(fields: Fields) -> GrammarSpec | None:
+    value = fields.body.get("response_format")
+    if value is None:
+        return None
+    rf = Fields(value, "response_format")
+    kind = rf.string("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return structure.schema_spec(structure.ANY_OBJECT, "response_format")
+    if kind == "json_schema":
+        inner = Fields(rf.body.get("json_schema"), "response_format.json_schema")
+        name = inner.string("name")
+        if name is not None and not TOOL_NAME.fullmatch(name):
+            raise inner.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
+        inner.boolean("strict", False)
+        inner.string("description")
+        if "schema" not in inner.body:
+            raise inner.fail("schema", "is required")
+        return structure.schema_spec(inner.body["schema"], "response_format.json_schema.schema")
+    raise rf.fail("type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def parse_format(fields: Fields) -> GrammarSpec | None:
+    """Ollama's `format`: "json" (any JSON object) or a JSON Schema."""
+    value = fields.body.get("format")
+    if value is None:
+        return None
+    if value == "json":
+        return structure.schema_spec(structure.ANY_OBJECT, "format")
+    if isinstance(value, dict):
+        return structure.schema_spec(value, "format")
+    raise fields.fail("format", "must be \"json\" or a JSON Schema object")
+
+
+def parse_tools(fields: Fields) -> tuple[Tool, ...]:
+    value = fields.body.get("tools")
+    if value is None or value == []:
+        return ()
+    if not isinstance(value, list):
+        raise fields.fail("tools", f"must be an array of tools, got {type_name(value)}")
+    if len(value) > MAX_TOOLS:
+        raise fields.fail("tools", f"may hold at most {MAX_TOOLS} tools")
+    tools: dict[str, Tool] = {}
+    for index, item in enumerate(value):
+        tool = Fields(item, f"tools[{index}]")
+        if tool.string("type") != "function":
+            raise UnsupportedFeature(f"Tools of type {tool.string('type')!r} are not supported; only 'function' is",
+                                     param=tool.name("type"))
+        function = Fields(tool.body.get("function"), tool.name("function"))
+        name = function.string("name")
+        if name is None or not TOOL_NAME.fullmatch(name):
+            raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
+        if name in tools:
+            raise function.fail("name", f"{name!r} is defined twice")
+        function.boolean("strict", False)
+        parameters = function.body.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        structure.schema_spec(parameters, function.name("parameters"))
+        tools[name] = Tool(name, function.string("description") or "", structure.canonical_json(parameters))
+    return tuple(tools.values())
+
+
+def parse_tool_choice(fields: Fields, tools: tuple[Tool, ...]) -> tuple[str, str | None]:
+    value = fields.body.get("tool_choice")
+    if value is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise fields.fail("tool_choice", f"must be 'none', 'auto', 'required' or a function, got {value!r}")
+        if value != "none" and not tools:
+            raise fields.fail("tool_choice", f"{value!r} needs 'tools'")
+        return value, None
+    choice = Fields(value, "tool_choice")
+    if choice.string("type") != "function":
+        raise choice.fail("type", "must be 'function'")
+    name = Fields(choice.body.get("function"), "tool_choice.function").string("name")
+    if name not in {tool.name for tool in tools}:
+        raise choice.fail("function", f"names {name!r}, which is not among 'tools'")
+    return "function", name
+
+
+def parse_output(fields: Fields, *, chat: bool) -> tuple[GrammarSpec | None, Output | None]:
+    """The grammar the output must match and what it is (structured output, tool calls)."""
+    asked: list[tuple[str, GrammarSpec]] = []
+    for param, parse in (("response_format", parse_response_format), ("format", parse_format)):
+        spec = parse(fields)
+        if spec is not None:
+            asked.append((param, spec))
+    if fields.present("json_schema"):
+        asked.append(("json_schema", structure.schema_spec(fields.body["json_schema"], "json_schema")))
+    if fields.present("grammar"):
+        asked.append(("grammar", structure.gbnf_spec(fields.body["grammar"], "grammar")))
+    tools: tuple[Tool, ...] = ()
+    choice, function = "none", None
+    if chat:
+        tools = parse_tools(fields)
+        choice, function = parse_tool_choice(fields, tools)
+        fields.boolean("parallel_tool_calls", True)
+    else:
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            if fields.present(key):
+                raise UnsupportedFeature(f"'{key}' is not supported on /v1/completions (tool calling is a chat "
+                                         "feature: use /v1/chat/completions)", param=key)
+    if choice != "none" and asked:
+        raise UnsupportedFeature(f"'{asked[0][0]}' together with tool calls (tool_choice {choice!r}) is not "
+                                 "supported: use one or the other", param=asked[0][0])
+    if len(asked) > 1:
+        raise UnsupportedFeature(f"'{asked[0][0]}' and '{asked[1][0]}' both constrain the output: use one",
+                                 param=asked[1][0])
+    if choice in ("required", "function"):
+        schema = structure.tool_call_schema(tools, function)
+        spec = structure.schema_spec(schema, "tools")
+        return spec, Output("tools", tools, "required" if choice == "required" else "function", function)
+    if choice == "auto":
+        return None, Output("tool_choice" if fields.present("tool_choice") else "tools", tools, "auto")
+    if asked:
+        return asked[0][1], Output(asked[0][0])
+    return None, None
 
 
 def parse_prompts(fields: Fields) -> tuple[str | tuple[int, ...], ...]:
@@ -303,5 +430,5 @@ def parse_chat(body: Any) -> ChatRequest:
         model=fields.string("model"),
         messages=parse_messages(fields),
         options=parse_options(fields, default_max_tokens=DEFAULT_CHAT_MAX_TOKENS,
-                              logprobs=(top or 0) if wants_logprobs else None),
+                              logprobs=(top or 0) if wants_logprobs else None, chat=True),
     )

@@ -3,7 +3,9 @@
 Builders only: they take the service's choice events and the request's identity and return
 plain dicts ready for orjson. `Collector` gathers a non-streamed answer choice by choice. A
 Conclave's verdict is the top-level `reame` object of the response, or of the stream chunk
-carrying the winner's finish_reason.
+carrying the winner's finish_reason. A request with tools reads each choice through a
+`ToolCallReader` (node/serving/structure.py): calls become `message.tool_calls` (streamed as
+`delta.tool_calls` with an index) and the finish reason `tool_calls`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from node.engine.types import TokenLogprob
-from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText
+from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText, Plan
+from node.serving.structure import ToolCallReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +73,21 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def tool_readers(plan: Plan, n_choices: int) -> list[ToolCallReader] | None:
+    """One reader per choice when the answer may hold tool calls, else None."""
+    output = plan.options.output
+    if plan.kind != "chat" or output is None or output.choice is None:
+        return None
+    return [ToolCallReader(output, plan.markers) for _ in range(n_choices)]
+
+
 class Collector:
     """Accumulates the events of a non-streamed answer into one response object."""
 
-    def __init__(self, identity: Identity, n_choices: int, want_logprobs: bool) -> None:
+    def __init__(self, identity: Identity, n_choices: int, want_logprobs: bool,
+                 readers: list[ToolCallReader] | None = None) -> None:
         self.identity = identity
+        self.readers = readers
         self.want_logprobs = want_logprobs
         self.texts: list[list[str]] = [[] for _ in range(n_choices)]
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n_choices)]
@@ -98,8 +111,16 @@ class Collector:
             text = "".join(parts)
             items = self.logprobs[index]
             if self.identity.kind == "chat":
+                message: dict[str, object] = {"role": "assistant", "content": text, "refusal": None}
+                if self.readers is not None and reason is not None:
+                    reader = self.readers[index]
+                    reader.feed(text)
+                    _, reason = reader.finish(reason)
+                    message["content"] = reader.content()
+                    if reader.calls:
+                        message["tool_calls"] = [call.as_dict() for call in reader.calls]
                 choices.append({
-                    "index": index, "message": {"role": "assistant", "content": text, "refusal": None},
+                    "index": index, "message": message,
                     "logprobs": chat_logprobs(items) if self.want_logprobs else None, "finish_reason": reason,
                 })
             else:
@@ -115,8 +136,10 @@ class Collector:
 class ChunkMaker:
     """Stream chunks of one response, in OpenAI's order and shapes."""
 
-    def __init__(self, identity: Identity, want_logprobs: bool, include_usage: bool) -> None:
+    def __init__(self, identity: Identity, want_logprobs: bool, include_usage: bool,
+                 readers: list[ToolCallReader] | None = None) -> None:
         self.identity = identity
+        self.readers = readers
         self.want_logprobs = want_logprobs
         self.include_usage = include_usage
         self.offsets: dict[int, int] = {}
@@ -155,6 +178,28 @@ class ChunkMaker:
         body = {"index": event.index, "logprobs": logprobs, "finish_reason": None}
         body |= {"delta": {"content": event.text}} if chat else {"text": event.text}
         return self._chunk(body)
+
+    def events(self, event: ChoiceEvent) -> list[dict]:
+        """The chunks of one event: through the choice's tool-call reader when there is one."""
+        if self.readers is None:
+            return [self.event(event)]
+        reader = self.readers[event.index]
+        if isinstance(event, ChoiceText):
+            pieces = reader.feed(event.text)
+            done = None
+        else:
+            pieces, reason = reader.finish(event.finish_reason)
+            done = ChoiceDone(event.index, reason, event.completion_tokens)
+        chunks = []
+        for piece in pieces:
+            if piece[0] == "content":
+                chunks.append(self.event(ChoiceText(event.index, piece[1])))
+            else:
+                chunks.append(self._chunk({"index": event.index, "delta": {"tool_calls": [piece[2]]},
+                                           "logprobs": None, "finish_reason": None}))
+        if done is not None:
+            chunks.append(self.event(done))
+        return chunks
 
     def usage_chunk(self, prompt_tokens: int) -> dict:
         return {**self.identity.envelope(chunk=True), "choices": [],

@@ -53,7 +53,9 @@ class EventStream:
         await self.response.write(data_frame(payload))
 
     async def send_all(self, payloads: Iterable[Mapping]) -> None:
-        await self.response.write(b"".join(data_frame(payload) for payload in payloads))
+        data = b"".join(data_frame(payload) for payload in payloads)
+        if data:
+            await self.response.write(data)
 
     async def fail(self, error: ErrorReply) -> None:
         """The stream cannot go on: tell the client in-band, then close the stream."""

@@ -9,6 +9,10 @@
 ids, prompt + max_tokens against the context, a grammar that does not compile) and raises;
 everything else that goes wrong for one request arrives as `Finished(reason="error")` on
 its handle.
+
+Grammars compile once per distinct spec (node/engine/grammar.py). `prepare_grammar(spec)`
+compiles into the engine's bounded cache and is meant to run on a worker thread before
+`submit` (the service does so), so neither the event loop nor the engine thread compiles.
 """
 
 from __future__ import annotations
@@ -22,14 +26,14 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 
 from node.engine.config import EngineConfig
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
-from node.engine.grammar import Grammar
+from node.engine.grammar import CompiledGrammar, GrammarCompiler
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
-from node.engine.types import Event, Finished, GenerationRequest, ModelInfo
+from node.engine.types import Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
 
 __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "Speculator"]
 
@@ -99,6 +103,7 @@ class Engine:
                             config.interactive_slots),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
             threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None)
+        self.grammars = GrammarCompiler(self._model.vocab, self._model.n_vocab, self._model.info.eog_tokens)
         self._closed = False
         self._ids = itertools.count(1)
         self._keys = itertools.count(1)
@@ -109,6 +114,11 @@ class Engine:
     @property
     def model_info(self) -> ModelInfo:
         return self._model.info
+
+    @property
+    def vocab(self) -> object:
+        """The model's llama.cpp vocabulary (read only; benchmarks hand it to llama.cpp's samplers)."""
+        return self._model.vocab
 
     @property
     def n_ctx(self) -> int:
@@ -142,8 +152,9 @@ class Engine:
         self._validate(req, n)
         loop = loop if loop is not None else _running_loop()
         base_seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
-        gbnf = req.sampling.grammar  # compiled here: a grammar that does not parse fails the submit
-        grammars = [Grammar(self._model.vocab, gbnf) if gbnf else None for _ in range(n)]
+        spec = req.sampling.grammar  # compiled here unless prepared: a grammar that does not compile fails the submit
+        compiled = self.grammars.compile(spec) if spec is not None else None
+        grammars = [compiled.matcher() if compiled is not None else None for _ in range(n)]
         handles, seqs = [], []
         group = next(self._groups)
         for i in range(n):
@@ -187,9 +198,14 @@ class Engine:
         group_id = group if group is not None else next(self._groups)
         per_fork = longest + self.config.max_draft + 1
         handles, seqs = [], []
+        compiled: dict[GrammarSpec, CompiledGrammar] = {}
+        for req in reqs:  # compiled here unless prepared: a grammar that does not compile fails the submit
+            spec = req.sampling.grammar
+            if spec is not None and spec not in compiled:
+                compiled[spec] = self.grammars.compile(spec)
         for i, req in enumerate(reqs):
-            gbnf = req.sampling.grammar
-            grammar = Grammar(self._model.vocab, gbnf) if gbnf else None
+            spec = req.sampling.grammar
+            grammar = compiled[spec].matcher() if spec is not None else None
             seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
             request_id = req.request_id or f"req-{next(self._ids)}"
             channel = Channel(loop)
@@ -198,6 +214,20 @@ class Engine:
             handles.append(Handle(request_id, channel, self._scheduler, group_id))
         self._scheduler.enqueue(seqs)
         return handles
+
+    def warm_grammars(self) -> None:
+        """Build the grammar engine's view of the vocabulary now (seconds at 262,144 tokens), so
+        the first structured request does not wait for it; blocking: call it on a worker thread."""
+        try:
+            if not self._closed:
+                self.grammars.tokenizer()
+        except InvalidRequest:  # closed while building: nothing to warm any more
+            pass
+
+    def prepare_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile a grammar into the engine's cache (blocking: call it on a worker thread);
+        raises InvalidRequest with the reason when it does not compile."""
+        return self.grammars.compile(spec)
 
     def _validate(self, req: GenerationRequest, n: int) -> None:
         if not req.prompt_tokens:
@@ -213,12 +243,13 @@ class Engine:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)
 
     def stats(self) -> dict[str, int]:
-        return self._scheduler.stats()
+        return {**self._scheduler.stats(), **self.grammars.stats()}
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self.grammars.close()
         self._scheduler.close()
         self._ctx.close()
         self._model.close()

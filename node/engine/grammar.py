@@ -1,51 +1,229 @@
-"""Constrained output: llama.cpp's GBNF grammar sampler, asked only about a few candidates.
+"""Constrained output: grammars compiled once by llguidance, checked token by token.
 
-llama.cpp's grammar sampler judges whichever tokens it is handed. Handing it the whole
-262,144-token vocabulary every step would cost more than the decode, so the numpy sampler
-asks about its best candidates first and widens the pool only when none of them fits
-(see `TokenSampler`). One `Grammar` per sequence: it holds the parse state and advances
-with every token the sequence accepts.
+llguidance was chosen by measurement at Gemma's 262,144-token vocabulary (bench/structure.py,
+docs/BENCHMARKS.md): checking one sampled token costs a few microseconds, a whole-vocabulary
+mask tens of microseconds at the median, and it computes the tokens a grammar forces (the
+drafts of Il Suggeritore, node/speculative/format.py). llama.cpp's own grammar sampler
+judges every token it is handed and costs milliseconds over the whole vocabulary.
+
+- `GrammarCompiler` (one per engine): the model's vocabulary as llguidance sees it, built on
+  first use (about 5 s at 262,144 tokens, never on the engine thread), and a bounded LRU of
+  compiled grammars keyed by the sha256 of the spec, so each distinct schema compiles once.
+  A spec that does not compile raises `InvalidRequest` with llguidance's reason (an
+  unsupported JSON Schema keyword is named there).
+- `Matcher` (one per sequence, a copy of the compiled grammar's initial state): `allows`
+  checks one token, `masked` applies the whole mask to a row of logits, `accept` advances,
+  `forced` lists the tokens the grammar admits no alternative to.
+
+Every end-of-generation token of the model counts as the grammar's end: once the output is
+complete, only they are allowed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 import llama_cpp as ll
 
 from node.engine.errors import InvalidRequest
+from node.engine.types import GrammarSpec
 
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+CACHE_SIZE = 64  # compiled grammars kept per engine
+# Compact JSON (no free whitespace): the output is what a client parses either way, and the
+# fewer choices the grammar leaves, the more of it is forced (and drafted).
+JSON_OPTIONS: Any = {"whitespace_flexible": False}
 
 
-class Grammar:
-    """The parse state of one sequence under one GBNF grammar."""
+def spec_key(spec: GrammarSpec) -> str:
+    return hashlib.sha256(f"{spec.kind}\x00{spec.text}".encode()).hexdigest()
 
-    __slots__ = ("_ptr",)
 
-    def __init__(self, vocab: ll.llama_vocab_p, gbnf: str, root: str = "root") -> None:
-        self._ptr = ll.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
-        if not self._ptr:
-            raise InvalidRequest("the grammar does not parse as GBNF (llama.cpp grammar syntax)")
+def to_llguidance(spec: GrammarSpec) -> str:
+    """The llguidance grammar text for a spec; raises InvalidRequest when it cannot be read."""
+    import llguidance
+
+    try:
+        if spec.kind == "json_schema":
+            return str(llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS))
+        if spec.kind == "gbnf":
+            from llguidance.gbnf_to_lark import any_to_lark
+
+            return str(llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.text)))
+        if spec.kind == "lark":
+            return str(llguidance.LLMatcher.grammar_from_lark(spec.text))
+        if spec.kind == "regex":
+            return str(llguidance.LLMatcher.grammar_from_regex(spec.text))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the converters raise ValueError with the reason; a library panic too
+        raise InvalidRequest(f"the {spec.kind} grammar does not compile: {exc}") from None
+    raise InvalidRequest(f"unknown grammar kind {spec.kind!r}")
+
+
+class CompiledGrammar:
+    """One compiled grammar: its initial parse state, copied for every sequence."""
+
+    __slots__ = ("key", "_template", "_n_vocab", "compile_s")
+
+    def __init__(self, key: str, template: Any, n_vocab: int, compile_s: float) -> None:
+        self.key = key
+        self._template = template
+        self._n_vocab = n_vocab
+        self.compile_s = compile_s
+
+    def matcher(self) -> Matcher:
+        return Matcher(self._template.deep_copy(), self._n_vocab)
+
+
+class Matcher:
+    """The parse state of one sequence under one grammar (llguidance's LLMatcher)."""
+
+    __slots__ = ("_m", "_words", "_n_vocab", "masks")
+
+    def __init__(self, matcher: Any, n_vocab: int) -> None:
+        self._m = matcher
+        self._n_vocab = n_vocab
+        self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+        self.masks = 0  # whole-vocabulary masks computed (the rest were single-token checks)
+
+    def allows(self, token: int) -> bool:
+        return bool(self._m.validate_tokens([int(token)]) == 1)
+
+    def allowed_mask(self) -> np.ndarray:
+        """Boolean array over the vocabulary: which tokens may come next."""
+        self.masks += 1
+        self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")[:self._n_vocab]
+        return bits.view(np.bool_)
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
-        """Boolean mask: which of these token ids may come next."""
-        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
-        data["id"] = ids
-        array = ll.llama_token_data_array(
-            data=data.ctypes.data_as(ll.llama_token_data_p), size=len(ids), selected=-1, sorted=False)
-        ll.llama_sampler_apply(self._ptr, ctypes.byref(array))
-        return np.isfinite(data["logit"])
+        """Boolean array: which of these token ids may come next."""
+        return np.fromiter((self.allows(int(t)) for t in ids), dtype=np.bool_, count=len(ids))
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of the logits with every token the grammar forbids at -inf."""
+        allowed = self.allowed_mask()
+        if not allowed.any():
+            raise InvalidRequest(f"the grammar allows no token here: {self._m.get_error() or 'no continuation'}")
+        return np.where(allowed, logits, np.float32(-np.inf))
 
     def accept(self, token: int) -> None:
-        ll.llama_sampler_accept(self._ptr, token)
+        if not self._m.consume_token(int(token)):
+            raise InvalidRequest(f"token {token} does not fit the grammar: {self._m.get_error()}")
+
+    def forced(self) -> Sequence[int]:
+        """Tokens the grammar forces next, in its own (canonical) tokenization; [] when free."""
+        if self._m.is_stopped():
+            return []
+        return list(self._m.compute_ff_tokens())
+
+    def valid(self, tokens: Sequence[int]) -> int:
+        """How many of the tokens, in order, fit the grammar from here (nothing is consumed)."""
+        return int(self._m.validate_tokens([int(t) for t in tokens])) if tokens else 0
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self._m.is_accepting())
+
+
+class GrammarCompiler:
+    """The model's vocabulary for llguidance (built once) and a bounded cache of compiled grammars."""
+
+    def __init__(self, vocab: ll.llama_vocab_p, n_vocab: int, eog: Iterable[int], capacity: int = CACHE_SIZE) -> None:
+        self._vocab = vocab
+        self._n_vocab = n_vocab
+        self._eog = sorted(eog)
+        self._capacity = capacity
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
+        self._closing = False
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self.compiled = 0
+        self.hits = 0
+
+    def tokenizer(self) -> Any:
+        """llguidance's view of the vocabulary, built once: every token's bytes, control tokens
+        (and user-defined ones that look like them) marked special, llama.cpp's tokenizer for
+        text, and every end-of-generation token as the grammar's end."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                import llguidance
+
+                buffer = ctypes.create_string_buffer(1024)
+                pieces = []
+                for token in range(self._n_vocab):
+                    if self._closing and token % 4096 == 0:
+                        raise InvalidRequest("the engine is closing")
+                    pieces.append(_piece(self._vocab, token, buffer))
+                tokenize = ctypes.cast(ll.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+                self._tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+                    tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=self._eog, slices=None)
+            return self._tokenizer
 
     def close(self) -> None:
-        if self._ptr:
-            ll.llama_sampler_free(self._ptr)
-            self._ptr = None
+        """Stop a vocabulary build under way and wait for it (the vocabulary is about to be freed)."""
+        self._closing = True
+        with self._tokenizer_lock:
+            pass
 
-    def __del__(self) -> None:
-        self.close()
+    def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        with self._lock:
+            compiled = self._cache.get(spec_key(spec))
+            if compiled is not None:
+                self._cache.move_to_end(compiled.key)
+                self.hits += 1
+            return compiled
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """The compiled grammar (from the cache when seen before); raises InvalidRequest."""
+        compiled = self.cached(spec)
+        if compiled is not None:
+            return compiled
+        import llguidance
+
+        started = time.perf_counter()
+        text = to_llguidance(spec)
+        tokenizer = self.tokenizer()
+        error = llguidance.LLMatcher.validate_grammar(text, tokenizer)
+        if error:
+            raise InvalidRequest(f"the {spec.kind} grammar does not compile: {_short(error)}")
+        template = llguidance.LLMatcher(tokenizer, text, log_level=0)
+        if template.is_error():
+            raise InvalidRequest(f"the {spec.kind} grammar does not compile: {_short(template.get_error())}")
+        compiled = CompiledGrammar(spec_key(spec), template, self._n_vocab, time.perf_counter() - started)
+        with self._lock:
+            self._cache[compiled.key] = compiled
+            self._cache.move_to_end(compiled.key)
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+            self.compiled += 1
+        return compiled
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"grammars_cached": len(self._cache), "grammars_compiled": self.compiled,
+                    "grammar_cache_hits": self.hits}
+
+
+def _piece(vocab: ll.llama_vocab_p, token: int, buffer: Any) -> bytes:
+    n = ll.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True)
+    piece = bytes(buffer[:n]) if n > 0 else b""
+    attr = ll.llama_vocab_get_attr(vocab, token)
+    if attr & ll.LLAMA_TOKEN_ATTR_CONTROL or (attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<") and piece.endswith(b">")):
+        piece = b"\xff" + piece  # llguidance's mark of a special token
+    return piece
+
+
+def _short(message: str) -> str:
+    """llguidance's messages can carry a whole grammar dump: keep the first lines."""
+    lines = [line for line in str(message).splitlines() if line.strip()]
+    return " ".join(lines[:3])[:500]
+

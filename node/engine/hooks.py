@@ -38,15 +38,26 @@ class PrefixCacheHook(Protocol):
         """
 
 
+class Forcing(Protocol):
+    """A sequence's grammar as a draft source sees it (node/engine/grammar.py's Matcher)."""
+
+    def forced(self) -> Sequence[int]:
+        """Tokens the grammar admits no alternative to after the sequence's context; [] when free."""
+
+    def valid(self, tokens: Sequence[int]) -> int:
+        """How many of these tokens, in order, the grammar admits after the sequence's context."""
+
+
 @dataclass(frozen=True, slots=True)
 class DraftSeq:
-    """What a draft source knows of one sequence: its identity, siblings, prompt and sampling."""
+    """What a draft source knows of one sequence: its identity, siblings, prompt, sampling and grammar."""
 
     key: int                   # unique for the engine's life
     group: int                 # shared by the sequences of one request (n > 1 siblings)
     prompt: tuple[int, ...]
     sampled: bool              # False: greedy
     sampling: SamplingParams | None = None
+    grammar: Forcing | None = None  # the sequence's parse state, when its output is constrained
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,16 @@ pool from the best 256 until it holds the requested mass. All of it is exact: no
 that llama.cpp's chain could draw is left out.
 
 Reported logprobs are those of the adjusted distribution (after bias and penalties,
-before temperature and truncation), over the whole vocabulary.
+before temperature and truncation), over the whole vocabulary (under a grammar: over the
+tokens it allows).
+
+Under a grammar (a `Constraint`, node/engine/grammar.py), as llama.cpp's common sampler does:
+the token is chosen from the unconstrained row first and checked against the grammar (a few
+microseconds); only when the grammar rejects it is the whole-vocabulary mask computed and
+the choice made again from the masked row (the same chain, a second draw). Greedy is
+therefore exactly the argmax over the allowed tokens; sampling draws from the allowed tokens
+by the same chain. With logprobs asked for, the row is always masked first, so the reported
+numbers describe what the grammar allows.
 """
 
 from __future__ import annotations
@@ -36,7 +45,6 @@ from node.engine.types import SamplingParams
 
 BLOCK = 64           # block size for the top-k lower bound (see top_ids)
 INITIAL_POOL = 256   # first pool size for top_p without top_k
-CONSTRAINED_POOL = 64  # best tokens shown to a grammar first
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +59,15 @@ class Choice:
 class Constraint(Protocol):
     """Which tokens may come next (a grammar's parse state); see node/engine/grammar.py."""
 
-    def allowed(self, ids: np.ndarray) -> np.ndarray: ...
+    def allows(self, token: int) -> bool: ...
+
+    def masked(self, logits: np.ndarray) -> np.ndarray: ...
 
     def accept(self, token: int) -> None: ...
+
+    def forced(self) -> Sequence[int]: ...
+
+    def valid(self, tokens: Sequence[int]) -> int: ...
 
 
 def validate_params(params: SamplingParams, n_vocab: int) -> None:
@@ -106,17 +120,21 @@ class TokenSampler:
     def choose(self, row: np.ndarray, history: Sequence[int]) -> Choice:
         """Pick the next token from one logits row; `history` is the sequence so far."""
         logits = self._adjusted(row, history)
-        if self.constraint is not None:
-            logits = self._constrained(logits, self.constraint)
-        if self.params.greedy:
-            token = int(np.argmax(logits))
-        else:
-            token = self._draw(logits)
-        if self.constraint is not None:
-            self.constraint.accept(token)
+        constraint = self.constraint
+        if constraint is not None and self.n_logprobs is not None:
+            logits = constraint.masked(logits)
+        token = self._pick(logits)
+        if constraint is not None:
+            if self.n_logprobs is None and not constraint.allows(token):
+                logits = constraint.masked(logits)
+                token = self._pick(logits)
+            constraint.accept(token)
         if self.n_logprobs is None:
             return Choice(token)
         return _with_logprobs(logits, token, self.n_logprobs)
+
+    def _pick(self, logits: np.ndarray) -> int:
+        return int(np.argmax(logits)) if self.params.greedy else self._draw(logits)
 
     def _adjusted(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
         if not self._bias_ids.size and not self._penalised:
@@ -130,25 +148,6 @@ class TokenSampler:
             apply_penalties(logits, window, self.params)
         return logits
 
-    def _constrained(self, logits: np.ndarray, constraint: Constraint) -> np.ndarray:
-        """Logits of the best CONSTRAINED_POOL tokens the constraint allows; the rest -inf.
-
-        Greedy stays exact (the best allowed token is always in the pool); sampling draws
-        among the best allowed tokens. The pool widens eightfold until one token fits.
-        """
-        k = CONSTRAINED_POOL
-        while True:
-            ids = top_ids(logits, min(k, len(logits)))
-            ok = ids[constraint.allowed(ids)]
-            if len(ok):
-                break
-            if k >= len(logits):
-                raise InvalidRequest("the grammar allows no token here")
-            k *= 8
-        out = np.full_like(logits, -np.inf)
-        out[ok] = logits[ok]
-        return out
-
     def choose_against(self, row: np.ndarray, history: Sequence[int], token: int,
                        draft: tuple[np.ndarray, np.ndarray]) -> tuple[Choice, bool]:
         """Rejection sampling of a draft `token` drawn from `draft` = (ids, probabilities):
@@ -157,7 +156,7 @@ class TokenSampler:
         draw from p (speculative sampling); returns (the choice, whether it is the draft token)."""
         logits = self._adjusted(row, history)
         if self.constraint is not None:
-            logits = self._constrained(logits, self.constraint)
+            logits = self.constraint.masked(logits)
         ids, weights = self._weights(logits)
         p = weights / weights.sum()
         q_ids, q_probs = draft

@@ -11,6 +11,20 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Mapping, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+GrammarKind = Literal["gbnf", "lark", "json_schema", "regex"]
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A constraint on the output: its language and its text (node/engine/grammar.py compiles it).
+
+    `gbnf`: llama.cpp's grammar syntax; `lark`: llguidance's Lark dialect; `json_schema`: a JSON
+    Schema as canonical JSON text (sorted keys, so equal schemas share one compiled grammar and
+    one L1 key); `regex`: the whole output matches it.
+    """
+
+    kind: GrammarKind
+    text: str
 
 # Admission classes (GenerationRequest.priority): the scheduler admits and prefills the lowest
 # number first, in arrival order within a class. Batch lines (node/batches) run as BATCH.
@@ -32,7 +46,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
-    grammar: str | None = None  # GBNF (llama.cpp grammar syntax): output must match it
+    grammar: GrammarSpec | None = None  # the output must match it
 
     @property
     def greedy(self) -> bool:

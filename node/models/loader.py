@@ -159,17 +159,21 @@ def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | N
                     plan.n_batch, plan.n_parallel)
         return None
     from node.speculative.controller import Controller, ControllerConfig
+    from node.speculative.format import Suggeritore
     from node.speculative.lookup import PromptLookup
     from node.speculative.palimpsest import Palimpsest
 
     sources: list[DraftSource] = []
+    lookup = PromptLookup()
     for name in spec.sources:
         if name == "lookup":
-            sources.append(PromptLookup())
+            sources.append(lookup)
         elif name == "archive" and spec.archive_tokens > 0:
             sources.append(Palimpsest(spec.archive_tokens, context_tokens=settings.arca.observe_prompt_tokens))
         elif name == "model":
             sources.append(open_draft_model(Path(spec.draft_model_path or ""), plan))
+        elif name == "format":
+            sources.extend(Suggeritore(lookup=lookup if "lookup" in spec.sources else None).sources())
     if not sources:
         return None
     return Controller(sources, ControllerConfig(max_draft=max_draft, min_draft=spec.min_draft,
@@ -224,7 +228,11 @@ def open_engine(settings: NodeSettings, *, progress: bool = True,
         if speculator is not None:
             log.info("speculation: sources %s, drafts of %d..%d tokens", ", ".join(speculator.source_names),
                      speculator.config.min_draft, speculator.config.max_draft)
-        return Engine(engine_config(settings, plan, cache, on_progress, speculator))
+        engine = Engine(engine_config(settings, plan, cache, on_progress, speculator))
+        if speculator is not None:
+            speculator.bind_vocabulary(engine.token_piece,
+                                       lambda text: engine.tokenize(text, add_bos=False, special=False))
+        return engine
     except BaseException:
         if cache is not None:
             cache.close()

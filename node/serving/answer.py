@@ -50,8 +50,9 @@ class Answer:
             keyed = [job.key is not None for job in jobs]
             if any(keyed):
                 self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
-            misses = [job.prompt_tokens for job, stored in zip(jobs, self._stored) if stored is None]
-            await asyncio.gather(*(self.service.prefetch(tokens) for tokens in misses))
+            misses = [job for job, stored in zip(jobs, self._stored) if stored is None]
+            await asyncio.gather(*(self.service.prepare(job, self.plan.options.output) for job in misses[:1]))
+            await asyncio.gather(*(self.service.prefetch(job.prompt_tokens) for job in misses))
             for number, (job, stored) in enumerate(zip(jobs, self._stored)):
                 if stored is not None:
                     self._handles.append([])

@@ -44,7 +44,7 @@ RECORD_VERSION = 1
 # of these two lists (a test fails for a field in neither). The key does not read KEYED: it
 # takes every field not in NOT_KEYED, so a field nobody classified is still in the key.
 KEYED: frozenset[str] = frozenset({
-    "max_tokens", "stop", "n", "logprobs", "conclave", "best_of",
+    "max_tokens", "stop", "n", "logprobs", "conclave", "best_of", "output",
     "sampling.temperature", "sampling.top_k", "sampling.top_p", "sampling.min_p",
     "sampling.repeat_penalty", "sampling.repeat_last_n", "sampling.presence_penalty",
     "sampling.frequency_penalty", "sampling.logit_bias", "sampling.seed", "sampling.grammar",

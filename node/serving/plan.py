@@ -13,6 +13,7 @@ from typing import Mapping
 
 from node.engine.types import GenerationRequest, TokenLogprob
 from node.serving.requests import GenerationOptions
+from node.serving.structure import ToolMarkers
 from node.sessions.turns import SessionTurn
 
 COMPLETED = ("stop", "length")  # the finish reasons of an answer worth remembering
@@ -36,6 +37,7 @@ class Plan:
     jobs: tuple[Job, ...]
     options: GenerationOptions
     turn: SessionTurn | None = None  # a chat turn inside a session
+    markers: ToolMarkers | None = None  # how the template marks tool calls (tool_choice "auto")
 
     @property
     def prompt_tokens(self) -> int:

@@ -19,9 +19,12 @@ class Prompts:
         self.template = template
         self.engine = engine
 
-    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> tuple[int, ...]:
-        """Messages rendered through the chat template and tokenized (template errors raise)."""
-        return self.rendered(self.template.render(messages, add_generation_prompt=add_generation_prompt))
+    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+             tools: Sequence[Mapping[str, object]] | None = None) -> tuple[int, ...]:
+        """Messages rendered through the chat template and tokenized (template errors raise);
+        `tools` are handed to templates that render them (OpenAI's tool objects)."""
+        extra = {"tools": list(tools)} if tools else {}
+        return self.rendered(self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra))
 
     def rendered(self, text: str) -> tuple[int, ...]:
         """Rendered template text as the model reads it: control tokens parsed, BOS first, once."""

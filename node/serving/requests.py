@@ -9,8 +9,41 @@ listed there as presentation only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from node.engine.types import SamplingParams
+
+ToolChoice = Literal["auto", "required", "function"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """One function a chat request offers the model (OpenAI's `tools[i].function`)."""
+
+    name: str
+    description: str
+    parameters: str  # its JSON Schema as canonical JSON text
+
+    def as_dict(self) -> dict[str, object]:
+        import json
+
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": json.loads(self.parameters)}}
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """What the output is beyond free text (node/serving/structure.py): where its grammar came
+    from, and the tools the model may call (`choice` "function" names one in `function`)."""
+
+    param: str                         # the request field that asked for it ("response_format", "tools", ...)
+    tools: tuple[Tool, ...] = ()
+    choice: ToolChoice | None = None   # None: no tool calls, only the grammar of `param`
+    function: str | None = None
+
+    @property
+    def forced_call(self) -> bool:
+        return self.choice in ("required", "function")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +60,7 @@ class GenerationOptions:
     speculation: bool = True  # False: plain decoding (same output; benchmarks' baseline)
     conclave: int = 1  # > 1: candidates of a Conclave, one answer by vote (node/serving/conclave/)
     best_of: int = 1   # > n: OpenAI's best_of, the n candidates with the highest mean logprob
+    output: Output | None = None  # structured output or tool calls (the grammar is in `sampling`)
 
     @property
     def deterministic(self) -> bool:

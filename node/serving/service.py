@@ -51,14 +51,15 @@ from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest
 from node.serving.answer import Answer
 from node.serving.conclave.runner import SEED_SPACE, ConclavePolicy, ConclaveRun
 from node.serving.engine_client import EngineClient
-from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded
+from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UnsupportedFeature
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 from node.serving.ledger import Ledger
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.plan import COMPLETED, Job, Plan
 from node.serving.prompts import Prompts
-from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions
+from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions, Output
+from node.serving.structure import ToolMarkers, tool_prompt
 from node.sessions.cuts import CutError
 from node.sessions.store import Session, Sessions
 from node.sessions.turns import SessionTurns
@@ -120,10 +121,24 @@ class CompletionService:
     def plan_chat(self, req: ChatRequest, session: Session | None = None, *, priority: int = INTERACTIVE) -> Plan:
         template = self.model.template
         messages = [message.as_dict() for message in req.messages]
+        output = req.options.output
+        tools = None
+        markers = None
+        if output is not None and output.choice is not None:
+            markers = ToolMarkers.of_template(template.source)
+            if markers is not None:
+                tools = [tool.as_dict() for tool in output.tools]
+            elif output.choice == "auto":
+                raise UnsupportedFeature(
+                    f"Tool calls chosen by the model (tool_choice 'auto') are not supported by this model: its chat "
+                    f"template ({template.name}) does not render tools or mark calls; use tool_choice 'required' "
+                    f"or name a function", param=output.param)
+            else:  # a forced call: tell the model what it is calling
+                messages = with_system(messages, tool_prompt(output.tools, output.function))
         turn = None
         try:
             if session is None:
-                tokens = self.prompts.chat(messages)
+                tokens = self.prompts.chat(messages, tools=tools)
             else:
                 if self.turns is None:
                     raise InvalidRequest("Sessions are not enabled on this node", param="session")
@@ -139,7 +154,7 @@ class CompletionService:
             raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
         job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings),
                         store_final_state=turn is not None and self.cache is not None, priority=priority)
-        return Plan("chat", (job,), req.options, turn)
+        return Plan("chat", (job,), req.options, turn, markers)
 
     def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
              options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False,
@@ -247,6 +262,21 @@ class CompletionService:
         except engine_errors.InvalidRequest as exc:  # a bad sampling value, a grammar that does not compile
             raise InvalidRequest(str(exc)) from None
 
+    async def prepare(self, job: Job, output: Output | None) -> None:
+        """Compile the job's grammar into the engine's cache on a worker thread (once per
+        distinct grammar: later requests find it compiled), so neither the event loop nor the
+        engine thread compiles."""
+        spec = job.request.sampling.grammar
+        prepare = getattr(self.engine, "prepare_grammar", None)
+        if spec is None or prepare is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, prepare, spec)
+        except engine_errors.InvalidRequest as exc:
+            param = output.param if output is not None else "grammar"
+            raise InvalidRequest(str(exc), param=param, code="invalid_schema"
+                                 if spec.kind == "json_schema" else "invalid_grammar") from None
+
     # ---- after a completed job --------------------------------------------------------
 
     def remember(self, job: Job, choices: list[StoredChoice], generated: list[tuple[int, ...]], *,
@@ -281,3 +311,11 @@ class CompletionService:
         """Wait (bounded) for pending archive writes; used at shutdown and by tests."""
         if self._writes:
             await asyncio.wait(set(self._writes), timeout=timeout_s)
+
+
+def with_system(messages: list[dict[str, str]], text: str) -> list[dict[str, str]]:
+    """The messages with `text` at the start of the system message (one is added if none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": text + "\n\n" + messages[0]["content"]}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+

@@ -5,6 +5,8 @@
                  (and in its siblings' outputs), an index updated in O(1) per token;
 - palimpsest.py  the local index of past generations of this model (fed by the node's own
                  finished sequences and by the archive mirror), SuffixDecoding-style lengths;
+- format.py      Il Suggeritore: tokens a grammar forces, and form rules (lists, tables,
+                 indentation, closing brackets, repeated line prefixes), one source per rule;
 - costs.py       the verify cost curve: seconds of a step by batch size and draft length;
 - stats.py       per-source counters the controller, /metrics and /health read;
 - controller.py  the engine's Speculator: asks the sources, chooses the draft length that

@@ -11,6 +11,9 @@ tokens per second, (tokens so far + E_j) / cost(rows so far + j), from the measu
 cost curve (costs.py). A draft that does not raise the whole batch's rate is not verified:
 j = 0, the step is plain decoding, and drafts cost the other users nothing.
 
+Under a grammar, every source's draft is cut where the grammar stops admitting it (a token
+the grammar forbids can never be kept, so verifying it would only cost a row).
+
 A source whose proposals were all judged not to pay SWITCH_OFF times in a row is switched
 off (not even asked) and re-probed after a backoff in steps (doubling, up to BACKOFF_MAX):
 the probe verifies a short draft so its estimates see fresh evidence; while they say it
@@ -31,7 +34,7 @@ from node.speculative.stats import SpeculationStats
 
 log = logging.getLogger(__name__)
 
-PRIOR = 0.5           # p_i of a source nothing is known about yet
+PRIOR = 0.5           # p_i of a source nothing is known about yet (a source may declare its own `prior`)
 PRIOR_WEIGHT = 4.0    # the source's estimate counts as this many observations for a new sequence
 EMA = 0.1             # per-source moving average weight of one observation
 SWITCH_OFF = 24       # proposals in a row judged not to pay
@@ -73,7 +76,8 @@ class Controller:
                  costs: CostCurve | None = None) -> None:
         self.config = config
         self.costs = costs or CostCurve()
-        self._sources = {s.name: _SourceState(s, [PRIOR] * config.max_draft) for s in sources}
+        self._sources = {s.name: _SourceState(s, [float(getattr(s, "prior", PRIOR))] * config.max_draft)
+                         for s in sources}
         self.stats = SpeculationStats(list(self._sources), config.max_draft)
         self._seqs: dict[int, _SeqState] = {}
         self._step = 0
@@ -85,6 +89,13 @@ class Controller:
     @property
     def source_names(self) -> tuple[str, ...]:
         return tuple(self._sources)
+
+    def bind_vocabulary(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
+        """Hand the model's vocabulary to the sources that read text (Il Suggeritore's form rules)."""
+        for state in self._sources.values():
+            bind = getattr(state.source, "bind", None)
+            if bind is not None:
+                bind(piece, tokenize)
 
     def source(self, name: str) -> DraftSource | None:
         state = self._sources.get(name)
@@ -137,6 +148,8 @@ class Controller:
                     self._not_paying(state)
                     continue
             draft = state.source.propose(seq, context, ask)
+            if draft is not None and seq.grammar is not None and draft.tokens:
+                draft = _grammatical(draft, seq.grammar.valid(draft.tokens))
             if draft is None or not draft.tokens:
                 continue
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
@@ -258,3 +271,11 @@ class Controller:
                    "backoff_steps": state.backoff}
             for name, state in self._sources.items()
         }
+
+
+def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
+    if n_valid >= len(draft.tokens):
+        return draft
+    if n_valid <= 0:
+        return None
+    return draft.head(n_valid)

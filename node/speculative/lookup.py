@@ -72,6 +72,21 @@ class PromptLookup:
                 return Draft(tokens, self.name)
         return None
 
+    def peek(self, seq: DraftSeq, tail: Sequence[int], k: int) -> tuple[int, ...]:
+        """What followed the longest indexed suffix of `tail` (read only: nothing is entered),
+        for a source that drafts beyond its own tokens (Il Suggeritore after forced tokens)."""
+        group = self._groups.get(seq.group)
+        if group is None or k <= 0:
+            return ()
+        for n in range(min(self.max_n, len(tail)), self.min_n - 1, -1):
+            hit = group.index.get(tuple(tail[len(tail) - n:]))
+            if hit is None:
+                continue
+            stream = group.streams.get(hit[0])
+            if stream is not None and hit[1] < len(stream):
+                return tuple(stream[hit[1]:hit[1] + k])
+        return ()
+
     def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
         pass
 

@@ -137,7 +137,8 @@ class FakeEngine:
             raise self.refuse
         if len(req.prompt_tokens) + n * req.max_tokens > self.n_ctx:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self.n_ctx)
-        if req.sampling.grammar is not None and not req.sampling.grammar.startswith("root ::="):
+        grammar = req.sampling.grammar
+        if grammar is not None and grammar.kind == "gbnf" and not grammar.text.startswith("root ::="):
             raise InvalidRequest("the grammar does not parse as GBNF (llama.cpp grammar syntax)")
         self.submitted.extend([req] * n)
         return [FakeHandle(self, req) for _ in range(n)]

@@ -141,7 +141,7 @@ def test_every_original_key_is_present():
 def test_speculative_settings_resolve_and_refuse_what_is_not_there(tmp_path):
     env = {"REAME_HOME": str(tmp_path)}
     spec = load_settings(None, {}, env=env).speculative
-    assert spec.enabled and spec.sources == ("lookup", "archive") and spec.max_draft == 16
+    assert spec.enabled and spec.sources == ("lookup", "archive", "format") and spec.max_draft == 16
     assert load_settings(None, {"speculative.sources": " archive , lookup,archive"}, env=env).speculative.sources \
         == ("archive", "lookup")
     with_model = load_settings(None, {"speculative.sources": "lookup,model", "speculative.draft_model_path": "/m.gguf"},

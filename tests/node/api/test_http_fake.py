@@ -111,7 +111,7 @@ def test_routing_errors_and_the_model_name(node):
     status, _, body = post(node, "/v1/chat/completions", {**CHAT, "model": "not-this-one"})
     assert status == 404
     assert_error(body, "invalid_request_error", "model_not_found", "model")
-    status, _, body = post(node, "/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]})
+    status, _, body = post(node, "/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]})
     assert status == 400
     assert_error(body, "invalid_request_error", "unsupported_feature", "tools")
 

@@ -88,8 +88,10 @@ def test_chat_shape_errors(body, param):
 @pytest.mark.parametrize(
     "body, param",
     [
-        ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
-        ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+        ({**TEXT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({**CHAT, "tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format.json_schema.schema"),
         ({**CHAT, "functions": [{}]}, "functions"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages[0].content[0].type"),

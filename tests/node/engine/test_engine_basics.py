@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from node.engine.errors import InvalidRequest, PromptTooLong
-from node.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
+from node.engine.types import Finished, GenerationRequest, GrammarSpec, SamplingParams, TextDelta
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -121,13 +121,13 @@ def test_a_refused_request_leaves_the_others_running(engine):
 
 
 def test_grammar_constrains_the_output(engine):
-    yes_no = 'root ::= ("yes" | "no") "."'
+    yes_no = GrammarSpec("gbnf", 'root ::= ("yes" | "no") "."')
     deltas, fin = run(engine, request(engine, "Is the sky green? Answer:", max_tokens=10,
                                       sampling=SamplingParams(temperature=0.0, grammar=yes_no)))
     text = "".join(d.text for d in deltas)
     assert text in ("yes.", "no.") and fin.reason == "stop"
     with pytest.raises(InvalidRequest, match="grammar"):  # refused at submit (the API's 400)
-        engine.submit(request(engine, "Hi", sampling=SamplingParams(grammar="root ::= (")))
+        engine.submit(request(engine, "Hi", sampling=SamplingParams(grammar=GrammarSpec("gbnf", "root ::= ("))))
 
 
 def test_the_thread_count_never_changes_the_output(engine):

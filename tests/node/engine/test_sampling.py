@@ -147,3 +147,49 @@ def test_logprobs_of_chosen_and_top():
 def test_bad_parameters_are_refused(params):
     with pytest.raises(InvalidRequest):
         TokenSampler(params, 10)
+
+
+class OnlyEven:
+    """A constraint admitting even token ids only, counting whole-vocabulary masks."""
+
+    def __init__(self) -> None:
+        self.masks = 0
+        self.accepted: list[int] = []
+
+    def allows(self, token: int) -> bool:
+        return token % 2 == 0
+
+    def masked(self, logits):
+        self.masks += 1
+        out = np.full_like(logits, -np.inf)
+        out[::2] = logits[::2]
+        return out
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+    def forced(self):
+        return []
+
+    def valid(self, tokens) -> int:
+        return 0
+
+
+def test_constrained_sampling_checks_first_and_masks_only_on_rejection():
+    from node.engine.sampling import TokenSampler
+    from node.engine.types import SamplingParams
+
+    row = np.zeros(64, dtype=np.float32)
+    row[10], row[13] = 5.0, 9.0
+    constraint = OnlyEven()
+    sampler = TokenSampler(SamplingParams(temperature=0.0), 64, constraint=constraint)
+    assert sampler.choose(row, []).token == 10 and constraint.masks == 1  # 13 rejected: masked, best even
+    row[12] = 20.0
+    assert sampler.choose(row, []).token == 12 and constraint.masks == 1  # allowed as sampled: no mask
+    assert constraint.accepted == [10, 12]
+    sampled = TokenSampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1), 64,
+                           constraint=OnlyEven())
+    assert all(sampled.choose(row, []).token % 2 == 0 for _ in range(200))
+    with_logprobs = TokenSampler(SamplingParams(temperature=0.0), 64, logprobs=2, constraint=OnlyEven())
+    choice = with_logprobs.choose(row, [])
+    assert choice.token == 12 and all(token % 2 == 0 for token, _ in choice.top)

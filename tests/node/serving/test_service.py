@@ -15,6 +15,7 @@ from arca.archive import ArchiveConfig
 from node.api.schemas import parse_chat, parse_completion
 from node.archive.client import EmbeddedArchive
 from node.engine import errors as engine_errors
+from node.engine.types import GrammarSpec
 from node.models.templates import ChatTemplate
 from node.serving.errors import ContextLengthExceeded, GenerationFailed, InvalidRequest, Overloaded
 from node.serving.metrics import Metrics
@@ -71,9 +72,9 @@ async def test_sampled_requests_bypass_l1(service):
 async def test_a_grammar_is_part_of_the_key(service):
     plain = service.plan_chat(parse_chat(CHAT))
     options = plain.options
-    constrained = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, grammar='root ::= "a"'))
+    constrained = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, grammar=GrammarSpec("gbnf", 'root ::= "a"')))
     job = service._job(0, "chat", "t", plain.jobs[0].prompt_tokens, "", constrained, ())
-    assert job.key != plain.jobs[0].key and job.request.sampling.grammar == 'root ::= "a"'
+    assert job.key != plain.jobs[0].key and job.request.sampling.grammar == GrammarSpec("gbnf", 'root ::= "a"')
 
 
 @pytest.mark.parametrize("engine_error, expected, param", [
@@ -92,7 +93,7 @@ async def test_a_grammar_that_does_not_compile_is_refused_at_submit(service):
     plan = service.plan_chat(parse_chat(CHAT))
     job = plan.jobs[0]
     bad = dataclasses.replace(job, request=dataclasses.replace(
-        job.request, sampling=dataclasses.replace(job.request.sampling, grammar="(unbalanced")))
+        job.request, sampling=dataclasses.replace(job.request.sampling, grammar=GrammarSpec("gbnf", "(unbalanced"))))
     with pytest.raises(InvalidRequest, match="grammar"):
         await answer(service, dataclasses.replace(plan, jobs=(bad,)))
 

@@ -1,0 +1,331 @@
+"""Structured output against its baselines, in the same run: one command, both figures, the ratio.
+
+    .venv/bin/python bench/structure.py [--rounds 2] [--cases mask,extract,list] [--model PATH]
+                                        [--llama-server PATH]
+
+One engine with the node's speculation controller (prompt lookup and Il Suggeritore; the
+Palimpsest left out so nothing is remembered between the baseline and the measured run) serves
+every case. Greedy; tokens/s are generated tokens over wall time (prefill included in both).
+
+  mask     per-token cost of the grammar along a real constrained answer (the 8-field schema):
+           llguidance's single-token check (what sampling does first), its whole-vocabulary
+           mask, its forced tokens, and llama.cpp's own grammar sampler judging the whole
+           262,144-token vocabulary; each p50/p99 against the measured decode step, with the
+           compile time of each engine.
+  extract  JSON extraction with an 8-field schema over a document: constrained output with Il
+           Suggeritore against unconstrained decoding of the same length (end of generation
+           banned, speculation off); and, when a llama.cpp server binary is found (--llama-server,
+           $REAME_LLAMA_SERVER or ~/.cache/reame-bench/llama-server), against its grammar
+           sampler on the same schema and prompt (same kernels; its own timing of the decode).
+  list     a fresh 12-item numbered list, no grammar: form rules on against speculation off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.offline_model import default_model  # noqa: E402
+
+DOCUMENT = (
+    "New starter record. Maria Keane joined Dunmore Supplies Ltd on 3 March 2025 as senior accounts clerk in "
+    "the finance department of the Ashby office, 12 Mill Lane. She is 41 years old, was born in Cork, Ireland, "
+    "and can be reached at maria.keane@dunmore.example or on 01632 960 118. Her manager is Tom Harlow. "
+    "Her starting salary is 34,500 pounds a year and she works full time."
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer", "minimum": 16, "maximum": 100},
+        "employer": {"type": "string"}, "job_title": {"type": "string"},
+        "department": {"type": "string"}, "email": {"type": "string"},
+        "phone": {"type": "string"}, "manager": {"type": "string"},
+    },
+    "required": ["name", "age", "employer", "job_title", "department", "email", "phone", "manager"],
+    "additionalProperties": False,
+}
+EXTRACT_PROMPT = f"Document:\n{DOCUMENT}\n\nThe person in the document as a JSON record:\n"
+LIST_PROMPT = "Here is a numbered list of twelve kinds of fruit, one per line:\n1."
+LIST_TOKENS = 60
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def make_engine(model: Path):
+    from node.engine.engine import Engine, EngineConfig
+    from node.speculative.controller import Controller, ControllerConfig
+    from node.speculative.format import Suggeritore
+    from node.speculative.lookup import PromptLookup
+
+    lookup = PromptLookup()
+    controller = Controller([lookup, *Suggeritore(lookup=lookup).sources()], ControllerConfig(max_draft=16))
+    engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_parallel=4, max_draft=16, speculator=controller))
+    controller.bind_vocabulary(engine.token_piece, lambda text: engine.tokenize(text, add_bos=False, special=False))
+    return engine, controller
+
+
+def run(engine, prompt: str, tokens: int, *, speculation: bool, grammar=None, ban_eog: bool = False):
+    """(tokens, seconds, text, decode steps) of one greedy generation."""
+    from node.engine.types import GenerationRequest, SamplingParams
+
+    bias = {t: float("-inf") for t in engine.model_info.eog_tokens} if ban_eog else {}
+    request = GenerationRequest(tuple(engine.tokenize(prompt)), max_tokens=tokens, speculation=speculation,
+                                sampling=SamplingParams(temperature=0.0, logit_bias=bias, grammar=grammar))
+    steps = engine.stats()["steps"]
+    start = time.perf_counter()
+    events = list(engine.submit(request).iter_sync(timeout=1800))
+    seconds = time.perf_counter() - start
+    text = "".join(e.text for e in events[:-1])
+    return events[-1].completion_tokens, seconds, text, engine.stats()["steps"] - steps
+
+
+def schema_spec():
+    from node.engine.types import GrammarSpec
+    from node.serving.structure import canonical_json
+
+    return GrammarSpec("json_schema", canonical_json(SCHEMA))
+
+
+def case_mask(engine, controller, args) -> list[str]:
+    import ctypes
+
+    import numpy as np
+
+    import llama_cpp as ll
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    spec = schema_spec()
+    started = time.perf_counter()
+    engine.grammars.tokenizer()
+    vocab_s = time.perf_counter() - started
+    compiled = engine.prepare_grammar(spec)
+    n, seconds, text, steps = run(engine, EXTRACT_PROMPT, 160, speculation=False, grammar=spec)
+    step_ms = seconds / max(1, steps) * 1000
+    tokens = list(engine.tokenize(text, add_bos=False, special=False))
+    matcher = compiled.matcher()
+    check, mask, forced = [], [], []
+    row = np.zeros(engine.model_info.n_vocab, dtype=np.float32)
+    for token in tokens:
+        t0 = time.perf_counter()
+        matcher.allows(token)
+        t1 = time.perf_counter()
+        matcher.masked(row)
+        t2 = time.perf_counter()
+        matcher.forced()
+        t3 = time.perf_counter()
+        if not matcher.allows(token):
+            break
+        matcher.accept(token)
+        check.append((t1 - t0) * 1e6)
+        mask.append((t2 - t1) * 1e6)
+        forced.append((t3 - t2) * 1e6)
+    # llama.cpp's grammar sampler over the whole vocabulary, on the same tokens
+    gbnf = json_schema_to_gbnf(json.dumps(SCHEMA))
+    started = time.perf_counter()
+    sampler = ll.llama_sampler_init_grammar(engine.vocab, gbnf.encode(), b"root")
+    gbnf_compile_ms = (time.perf_counter() - started) * 1000
+    dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+    data = np.zeros(engine.model_info.n_vocab, dtype=dtype)
+    full = []
+    for token in tokens[:24]:  # each call costs tens of milliseconds: a prefix of the answer is enough
+        data["id"] = np.arange(len(data))
+        data["logit"] = 0.0
+        array = ll.llama_token_data_array(data=data.ctypes.data_as(ll.llama_token_data_p), size=len(data),
+                                          selected=-1, sorted=False)
+        t0 = time.perf_counter()
+        ll.llama_sampler_apply(sampler, ctypes.byref(array))
+        full.append((time.perf_counter() - t0) * 1e6)
+        ll.llama_sampler_accept(sampler, token)
+    ll.llama_sampler_free(sampler)
+
+    outlines = outlines_masks(engine, tokens)
+
+    def line(name: str, values: list[float]) -> str:
+        return (f"  {name:44s} p50 {pct(values, 50):8.1f} us  p99 {pct(values, 99):8.1f} us  "
+                f"({pct(values, 50) / 10 / step_ms:5.2f}% / {pct(values, 99) / 10 / step_ms:5.2f}% of a step)")
+
+    return [
+        f"mask cost along a {len(tokens)}-token answer; decode step {step_ms:.1f} ms (measured, {load()})",
+        f"  compile: llguidance vocabulary {vocab_s:.2f} s once per engine, schema {compiled.compile_s * 1000:.1f} ms "
+        f"once per schema; llama.cpp grammar {gbnf_compile_ms:.1f} ms",
+        line("llguidance: check the sampled token", check),
+        line("llguidance: whole-vocabulary mask + apply", mask),
+        line("llguidance: forced tokens", forced),
+        line("llama.cpp grammar sampler, whole vocabulary", full),
+        *([f"  outlines-core: vocabulary {outlines[0]:.1f} s, index of this schema {outlines[1]:.1f} s (per schema)",
+           line("outlines-core: whole-vocabulary mask", outlines[2])] if outlines else
+          ["  outlines-core: not installed (pip install outlines-core); skipped"]),
+        f"  ratio (llama.cpp full mask / llguidance sample-first check, p50): {pct(full, 50) / pct(check, 50):.0f}x; "
+        f"(/ llguidance full mask, p50): {pct(full, 50) / pct(mask, 50):.0f}x",
+    ]
+
+
+def outlines_masks(engine, tokens: list[int]) -> tuple[float, float, list[float]] | None:
+    """outlines-core on the same schema and tokens, when it is installed: (vocabulary s, index s, mask us)."""
+    try:
+        import outlines_core
+    except ImportError:
+        return None
+    import numpy as np
+
+    started = time.perf_counter()
+    pieces: dict[str, list[int]] = {}
+    eos = engine.model_info.eos if engine.model_info.eos is not None else 1
+    for token in range(engine.model_info.n_vocab):
+        try:
+            piece = engine.token_piece(token).decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # byte tokens: outlines-core takes text pieces
+        if piece and token != eos and token not in engine.model_info.eog_tokens:
+            pieces.setdefault(piece, []).append(token)
+    vocabulary = outlines_core.Vocabulary(eos, pieces)
+    vocab_s = time.perf_counter() - started
+    started = time.perf_counter()
+    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(SCHEMA))
+    index = outlines_core.Index(regex, vocabulary)
+    index_s = time.perf_counter() - started
+    guide = outlines_core.Guide(index)
+    words = np.zeros((engine.model_info.n_vocab + 31) // 32, dtype=np.int32)
+    masks = []
+    for token in tokens:
+        t0 = time.perf_counter()
+        guide.write_mask_into(words.ctypes.data, words.size, 4)
+        masks.append((time.perf_counter() - t0) * 1e6)
+        try:
+            guide.advance(token)
+        except Exception:  # its regex tokenizes the answer differently: stop at the first disagreement
+            break
+    return vocab_s, index_s, masks
+
+
+def find_llama_server(args) -> Path | None:
+    candidates = [args.llama_server, os.environ.get("REAME_LLAMA_SERVER")]
+    cache = Path.home() / ".cache" / "reame-bench" / "llama-server"
+    candidates += [str(p) for p in sorted(cache.rglob("llama-server")) if p.is_file()] if cache.exists() else []
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def llama_server_rate(binary: Path, model: Path, prompt: str, tokens: int, schema: dict | None) -> tuple[float, int]:
+    """Decode tokens/s the llama.cpp server reports for one greedy completion (its own timing)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    process = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                "-c", "4096", "-np", "1", "--no-webui"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        body: dict = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False}
+        if schema is not None:
+            body["json_schema"] = schema
+        else:
+            body["ignore_eos"] = True
+        request = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=1800) as reply:
+            answer = json.loads(reply.read())
+        timings = answer.get("timings", {})
+        return float(timings.get("predicted_per_second", 0.0)), int(timings.get("predicted_n", 0))
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def case_extract(engine, controller, args) -> list[str]:
+    spec = schema_spec()
+    engine.prepare_grammar(spec)
+    best_plain = best_on = 0.0
+    answer, n = "", 0
+    for _ in range(args.rounds):
+        n, seconds, answer, _ = run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec)
+        best_on = max(best_on, n / seconds)
+        m, seconds, _, _ = run(engine, EXTRACT_PROMPT, n, speculation=False, ban_eog=True)
+        best_plain = max(best_plain, m / seconds)
+    json.loads(answer)
+    stats = controller.stats.snapshot()
+    kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "lookup")}
+    lines = [f"extract 8 fields ({n} tokens)  unconstrained {best_plain:6.1f} tok/s  constrained + Il Suggeritore "
+             f"{best_on:6.1f} tok/s  {best_on / best_plain:5.2f}x  (target >= 1.5x)  draft tokens kept {kept}  {load()}"]
+    binary = find_llama_server(args)
+    if binary is None:
+        lines.append("  llama.cpp server: no binary found (--llama-server); comparison skipped")
+    else:
+        plain_rate, _ = llama_server_rate(binary, engine.config.model_path, EXTRACT_PROMPT, n, None)
+        grammar_rate, got = llama_server_rate(binary, engine.config.model_path, EXTRACT_PROMPT, 200, SCHEMA)
+        lines.append(f"  llama.cpp server ({binary}): unconstrained {plain_rate:6.1f} tok/s, its grammar sampler "
+                     f"{grammar_rate:6.1f} tok/s ({got} tokens) = {grammar_rate / plain_rate:4.2f}x of its own "
+                     f"unconstrained; ours / its grammar: {best_on / grammar_rate:5.2f}x  {load()}")
+    lines.append(f"  answer: {answer}")
+    return lines
+
+
+def case_list(engine, controller, args) -> list[str]:
+    best_plain = best_on = 0.0
+    text = ""
+    for _ in range(args.rounds):
+        n, seconds, _, _ = run(engine, LIST_PROMPT, LIST_TOKENS, speculation=False, ban_eog=True)
+        best_plain = max(best_plain, n / seconds)
+        n, seconds, text, _ = run(engine, LIST_PROMPT, LIST_TOKENS, speculation=True, ban_eog=True)
+        best_on = max(best_on, n / seconds)
+    stats = controller.stats.snapshot()
+    rules = {name: f"{stats[name]['accepted']}/{stats[name]['drafted']}" for name in stats if name.startswith("form.")}
+    return [f"12-item list, no grammar ({LIST_TOKENS} tokens)  off {best_plain:6.1f} tok/s  on {best_on:6.1f} tok/s  "
+            f"{best_on / best_plain:5.2f}x  (target >= 2.0x)  kept/drafted {rules}  lookup "
+            f"{stats['lookup']['accepted']}/{stats['lookup']['drafted']}  {load()}",
+            "  text: " + json.dumps(text[:200])]
+
+
+CASES = {"mask": case_mask, "extract": case_extract, "list": case_list}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--llama-server", default=None)
+    args = parser.parse_args()
+    model = args.model or default_model()
+    engine, controller = make_engine(model)
+    print(f"bench/structure.py on {model.name}; the machine is shared: {load()} at start "
+          f"({shutil.which('uptime') and subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()})",
+          flush=True)
+    try:
+        for name in args.cases.split(","):
+            for line in CASES[name](engine, controller, args):
+                print(line, flush=True)
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

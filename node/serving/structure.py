@@ -1,0 +1,291 @@
+"""Structured output: what a request asks its output to be, as one grammar, and reading it back.
+
+Requests name their structure in several dialects; each becomes one `GrammarSpec` that the
+engine compiles (node/engine/grammar.py):
+- OpenAI `response_format`: `{"type": "json_object"}` (any JSON object) and `{"type":
+  "json_schema", "json_schema": {"name", "schema", "strict"}}`;
+- llama.cpp's `grammar` (GBNF) and `json_schema`; Ollama's `format` ("json" or a schema);
+- forced tool calls (`tool_choice` "required" or a named function): the output is
+  `{"name": <function>, "arguments": <its parameters>}`, one object per allowed function
+  (`anyOf`), read back into OpenAI's `tool_calls` by `ToolCallReader`.
+
+A schema is checked here, before anything runs: it must be a JSON object, valid under its JSON
+Schema draft's meta-schema (the `jsonschema` package), and use only what the grammar engine
+implements (llguidance names an unimplemented keyword or format); every failure is a 400
+naming the request field, never a silent fallback to free text.
+
+`tool_choice: "auto"` needs a chat template that renders tools and writes calls between
+markers the node can find (`ToolMarkers`: Qwen 2.5 / Hermes style `<tool_call>{...}</tool_call>`);
+`parse_marked_calls` reads them out of the generated text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from node.engine.types import GrammarSpec
+from node.serving.errors import InvalidRequest, UnsupportedFeature
+from node.serving.requests import Output, Tool
+
+JSON_COMPILE_OPTIONS: Any = {"whitespace_flexible": False}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON that keeps the key order (a schema's property order is the output's)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def schema_spec(schema: Any, param: str) -> GrammarSpec:
+    """A checked JSON Schema as a grammar; raises a 400 naming `param` and the problem."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"'{param}' must be a JSON Schema object", param=param, code="invalid_value")
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise InvalidRequest(f"'{param}' is not a valid JSON Schema: {exc.message}"
+                             + (f" (at {where})" if where else ""), param=param, code="invalid_schema") from None
+    except Exception as exc:  # a $schema naming an unknown draft, ...
+        raise InvalidRequest(f"'{param}' is not a valid JSON Schema: {exc}", param=param,
+                             code="invalid_schema") from None
+    text = canonical_json(schema)
+    _check_grammar(GrammarSpec("json_schema", text), param)
+    return GrammarSpec("json_schema", text)
+
+
+def gbnf_spec(text: Any, param: str) -> GrammarSpec:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest(f"'{param}' must be a non-empty GBNF grammar string", param=param,
+                             code="invalid_value")
+    spec = GrammarSpec("gbnf", text)
+    _check_grammar(spec, param)
+    return spec
+
+
+def _check_grammar(spec: GrammarSpec, param: str) -> None:
+    """Ask the grammar engine whether it can compile the spec (no vocabulary needed)."""
+    import llguidance
+
+    try:
+        if spec.kind == "json_schema":
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_COMPILE_OPTIONS)
+        else:
+            from llguidance.gbnf_to_lark import any_to_lark
+
+            grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.text))
+        error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the converters raise ValueError; a panic in the library is a BaseException
+        error = str(exc) or type(exc).__name__
+    if not error:
+        return
+    error = " ".join(line.strip() for line in str(error).splitlines() if line.strip())[:400]
+    if spec.kind == "json_schema":
+        if error.startswith(("Unimplemented keys", "Unknown format")) or "retriev" in error:
+            raise UnsupportedFeature(f"'{param}' uses a JSON Schema feature that is not supported by this server: {error}",
+                                     param=param)
+        raise InvalidRequest(f"'{param}' cannot be compiled into a grammar: {error}", param=param,
+                             code="invalid_schema")
+    raise InvalidRequest(f"'{param}' is not a valid GBNF grammar: {error}", param=param, code="invalid_grammar")
+
+
+# ---- tool calls ---------------------------------------------------------------------------
+
+
+def tool_call_schema(tools: tuple[Tool, ...], function: str | None) -> dict[str, Any]:
+    """The schema of one forced call: `{"name": ..., "arguments": ...}` per allowed function."""
+    chosen = [tool for tool in tools if function is None or tool.name == function]
+    options = [{"type": "object", "properties": {"name": {"const": tool.name},
+                                                 "arguments": json.loads(tool.parameters)},
+                "required": ["name", "arguments"], "additionalProperties": False} for tool in chosen]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def tool_prompt(tools: tuple[Tool, ...], function: str | None) -> str:
+    """What a template without tool support is told (as a system message) before a forced call."""
+    chosen = [tool.as_dict()["function"] for tool in tools if function is None or tool.name == function]
+    listing = "\n".join(canonical_json(item) for item in chosen)
+    return f"Call one of these functions. Reply with a JSON object {{\"name\": ..., \"arguments\": ...}}.\n{listing}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_dict(self, index: int | None = None) -> dict[str, Any]:
+        call: dict[str, Any] = {"id": self.id, "type": "function",
+                                "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolMarkers:
+    """How a chat template writes a call: `open` + JSON {"name", "arguments"} + `close`."""
+
+    open: str
+    close: str
+
+    @classmethod
+    def of_template(cls, source: str) -> ToolMarkers | None:
+        """Markers of a template that renders `tools` and writes calls the node can parse."""
+        if "tools" in source and "<tool_call>" in source and "</tool_call>" in source:
+            return cls("<tool_call>", "</tool_call>")
+        return None
+
+
+_CALL_BODY = re.compile(r"\s*(\{.*\})\s*", re.S)
+
+
+def parse_marked_calls(text: str, markers: ToolMarkers) -> tuple[str, list[ToolCall]]:
+    """The content before the first marker and every well-formed call after it.
+
+    A call whose JSON does not parse, or lacks a string `name`, is left in the content as it
+    was written (the client sees what the model said, nothing is dropped silently)."""
+    first = text.find(markers.open)
+    if first < 0:
+        return text, []
+    content, rest, calls, leftovers = text[:first], text[first:], [], []
+    for chunk in rest.split(markers.open)[1:]:
+        body, _, after = chunk.partition(markers.close)
+        match = _CALL_BODY.fullmatch(body)
+        call = None
+        if match:
+            try:
+                value = json.loads(match.group(1))
+            except ValueError:
+                value = None
+            if isinstance(value, dict) and isinstance(value.get("name"), str):
+                arguments = value.get("arguments", value.get("parameters", {}))
+                call = ToolCall(new_call_id(), value["name"],
+                                arguments if isinstance(arguments, str) else canonical_json(arguments))
+        if call is None:
+            leftovers.append(markers.open + chunk)
+        else:
+            calls.append(call)
+            if after.strip():
+                leftovers.append(after)
+    return (content + "".join(leftovers)).strip() if calls else text, calls
+
+
+# ---- reading an answer back -----------------------------------------------------------------
+
+Piece = tuple[Literal["content"], str] | tuple[Literal["call"], int, dict[str, Any]]
+
+
+class ToolCallReader:
+    """Turns one choice's generated text into content and tool-call deltas, as it streams.
+
+    Forced calls (`{"name": ..., "arguments": ...}` under the grammar, compact): the name is
+    sent once it is complete, then the arguments as they are generated, the object's closing
+    brace held back. `auto`: content streams until the template's call marker appears (a
+    partial marker is held back); the calls after it are parsed when the choice ends.
+    """
+
+    def __init__(self, output: Output, markers: ToolMarkers | None) -> None:
+        self.output = output
+        self.markers = markers
+        self.text = ""
+        self._sent = 0                 # characters of `text` already turned into pieces
+        self._call: ToolCall | None = None
+        self._args_from = -1           # where the arguments start in `text` (forced calls)
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[Piece]:
+        self.text += text
+        if self.output.forced_call:
+            return self._feed_forced()
+        return self._feed_auto()
+
+    def _feed_forced(self) -> list[Piece]:
+        pieces: list[Piece] = []
+        if self._call is None:
+            match = re.match(r'\{"name":("(?:[^"\\]|\\.)*"),"arguments":', self.text)
+            if match is None:
+                return pieces
+            self._call = ToolCall(new_call_id(), json.loads(match.group(1)), "")
+            self._args_from = self._sent = match.end()
+            pieces.append(("call", 0, {"index": 0, "id": self._call.id, "type": "function",
+                                       "function": {"name": self._call.name, "arguments": ""}}))
+        end = len(self.text) - 1  # the outer object's closing brace may be the last character
+        if end > self._sent:
+            pieces.append(("call", 0, {"index": 0, "function": {"arguments": self.text[self._sent:end]}}))
+            self._sent = end
+        return pieces
+
+    def _feed_auto(self) -> list[Piece]:
+        assert self.markers is not None
+        if self.text.find(self.markers.open) >= 0:
+            return []
+        keep = _partial_suffix(self.text, self.markers.open)
+        end = len(self.text) - keep
+        if end <= self._sent:
+            return []
+        piece: Piece = ("content", self.text[self._sent:end])
+        self._sent = end
+        return [piece]
+
+    def finish(self, reason: str) -> tuple[list[Piece], str]:
+        """Pieces still held and the finish reason to report (`tool_calls` when calls were made)."""
+        if self.output.forced_call:
+            return self._finish_forced(reason)
+        assert self.markers is not None
+        content, calls = parse_marked_calls(self.text, self.markers)
+        pieces: list[Piece] = []
+        if not calls:
+            if len(self.text) > self._sent:
+                pieces.append(("content", self.text[self._sent:]))
+            return pieces, reason
+        sent_content = self.text[:self._sent]
+        if content.startswith(sent_content) and len(content) > len(sent_content):
+            pieces.append(("content", content[len(sent_content):]))
+        for index, call in enumerate(calls):
+            pieces.append(("call", index, call.as_dict(index)))
+        self.calls = calls
+        return pieces, "tool_calls" if reason == "stop" else reason
+
+    def _finish_forced(self, reason: str) -> tuple[list[Piece], str]:
+        try:
+            value = json.loads(self.text)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict) or self._call is None:  # cut by max_tokens before the call was whole
+            return ([("content", self.text)] if self._call is None else []), reason
+        arguments = self.text[self._args_from:-1]
+        call = ToolCall(self._call.id, self._call.name, arguments)
+        self.calls = [call]
+        pieces: list[Piece] = []
+        if len(self.text) - 1 > self._sent:
+            pieces.append(("call", 0, {"index": 0, "function": {"arguments": self.text[self._sent:-1]}}))
+        return pieces, "tool_calls" if reason == "stop" else reason
+
+    def content(self) -> str | None:
+        """The message content of the whole answer (None when it is only tool calls)."""
+        if self.output.forced_call:
+            return None if self.calls else self.text
+        if self.markers is None:
+            return self.text
+        content, calls = parse_marked_calls(self.text, self.markers)
+        return (content or None) if calls else self.text
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of marker."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
