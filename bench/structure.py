@@ -263,13 +263,13 @@ def llama_server_rate(binary: Path, model: Path, prompt: str, tokens: int, schem
 def case_extract(engine, controller, args) -> list[str]:
     spec = schema_spec()
     engine.prepare_grammar(spec)
+    n, _, answer, _ = run(engine, EXTRACT_PROMPT, 200, speculation=False, grammar=spec)  # warm-up, and the length
     best_plain = best_on = 0.0
-    answer, n = "", 0
     for _ in range(args.rounds):
-        n, seconds, answer, _ = run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec)
-        best_on = max(best_on, n / seconds)
         m, seconds, _, _ = run(engine, EXTRACT_PROMPT, n, speculation=False, ban_eog=True)
         best_plain = max(best_plain, m / seconds)
+        n, seconds, answer, _ = run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec)
+        best_on = max(best_on, n / seconds)
     json.loads(answer)
     stats = controller.stats.snapshot()
     kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "lookup")}
