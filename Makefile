@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: run test arca install clean bench soak
+.PHONY: run test test-docker arca install clean bench soak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ arca: $(STAMP)
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Opt-in: the compose fleet in Docker, built from this tree, asked through the balancer and torn
+# down (tests/e2e/test_docker_fleet.py; needs an engine and a compose command, docs/FLEET.md).
+# The host-network variant by default; REAME_COMPOSE_FILES=docker-compose.yml for a bridge.
+test-docker: $(STAMP)
+	REAME_TEST_DOCKER=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e/test_docker_fleet.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

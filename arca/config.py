@@ -27,7 +27,15 @@ environment variable named under a key overrides it too. Sizes in MB are MiB."""
 OPTIONS: tuple[Option, ...] = (
     Option("server", "host", str, "127.0.0.1",
            "Address to listen on. Anything but a loopback address needs requirepass (or protected-mode = false)."),
-    Option("server", "port", int, 6420, "TCP port (0 picks a free port; the log says which)."),
+    Option("server", "port", int, 6420,
+           "TCP port (0 picks a free port; the log says which; -1 = no plain TCP listener, e.g. TLS only)."),
+    Option("server", "tls-port", int, 0, "TLS port, beside the plain one (0 = no TLS listener)."),
+    Option("server", "tls-cert-file", str, "", "The server's certificate chain (PEM), for tls-port."),
+    Option("server", "tls-key-file", str, "", "The private key of tls-cert-file (PEM)."),
+    Option("server", "tls-ca-cert-file", str, "", "CA certificate(s) that client certificates must chain to (PEM)."),
+    Option("server", "tls-auth-clients", str, "yes",
+           "Client certificates: yes = required, optional = verified when presented, no = not asked.",
+           choices=("yes", "no", "optional")),
     Option("server", "requirepass", str, None,
            "Password every client must send with AUTH (or HELLO ... AUTH) first; empty = no password.",
            env=PASSWORD_ENV),
@@ -64,6 +72,11 @@ OPTIONS: tuple[Option, ...] = (
 class ArcaConfig:
     host: str
     port: int
+    tls_port: int
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_ca_cert_file: str | None
+    tls_auth_clients: str
     requirepass: str | None
     protected_mode: bool
     maxclients: int
@@ -118,8 +131,12 @@ def load_config(
 ) -> ArcaConfig:
     """Resolve every option (flags keyed 'section.key', None = not given) into an ArcaConfig."""
     values = resolve(OPTIONS, file=file, env=env, flags=flags)
-    if not 0 <= values["server.port"] <= 65535:
-        raise ConfigError(f"[server] port: must be within 0..65535, got {values['server.port']}")
+    if not -1 <= values["server.port"] <= 65535:
+        raise ConfigError(f"[server] port: must be within 0..65535 (or -1: none), got {values['server.port']}")
+    if not 0 <= values["server.tls-port"] <= 65535:
+        raise ConfigError(f"[server] tls-port: must be within 0..65535, got {values['server.tls-port']}")
+    if values["server.port"] == -1 and not values["server.tls-port"]:
+        raise ConfigError("[server] port: -1 (no plain listener) needs a tls-port")
     limits = Limits(
         max_bulk_len=_positive(values, "limits.proto-max-bulk-len"),
         max_multibulk_len=_positive(values, "limits.max-multibulk-len"),
@@ -131,6 +148,11 @@ def load_config(
     return ArcaConfig(
         host=values["server.host"],
         port=values["server.port"],
+        tls_port=values["server.tls-port"],
+        tls_cert_file=values["server.tls-cert-file"] or None,
+        tls_key_file=values["server.tls-key-file"] or None,
+        tls_ca_cert_file=values["server.tls-ca-cert-file"] or None,
+        tls_auth_clients=values["server.tls-auth-clients"],
         requirepass=values["server.requirepass"] or None,
         protected_mode=values["server.protected-mode"],
         maxclients=_positive(values, "server.maxclients"),

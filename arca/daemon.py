@@ -33,7 +33,13 @@ def _parser() -> argparse.ArgumentParser:
         description="ARCA: the reame archive daemon (Redis protocol, SQLite storage).",
     )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="TCP port (default 6420; 0 = any free port)")
+    parser.add_argument("--port", type=int, help="TCP port (default 6420; 0 = any free port; -1 = none)")
+    parser.add_argument("--tls-port", type=int, help="TLS port (default 0 = no TLS listener)")
+    parser.add_argument("--tls-cert-file", help="the server's certificate chain (PEM)")
+    parser.add_argument("--tls-key-file", help="the server's private key (PEM)")
+    parser.add_argument("--tls-ca-cert-file", help="CA that client certificates must chain to (PEM)")
+    parser.add_argument("--tls-auth-clients", choices=("yes", "no", "optional"),
+                        help="client certificates required (yes, default), verified if sent (optional), or not asked")
     parser.add_argument("--dir", help="archive directory (default ~/.reame/arca)")
     parser.add_argument("--max-mb", type=int, help="L1 budget in MB (default 256)")
     parser.add_argument("--requirepass", help="password clients must AUTH with (or env REAME_ARCA_PASSWORD)")
@@ -50,6 +56,11 @@ def config_from_argv(argv: list[str]) -> ArcaConfig:
     flags = {
         "server.host": args.host,
         "server.port": args.port,
+        "server.tls-port": args.tls_port,
+        "server.tls-cert-file": args.tls_cert_file,
+        "server.tls-key-file": args.tls_key_file,
+        "server.tls-ca-cert-file": args.tls_ca_cert_file,
+        "server.tls-auth-clients": args.tls_auth_clients,
         "storage.dir": args.dir,
         "storage.max-mb": args.max_mb,
         "server.requirepass": args.requirepass,
@@ -63,8 +74,9 @@ def config_from_argv(argv: list[str]) -> ArcaConfig:
 def protected_mode_refusal(config: ArcaConfig) -> str | None:
     """Why the daemon must not start on this address, or None."""
     if config.protected_mode and not config.binds_loopback_only and config.requirepass is None:
+        listener = " (TLS included: a client certificate is not a password)" if config.tls_port else ""
         return (
-            f"refusing to listen on {config.host} without a password (protected mode): anyone who "
+            f"refusing to listen on {config.host} without a password (protected mode){listener}: anyone who "
             "can reach this address could read and overwrite the archive. Set requirepass "
             "(--requirepass or REAME_ARCA_PASSWORD), bind 127.0.0.1, or switch protected mode off "
             "with --protected-mode no if a firewall already guards the port."
@@ -90,9 +102,19 @@ def open_archive(config: ArcaConfig):
 
 
 def server_options(config: ArcaConfig) -> ServerOptions:
+    """The server's options; ConfigError when the TLS files cannot be used."""
+    context = None
+    if config.tls_port:
+        from arca.tls import server_context
+
+        context = server_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_cert_file,
+                                 config.tls_auth_clients)
     return ServerOptions(
         host=config.host,
         port=config.port,
+        tls_port=config.tls_port,
+        tls_context=context,
+        tls_require_client_cert=config.tls_auth_clients == "yes",
         durability=config.durability,
         limits=config.limits,
         maxclients=config.maxclients,
@@ -106,15 +128,18 @@ def server_options(config: ArcaConfig) -> ServerOptions:
     )
 
 
-async def serve(archive, config: ArcaConfig) -> None:
+async def serve(archive, config: ArcaConfig, options: ServerOptions) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully."""
     from arca.server import ArcaServer
 
-    server = ArcaServer(archive, server_options(config))
+    server = ArcaServer(archive, options)
     host, port = await server.start()
+    plain = f"{host}:{server.state.tcp_port}" if options.port >= 0 else "no plain TCP"
+    tls = (f", TLS on {host}:{server.state.tls_port} (client certificates: {config.tls_auth_clients})"
+           if options.tls_port else "")
     log.info(
-        "ARCA %s listening on %s:%d (dir %s, L1 budget %d MB, durability %s%s)",
-        __version__, host, port, config.directory, config.max_mb, config.durability,
+        "ARCA %s listening on %s%s (dir %s, L1 budget %d MB, durability %s%s)",
+        __version__, plain, tls, config.directory, config.max_mb, config.durability,
         ", password required" if config.requirepass else "",
     )
     stop = server.shutdown_requested  # SHUTDOWN, SIGTERM and SIGINT all end up here
@@ -145,6 +170,11 @@ def main(argv: list[str]) -> int:
     if refusal:
         log.error("%s", refusal)
         return EXIT_CONFIG
+    try:
+        options = server_options(config)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
     from arca.archive import ArchiveCorruptError, ArchiveError
 
     try:
@@ -162,9 +192,10 @@ def main(argv: list[str]) -> int:
     gc.set_threshold(10_000, 20, 20)
     loop = _new_loop()
     try:
-        loop.run_until_complete(serve(archive, config))
+        loop.run_until_complete(serve(archive, config, options))
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", config.host, config.port, exc.strerror or exc)
+        ports = " / ".join(str(p) for p in (config.port, config.tls_port) if p > 0) or "a free port"
+        log.error("cannot listen on %s port %s: %s", config.host, ports, exc.strerror or exc)
         return EXIT_BIND
     finally:
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import Any, cast
 
@@ -31,12 +32,14 @@ from arca.commands.registry import DENIED, CommandContext, Incremental
 from arca.config import is_loopback
 from arca.protocol import OK, UNAUTHENTICATED, Decoder, encode, encode_error
 from arca.state import ClientState, ServerOptions, ServerState
+from arca.tls import NO_CLIENT_CERT
 
 log = logging.getLogger(__name__)
 
 _OK_BYTES = b"+OK\r\n"
 MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 DENIED_REPLY = encode_error(DENIED)
+NO_CLIENT_CERT_REPLY = encode_error(NO_CLIENT_CERT)
 SHUTDOWN_GRACE_SECONDS = 5.0
 # How often the server looks for idle time: a period without any command lets the archive
 # rewrite its L1 log in small steps (see arca/archive/entry_log.py).
@@ -124,6 +127,13 @@ class Connection(asyncio.Protocol):
             query_buffer=lambda: self.decoder.buffered,
             output_buffer=lambda: self.transport.get_write_buffer_size() if self.transport else 0,
         )
+        if self._lacks_client_cert(transport):
+            log.info("client %s: TLS without a client certificate refused (tls-auth-clients yes)", self.client.addr)
+            transport.write(NO_CLIENT_CERT_REPLY)
+            transport.close()
+            self.client = None
+            self.closing = True
+            return
         if state.refuses(self.client):
             transport.write(DENIED_REPLY)
             transport.close()
@@ -133,6 +143,11 @@ class Connection(asyncio.Protocol):
         self.ctx = CommandContext(server.archive, self.client, state)
         state.clients[self.client.id] = self.client
         server.connections.add(self)
+
+    def _lacks_client_cert(self, transport: asyncio.Transport) -> bool:
+        options = self.server.options
+        return (options.tls_require_client_cert and transport.get_extra_info("sslcontext") is not None
+                and not transport.get_extra_info("peercert"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client is not None:
@@ -360,19 +375,38 @@ class ArcaServer:
         self._retry_timer: asyncio.TimerHandle | None = None
         self._commit_scheduled = False
         self.loop: asyncio.AbstractEventLoop  # the running loop, from start() on
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self._timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._seen_commands = -1
 
     async def start(self) -> tuple[str, int]:
-        """Bind and start accepting; returns the address really bound."""
+        """Bind and start accepting (the plain port unless it is -1, the TLS port when set);
+        returns the address really bound (the plain one, else the TLS one)."""
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(
-            lambda: Connection(self), self.options.host, self.options.port, reuse_address=True, backlog=511
-        )
-        host, port = self._server.sockets[0].getsockname()[:2]
-        self.state.tcp_port = port
+        options = self.options
+        bound: list[tuple[str, int]] = []
+        listeners: list[tuple[int, ssl.SSLContext | None]] = [(options.port, None)] if options.port >= 0 else []
+        if options.tls_port:
+            if options.tls_context is None:
+                raise ValueError("tls_port needs a tls_context")
+            listeners.append((options.tls_port, options.tls_context))
+        try:
+            for port, context in listeners:
+                server = await self.loop.create_server(
+                    lambda: Connection(self), options.host, port, reuse_address=True, backlog=511, ssl=context,
+                    ssl_handshake_timeout=10.0 if context is not None else None)
+                self._servers.append(server)
+                bound.append(server.sockets[0].getsockname()[:2])
+        except BaseException:
+            for server in self._servers:
+                server.close()
+            raise
+        if options.port >= 0:
+            self.state.tcp_port = bound[0][1]
+        if options.tls_port:
+            self.state.tls_port = bound[-1][1]
+        host, port = bound[0]
         if not self.hold_replies:
             self._timer = self.loop.call_later(1.0, self._every_second)
         self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)
@@ -497,8 +531,8 @@ class ArcaServer:
         for timer in (self._timer, self._idle_timer, self._retry_timer):
             if timer is not None:
                 timer.cancel()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         self._commit_tick()
         for conn in list(self.connections):
             if conn.transport is not None:

@@ -7,6 +7,7 @@ CommandContext. Nothing here touches a socket.
 from __future__ import annotations
 
 import hmac
+import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -166,7 +167,10 @@ class ServerOptions:
     """The server's settings as configured at start (arca.config builds them)."""
 
     host: str = "127.0.0.1"
-    port: int = 6420
+    port: int = 6420  # -1: no plain TCP listener
+    tls_port: int = 0  # 0: no TLS listener
+    tls_context: ssl.SSLContext | None = None  # arca.tls.server_context(...), for tls_port
+    tls_require_client_cert: bool = True  # tls-auth-clients yes: no certificate, no service
     durability: str = "commit"  # "commit" | "fsync" | "everysec"
     limits: Limits = Limits()
     maxclients: int = 10000
@@ -191,6 +195,7 @@ class ServerState:
     stats: ServerStats = field(default_factory=ServerStats)
     next_client_id: int = 1
     tcp_port: int = 0
+    tls_port: int = 0
     slowlog: SlowLog = field(default_factory=SlowLog)
     # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
     request_shutdown: Callable[[], None] | None = None

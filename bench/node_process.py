@@ -29,6 +29,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_healthy(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 180) -> None:
+    """Until GET url/health answers 200; the process's log tail if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited: {log_path.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def node_server(model: str, *extra: str, ctx: int = 2048, parallel: int = 4,
                 env: dict[str, str] | None = None,
@@ -47,17 +62,7 @@ def node_server(model: str, *extra: str, ctx: int = 2048, parallel: int = 4,
              "--parallel", str(parallel), *extra], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"the node exited: {log_path.read_text()[-2000:]}")
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+            wait_healthy(url, process, log_path)
             yield url, process, home
         finally:
             process.send_signal(signal.SIGTERM)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -16,3 +17,11 @@ def default_model() -> Path:
     from node.models.catalog import resolve_model
 
     return resolve_model("gemma3-270m", home_dir(os.environ), progress=False).path
+
+
+def parse_with_model(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse a benchmark's flags plus `--model PATH` (default: the offline model above)."""
+    parser.add_argument("--model", type=Path, help="GGUF path (default: the offline gemma3-270m)")
+    args = parser.parse_args()
+    args.model = args.model or default_model()
+    return args

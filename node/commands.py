@@ -53,7 +53,8 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8080)")
     serve.add_argument("--api-key", help="require this bearer key on every route but /health")
-    serve.add_argument("--arca", metavar="HOST:PORT", help="shared ARCA archive (default: embedded)")
+    serve.add_argument("--arca", metavar="URL", help="shared archive: host:port, redis://, rediss://, "
+                       "redis+cluster://... (default: embedded)")
     return parser
 
 
@@ -175,7 +176,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
     parser.add_argument("--as", dest="form", choices=tuple(WARM_AS), default="system",
                         help="how later requests carry the document: " +
                         "; ".join(f"{name}: {doc}" for name, doc in WARM_AS.items()) + " (default: system)")
-    parser.add_argument("--arca", metavar="HOST:PORT", help="also push the states to this ARCA (L3)")
+    parser.add_argument("--arca", metavar="URL", help="also push the states to this archive's L3 (host:port or a URL)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
     parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
     parser.add_argument("--verbose", action="store_true", help="log what the node does")
@@ -205,7 +206,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
 async def warm_documents(engine: Engine, settings: NodeSettings, documents: list[tuple[Path, str]], form: str) -> int:
     import asyncio
 
-    from node.archive.client import RemoteArchive, open_archive
+    from node.archive.client import open_archive
     from node.cache.fleet import FleetTier
     from node.cache.prefix_cache import PrefixCache
     from node.serving.prompts import rendered_tokens
@@ -220,8 +221,7 @@ async def warm_documents(engine: Engine, settings: NodeSettings, documents: list
     archive = fleet = None
     if settings.arca.remote:
         archive = open_archive(settings)
-        if isinstance(archive, RemoteArchive):
-            await archive.start()
+        await archive.start()
         fleet = FleetTier(cache, archive)
     try:
         for path, text in documents:
@@ -236,7 +236,8 @@ async def warm_documents(engine: Engine, settings: NodeSettings, documents: list
         if fleet is not None and archive is not None:
             await fleet.drain()
             pushed = int(cache.stats()["fleet_pushes"])
-            print(f"pushed {pushed} states to ARCA {settings.arca.remote} (archive: {archive.state()})")
+            where = getattr(archive, "name", "the archive")
+            print(f"pushed {pushed} states to {where} (archive: {archive.state()})")
     finally:
         if fleet is not None:
             await fleet.close()

@@ -29,7 +29,7 @@ OPTIONS: tuple[Option, ...] = (
          "Model: a catalog alias (`reame list`) or a path to a GGUF file."),
     _opt("model", "context_length", int, 0,
          "Context size in tokens shared by all slots; 0 = model default x parallel, capped by RAM."),
-    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4)."),
+    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4), fewer when measured faster."),
     _opt("model", "batch", int, 512, "Logical batch size: most tokens one decode step takes."),
     _opt("model", "ubatch", int, 512, "Physical micro-batch size inside one decode step."),
     _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
@@ -59,8 +59,10 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "enabled", bool, True,
          "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
     _opt("speculative", "sources", str, "lookup,archive",
-         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations)."),
-    _opt("speculative", "draft_model_path", str, "", "GGUF of a draft model (the model source); empty = none."),
+         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations), "
+         "model (a draft model: draft_model_path)."),
+    _opt("speculative", "draft_model_path", str, "",
+         "GGUF of a draft model with the target's vocabulary (source model); empty = none."),
     _opt("speculative", "min_draft", int, 1, "Shortest draft worth verifying, in tokens."),
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
@@ -81,8 +83,20 @@ OPTIONS: tuple[Option, ...] = (
     _opt("stats", "log_minutes", int, 5,
          "Minutes between two savings log lines while the node is busy; 0 = never logged."),
     _opt("arca", "remote", str, "",
-         "Shared ARCA as host:port; empty = the archive embedded in this node."),
-    _opt("arca", "password", str, "", "AUTH password of the remote ARCA; empty = none."),
+         "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
+         "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
+    _opt("arca", "password", str, "", "AUTH password of the remote archive (a URL's own password wins); empty = none."),
+    _opt("arca", "kv_remote", str, "",
+         "L3 (shared KV states) on a server of its own, same forms as remote; empty = the remote archive."),
+    _opt("arca", "tls_ca_cert_file", str, "",
+         "rediss://: CA certificate that signed the server's; empty = the system's trust store."),
+    _opt("arca", "tls_cert_file", str, "", "rediss://: this node's certificate, for servers that verify clients."),
+    _opt("arca", "tls_key_file", str, "", "rediss://: the private key of tls_cert_file."),
+    _opt("arca", "l1_ttl_s", int, 604800, "Seconds an exact answer (L1) lives in the archive; 0 = until evicted."),
+    _opt("arca", "kv_ttl_s", int, 86400,
+         "Plain Redis/Valkey: seconds a shared KV state (L3) lives after its last use; 0 = until evicted."),
+    _opt("arca", "corpus_max_streams", int, 100000,
+         "Plain Redis/Valkey: generations kept in each model's L4 stream (XADD MAXLEN ~)."),
     _opt("arca", "timeout_ms", int, 200, "Remote ARCA timeout; a slower answer counts as a miss."),
     _opt("arca", "directory", str, "", "Embedded archive directory; empty = <home>/arca."),
     _opt("arca", "max_mb", int, 1024, "Embedded archive byte budget, in MB."),
@@ -133,6 +147,13 @@ class ServerSettings:
 class ArcaSettings:
     remote: str | None
     password: str | None
+    kv_remote: str | None
+    tls_ca_cert_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    l1_ttl_s: int
+    kv_ttl_s: int
+    corpus_max_streams: int
     timeout_ms: int
     directory: Path
     max_mb: int
@@ -141,7 +162,12 @@ class ArcaSettings:
 
     @property
     def remote_address(self) -> tuple[str, int] | None:
-        return split_host_port(self.remote) if self.remote else None
+        """The (first) host and port of `remote`."""
+        if not self.remote:
+            return None
+        from node.archive.address import parse_address
+
+        return parse_address(self.remote).hosts[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,14 +229,12 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-SPECULATION_SOURCES = ("lookup", "archive")
+SPECULATION_SOURCES = ("lookup", "archive", "model")
 
 
 def _sources(value: str) -> str | None:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in SPECULATION_SOURCES]
-    if "model" in unknown:
-        return "the draft-model source (model) is not available in this version; use lookup, archive"
     if unknown:
         return f"unknown source {unknown[0]!r}: expected a comma-separated list of {', '.join(SPECULATION_SOURCES)}"
     return None
@@ -224,11 +248,13 @@ def _port(value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"must be a TCP port 0-65535, got {value}"
 
 
-def _host_port(value: str) -> str | None:
+def _remote(value: str) -> str | None:
     if not value:
         return None
+    from node.archive.address import parse_address
+
     try:
-        split_host_port(value)
+        parse_address(value)
     except ValueError as exc:
         return str(exc)
     return None
@@ -252,6 +278,11 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "speculative.min_draft": _at_least(1),
     "speculative.max_draft": _at_least(1),
     "speculative.archive_tokens": _at_least(0),
+    "arca.remote": _remote,
+    "arca.kv_remote": _remote,
+    "arca.l1_ttl_s": _at_least(0),
+    "arca.kv_ttl_s": _at_least(0),
+    "arca.corpus_max_streams": _at_least(1),
     "batch.max_file_mb": _at_least(1),
     "batch.max_storage_mb": _at_least(1),
     "batch.max_lines": _at_least(1),
@@ -260,7 +291,6 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "stats.window_minutes": _at_least(1),
     "stats.sample_seconds": _at_least(1),
     "stats.log_minutes": _at_least(0),
-    "arca.remote": _host_port,
     "arca.timeout_ms": _at_least(1),
     "arca.max_mb": _at_least(1),
     "arca.observe_prompt_tokens": _at_least(0),
@@ -304,6 +334,11 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
     if values["speculative.min_draft"] > values["speculative.max_draft"]:
         raise ConfigError(f"{_origin(OPTIONS_BY_NAME['speculative.min_draft'], file, env, flags)}: "
                           f"must be <= speculative.max_draft ({values['speculative.max_draft']})")
+    drafting_model = "model" in [name.strip() for name in str(values["speculative.sources"]).split(",")]
+    if drafting_model != bool(values["speculative.draft_model_path"]):
+        which = "speculative.sources" if not drafting_model else "speculative.draft_model_path"
+        raise ConfigError(f"{_origin(OPTIONS_BY_NAME[which], file, env, flags)}: the draft-model source needs both "
+                          f"'model' in speculative.sources and a speculative.draft_model_path")
     home = home_dir(env)
 
     def section(name: str) -> dict[str, Any]:
@@ -325,8 +360,10 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         memory=MemorySettings(**section("memory")),
         server=ServerSettings(**{**server, "api_key": optional(server["api_key"]),
                                  "model_id": optional(server["model_id"])}),
-        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]),
+        arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]), "kv_remote": optional(arca["kv_remote"]),
                              "password": optional(arca["password"]),
+                             **{name: optional(arca[name]) for name in ("tls_ca_cert_file", "tls_cert_file",
+                                                                        "tls_key_file")},
                              "directory": directory(arca["directory"], "arca")}),
         cache=CacheSettings(**{**cache, "directory": directory(cache["directory"], "cache")}),
         speculative=SpeculativeSettings(**{

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import ssl
 import time
 
 from arca import __version__
@@ -91,7 +92,7 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "arch_bits": 64 if platform.architecture()[0] == "64bit" else 32,
             "python_version": platform.python_version(),
             "process_id": os.getpid(),
-            "tcp_port": server.tcp_port or options.port,
+            "tcp_port": max(0, server.tcp_port or options.port),
             "uptime_in_seconds": server.uptime_seconds,
             "uptime_in_days": server.uptime_seconds // 86400,
             "config_file": options.config_file,
@@ -147,7 +148,11 @@ def _config_view(server: ServerState) -> dict[str, str]:
     limits = options.limits
     view = {
         "bind": options.host,
-        "port": str(options.port),
+        "port": str(max(0, server.tcp_port or options.port)),  # Redis: 0 = no plain listener
+        "tls-port": str(server.tls_port or options.tls_port),
+        "tls-auth-clients": ("no" if options.tls_context is None or
+                             options.tls_context.verify_mode == ssl.CERT_NONE else
+                             "yes" if options.tls_require_client_cert else "optional"),
         "dir": options.directory,
         "save": "",
         "appendonly": "yes",  # every write goes to the archive on disk

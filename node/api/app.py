@@ -6,10 +6,11 @@ the caller owns and closes them, and the prefix cache an engine was built with).
 engine has a prefix cache, a fleet tier (node/cache/fleet.py) is put in front of it: with a
 remote ARCA it fetches and pushes states through ARCA's L3; with the embedded archive it
 only preloads disk states into RAM (L3 in the embedded archive would be a second copy of
-the node's own disk tier on the same disk). Sessions live under `<home>/sessions`.
+the node's own disk tier on the same disk). Sessions live in the remote archive when there is
+one (node/sessions/archived.py), else under `<home>/sessions`.
 With speculation on, the archive draft source (the Palimpsest) is fed by an L4 mirror
 (node/archive/mirror.py) of the model's corpus; with a remote ARCA it keeps a local copy
-under `<home>/mirror`. The Batch API (node/batches) keeps its store under `[batch] directory`
+under `<home>/mirror` (one per server the corpus comes from). The Batch API (node/batches) keeps its store under `[batch] directory`
 and runs its lines through the same service at batch priority; the savings sampler
 (node/serving/savings.py) feeds /v1/reame/stats and the periodic savings log line. Shutdown
 order: batch lines in flight (left unfinished for the next start), sampler, pending writes,
@@ -22,6 +23,7 @@ Content-Length over it is a 413 before any body is read), Bearer auth.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -38,7 +40,7 @@ from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
-from node.archive.client import ArchiveClient, RemoteArchive, open_archive
+from node.archive.client import ArchiveClient, open_archive
 from node.archive.mirror import CorpusMirror
 from node.batches.runner import BatchRunner
 from node.batches.store import BatchStore
@@ -50,7 +52,8 @@ from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeri
 from node.serving.model import describe_model
 from node.serving.savings import Savings, SavingsConfig
 from node.serving.service import CompletionService, ServiceOptions
-from node.sessions.store import SessionStore
+from node.sessions.archived import ArchivedSessionStore
+from node.sessions.store import Sessions, SessionStore
 from node.speculative.controller import Controller
 from node.speculative.palimpsest import Palimpsest
 
@@ -178,8 +181,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
     try:
         if archive is None:
             archive = await loop.run_in_executor(None, open_archive, settings)
-            if isinstance(archive, RemoteArchive):
-                await archive.start()
+            await archive.start()
         model = await loop.run_in_executor(None, describe_model, engine, settings)
         metrics = Metrics()
         metrics.watch(LiveStats(engine.stats, partial(_errors, archive), archive.state))
@@ -192,10 +194,10 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         if controller is not None:
             metrics.watch(SpeculationSeries(controller.stats.snapshot))
             mirror = await start_mirror(settings, archive, model.fingerprint, controller)
-        sessions = await loop.run_in_executor(None, SessionStore.open, settings.home / "sessions")
+        sessions = await open_sessions(settings, archive)
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
-            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens),
-            cache=cache, fleet=fleet, sessions=sessions)
+            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
+            l1_ttl_s=settings.arca.l1_ttl_s or None), cache=cache, fleet=fleet, sessions=sessions)
         gate = InFlightGate(settings.server.max_concurrent_requests)
         savings = Savings(service.ledger, engine.stats, config=SavingsConfig(
             settings.stats.window_minutes, settings.stats.sample_seconds, settings.stats.log_minutes),
@@ -227,6 +229,13 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
             await archive.close()
 
 
+async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
+    """Sessions in the remote archive (any node continues any session), else under <home>/sessions."""
+    if archive.state() != "embedded":
+        return ArchivedSessionStore(archive)
+    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions")
+
+
 async def start_batches(settings: NodeSettings, state: NodeState, engine: EngineClient) -> BatchRunner:
     """The Batch API's store and runner; lines run through this node's own parser and service."""
     batch = settings.batch
@@ -252,7 +261,10 @@ async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerpri
     if not isinstance(palimpsest, Palimpsest):
         return None
     remote = archive.state() != "embedded"
-    path = settings.home / "mirror" / f"{fingerprint}.l4" if remote else None
+    # The local copy's cursor counts the streams of one server (an ARCA's ids, a Redis stream's
+    # entry ids): each server the corpus comes from has a copy of its own.
+    source = hashlib.blake2b(str(getattr(archive, "corpus_name", "")).encode(), digest_size=6).hexdigest()
+    path = settings.home / "mirror" / f"{fingerprint}.{source}.l4" if remote else None
     mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
                           max_tokens=palimpsest.max_tokens)
     await mirror.start()

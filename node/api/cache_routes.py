@@ -68,7 +68,7 @@ async def create_session(request: web.Request) -> web.Response:
 
 async def show_session(request: web.Request) -> web.Response:
     turns = _turns(request)
-    session = turns.store.get(request.match_info["session"])
+    session = await turns.store.get(request.match_info["session"])
     return json_response({**turns.store.describe(session), "history": list(session.messages)})
 
 
@@ -76,7 +76,7 @@ async def save_session(request: web.Request) -> web.Response:
     turns = _turns(request)
     session_id = request.match_info["session"]
     async with turns.store.lock(session_id):
-        session = turns.store.get(session_id)
+        session = await turns.store.get(session_id)
         cached = await turns.save(session)
     return json_response({**turns.store.describe(session), "cached_tokens": cached})
 
@@ -85,7 +85,7 @@ async def load_session(request: web.Request) -> web.Response:
     turns = _turns(request)
     session_id = request.match_info["session"]
     async with turns.store.lock(session_id):
-        session = turns.store.get(session_id)
+        session = await turns.store.get(session_id)
         result = await turns.load(session)
     warmed = result.as_dict() if result is not None else {"cached_tokens": 0, "stored_tokens": 0, "seconds": 0.0}
     return json_response({**turns.store.describe(session), **warmed, "tokens": len(session.tokens)})

@@ -23,7 +23,7 @@ from node.batches.errors import FileTooLarge, StorageFull
 from node.serving.errors import (
     GenerationFailed, InvalidRequest, NotFound, Overloaded, ServingError,
 )
-from node.sessions.store import SessionNotFound
+from node.sessions.store import SessionNotFound, SessionsUnavailable
 from node.sessions.warm import WarmFailed
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,9 @@ def error_reply(exc: BaseException, request: web.Request | None = None, *,
         return ErrorReply(status, kind, exc.code, exc.message, exc.param, headers)
     if isinstance(exc, SessionNotFound):
         return ErrorReply(404, "invalid_request_error", "session_not_found", str(exc), "session")
+    if isinstance(exc, SessionsUnavailable):
+        return ErrorReply(503, "server_error", "sessions_unavailable", str(exc), "session",
+                          headers={"Retry-After": "1"})
     if isinstance(exc, WarmFailed):
         return ErrorReply(503, "server_error", "overloaded", str(exc), headers={"Retry-After": "1"})
     if isinstance(exc, web.HTTPException) and exc.status >= 400:

@@ -81,6 +81,7 @@ OPTIONS: dict[str, Schema] = {
     "stream": boolean("answer as server-sent events"),
     "stream_options": {"type": "object", "properties": optional({"include_usage": boolean("a last chunk with usage")}),
                        "description": "only with stream: true"},
+    "speculation": boolean("extension: false decodes this request without draft tokens (the output is the same)"),
     "user": IGNORED,
 }
 

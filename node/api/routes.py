@@ -87,7 +87,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if turns is None:
         raise InvalidRequest("Sessions are not enabled on this node", param="session")
     async with turns.store.lock(session_id):  # one turn at a time: each continues the last
-        session = turns.store.get(session_id)
+        session = await turns.store.get(session_id)
         plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
         return await answer(request, state, plan, {SESSION_HEADER: session_id})
 
@@ -173,6 +173,7 @@ async def health(request: web.Request) -> web.Response:
     stats = state.engine.stats()
     return json_response({
         "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
+        "archive_kind": getattr(state.archive, "kind", "unknown"),
         "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
         "cache": cache_health(state),
         "speculation": speculation_health(state),
@@ -189,7 +190,11 @@ def speculation_health(state: NodeState) -> dict:
                                                                       "saved_seconds")}}
                for name, control in controller.state().items()}
     return {"enabled": True, "max_draft": controller.config.max_draft, "sources": sources,
-            "step_cost_scale": round(controller.costs.scale, 3)}
+            "step_cost_scale": round(controller.costs.scale, 3),
+            "step_cost_line_ms": {"per_step": round(controller.costs.intercept * 1000, 2),
+                                  "per_token": round(controller.costs.slope * 1000, 2),
+                                  "calibrations": controller.costs.calibrations,
+                                  "refits": controller.costs.refits}}
 
 
 def cache_health(state: NodeState) -> dict:

@@ -1,4 +1,4 @@
-"""A circuit breaker for the remote archive: stop asking a dead ARCA, notice when it is back.
+"""A circuit breaker for the remote archive: stop asking a dead server, notice when it is back.
 
 Closed: every call goes through. A connection failure or timeout opens the breaker: calls
 are answered as misses at once (no socket, no waiting) and a watcher task probes ARCA with
@@ -44,7 +44,7 @@ class Breaker:
             self.state = "open"
             self.opened_at = time.monotonic()
             self.backoff_s = self.initial_backoff_s
-            log.warning("ARCA %s unreachable (%s): serving without it until it is back",
+            log.warning("archive %s unreachable (%s): serving without it until it is back",
                         self.name, str(exc) or type(exc).__name__)
             self._wake.set()
         elif self.state == "probing":  # failures of calls already in flight do not count twice
@@ -54,7 +54,13 @@ class Breaker:
     def succeeded(self) -> None:
         if self.state != "closed":
             self.state = "closed"
-            log.info("ARCA %s is back after %.1f s", self.name, time.monotonic() - self.opened_at)
+            log.info("archive %s is back after %.1f s", self.name, time.monotonic() - self.opened_at)
+
+    def retire(self, reason: str) -> None:
+        """Close for good: the server it guarded no longer holds any of the keys (a failover)."""
+        if self.state != "closed":
+            self.state = "closed"
+            log.info("archive %s: %s after %.1f s", self.name, reason, time.monotonic() - self.opened_at)
 
     def start_watching(self, probe: Callable[[], Awaitable[object]]) -> None:
         """Run `probe` (which reports to failed()/succeeded()) with backoff while open."""

@@ -21,6 +21,7 @@ class EngineConfig:
     model_path: Path
     n_ctx: int = 4096                 # KV cells shared by all slots (unified cache)
     n_threads: int = 0                # 0: every core
+    tune_threads: bool = False        # measure fewer threads online and use them when faster (threads.py)
     n_parallel: int = 4               # sequences decoded together (llama n_seq_max)
     n_batch: int = 512                # most tokens in one llama_decode
     n_ubatch: int = 512

@@ -24,6 +24,7 @@ from node.engine.config import EngineConfig
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
 from node.engine.grammar import Grammar
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
+from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
@@ -81,10 +82,11 @@ class Engine:
         self.config = config
         self._model = LlamaModel(config.model_path, use_mmap=config.use_mmap, use_mlock=config.use_mlock,
                                  progress=config.on_progress)
+        self._ctx_threads = config.n_threads or os.cpu_count() or 1
         try:
             self._ctx = LlamaContext(
                 self._model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
-                n_seq_max=config.n_parallel, n_threads=config.n_threads or os.cpu_count() or 1,
+                n_seq_max=config.n_parallel, n_threads=self._ctx_threads,
                 kv_type=config.kv_type, swa_full=config.swa_full, flash_attn=config.flash_attn,
                 max_outputs_per_seq=1 + config.max_draft)
         except Exception:
@@ -94,7 +96,8 @@ class Engine:
             self._model, self._ctx,
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft,
                             config.interactive_slots),
-            prefix_cache=config.prefix_cache, speculator=config.speculator)
+            prefix_cache=config.prefix_cache, speculator=config.speculator,
+            threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None)
         self._closed = False
         self._ids = itertools.count(1)
         self._keys = itertools.count(1)

@@ -16,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+import numpy as np
+
+from node.engine.types import SamplingParams
+
 
 @runtime_checkable
 class PrefixCacheHook(Protocol):
@@ -36,25 +40,35 @@ class PrefixCacheHook(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DraftSeq:
-    """What a draft source knows of one sequence: its identity, siblings and prompt."""
+    """What a draft source knows of one sequence: its identity, siblings, prompt and sampling."""
 
     key: int                   # unique for the engine's life
     group: int                 # shared by the sequences of one request (n > 1 siblings)
     prompt: tuple[int, ...]
     sampled: bool              # False: greedy
+    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Draft:
     """Tokens proposed to follow a sequence's context, and who proposed them.
 
-    `probs` (one per token) is set by sources that draft from a distribution (a draft
-    model); deterministic sources (lookup, the Palimpsest) leave it None.
+    `dists` (one per token) is set by sources that draw their tokens from a distribution (a
+    draft model drafting for a sampled sequence): the (token ids, probabilities) each token
+    was drawn from, every id outside having probability 0. A sampled sequence then verifies
+    the draft by rejection sampling against it (node/engine/verify.py). Deterministic
+    sources (lookup, the Palimpsest, a greedy draft) leave it None.
     """
 
     tokens: tuple[int, ...]
     source: str
-    probs: tuple[float, ...] | None = None
+    dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
+
+    def head(self, n: int) -> Draft:
+        """The first n tokens (and their distributions)."""
+        if n >= len(self.tokens):
+            return self
+        return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None)
 
 
 @runtime_checkable
@@ -62,9 +76,13 @@ class Speculator(Protocol):
     """The engine's one draft hook; every method runs on the engine thread and must be fast."""
 
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
-        """Called once before the first step: `measure(n_seqs, k)` is the seconds of a decode
+        """Called before the first step and when `calibration_due`: `measure(n_seqs, k)` is the seconds of a decode
         of n_seqs sequences with k draft tokens each (logits on every token), or None once a
         request is waiting: calibration must then stop and make do with what it has."""
+
+    def calibration_due(self) -> bool:
+        """The step costs have moved away from the calibrated ones: the engine calls
+        `calibrate` again the next time it is idle (no sequence active, none waiting)."""
 
     def begin(self, seq: DraftSeq) -> None:
         """A sequence starts decoding."""

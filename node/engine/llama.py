@@ -65,7 +65,8 @@ class LlamaModel:
     """A loaded GGUF: weights plus vocabulary."""
 
     def __init__(self, path: Path, *, use_mmap: bool = True, use_mlock: bool = False,
-                 progress: Callable[[float], object] | None = None) -> None:
+                 progress: Callable[[float], object] | None = None, vocab_only: bool = False) -> None:
+        """vocab_only: the vocabulary and metadata without the weights (to compare tokenizers)."""
         backend()
         if not Path(path).is_file():
             raise ModelLoadError(f"model file not found: {path}")
@@ -85,6 +86,7 @@ class LlamaModel:
             return True
 
         params.progress_callback = on_progress
+        params.vocab_only = vocab_only
         self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF it supports?)")
@@ -216,7 +218,13 @@ class LlamaContext:
         self.n_ctx = ll.llama_n_ctx(self._ptr)
         self.n_batch = ll.llama_n_batch(self._ptr)
         self.n_seq_max = ll.llama_n_seq_max(self._ptr)
+        self.n_threads = n_threads
         self.n_vocab = model.n_vocab
+
+    def set_threads(self, n_threads: int) -> None:
+        """Threads for the following decodes (generation and batch alike)."""
+        ll.llama_set_n_threads(self._ptr, n_threads, n_threads)
+        self.n_threads = n_threads
 
     def decode(self, batch: TokenBatch) -> int:
         """llama_decode: 0 ok, 1 no KV room for the batch, 2 aborted, < 0 error."""

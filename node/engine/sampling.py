@@ -149,7 +149,42 @@ class TokenSampler:
         out[ok] = logits[ok]
         return out
 
-    def _draw(self, logits: np.ndarray) -> int:
+    def choose_against(self, row: np.ndarray, history: Sequence[int], token: int,
+                       draft: tuple[np.ndarray, np.ndarray]) -> tuple[Choice, bool]:
+        """Rejection sampling of a draft `token` drawn from `draft` = (ids, probabilities):
+        kept with probability min(1, p(token) / q(token)), otherwise a token drawn from the
+        residual max(0, p - q) renormalised. The result is distributed exactly as `choose`'s
+        draw from p (speculative sampling); returns (the choice, whether it is the draft token)."""
+        logits = self._adjusted(row, history)
+        if self.constraint is not None:
+            logits = self._constrained(logits, self.constraint)
+        ids, weights = self._weights(logits)
+        p = weights / weights.sum()
+        q_ids, q_probs = draft
+        order = np.argsort(q_ids)
+        sorted_ids = q_ids[order]
+        at = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+        q = np.where(sorted_ids[at] == ids, q_probs[order][at], 0.0)
+        where = np.flatnonzero(ids == token)
+        p_token = float(p[where[0]]) if where.size else 0.0
+        q_token = float(q[where[0]]) if where.size else float(q_probs[q_ids == token].sum())
+        if q_token > 0 and self._rng.random() * q_token < p_token:
+            chosen, kept = token, True
+        else:
+            residual = np.maximum(p - q, 0.0)
+            if residual.sum() <= 0:
+                residual = p
+            cumulative = np.cumsum(residual)
+            pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+            chosen, kept = int(ids[min(pick, len(ids) - 1)]), False
+        if self.constraint is not None:
+            self.constraint.accept(chosen)
+        if self.n_logprobs is None:
+            return Choice(chosen), kept
+        return _with_logprobs(logits, chosen, self.n_logprobs), kept
+
+    def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids a draw can pick (top_k, top_p, min_p applied) and their tempered weights."""
         p = self.params
         ids, probs = candidates(logits, p.top_k, p.top_p, p.min_p)
         keep = len(ids)
@@ -158,10 +193,25 @@ class TokenSampler:
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
         values = logits[ids[:keep]].astype(np.float64)
-        tempered = np.exp((values - values.max()) / p.temperature)
+        return ids[:keep], np.exp((values - values.max()) / p.temperature)
+
+    def _draw(self, logits: np.ndarray) -> int:
+        ids, tempered = self._weights(logits)
         cumulative = np.cumsum(tempered)
         pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
-        return int(ids[min(pick, keep - 1)])
+        return int(ids[min(pick, len(ids) - 1)])
+
+    def draft_distribution(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probabilities) a draft model's token is drawn from: these sampling settings
+        (bias, penalties, truncation, temperature) over the draft model's logits row."""
+        ids, weights = self._weights(self._adjusted(row, history))
+        return ids, weights / weights.sum()
+
+    def draw_from(self, dist: tuple[np.ndarray, np.ndarray]) -> int:
+        ids, probs = dist
+        cumulative = np.cumsum(probs)
+        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+        return int(ids[min(pick, len(ids) - 1)])
 
 
 def apply_penalties(logits: np.ndarray, window: Sequence[int], params: SamplingParams) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 from node.engine.budget import KVBudget
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
+from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import INTERACTIVE, FinishReason
@@ -86,12 +87,16 @@ class _Entry:
 
 class Scheduler:
     def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
-                 prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None) -> None:
+                 prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None,
+                 threads: ThreadTuner | None = None) -> None:
         self._model = model
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
         self._speculator = speculator if limits.max_draft > 0 else None
+        self.threads = threads
+        self._threads_now = threads.current if threads is not None else 0
+        self._ctx_threads = ctx.n_threads
         self._eog = model.info.eog_tokens
         self._pieces: dict[int, bytes] = {}
         self._batch = TokenBatch(ctx.n_batch)
@@ -132,6 +137,8 @@ class Scheduler:
             "kv_cells_total": self._ctx.n_ctx,
             "kv_cells_reserved": self._budget.reserved,
             "kv_cells_used": KVBudget.cells_used(active),
+            "threads": self.threads.current if self.threads is not None else self._ctx_threads,
+            "threads_tuned": int(self.threads is not None),
             **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
         }
 
@@ -146,6 +153,10 @@ class Scheduler:
     def _run(self) -> None:
         self._calibrate()
         while True:
+            with self._lock:
+                idle = not self._closing and not self._queue and not self._active
+            if idle and self._calibration_due():
+                self._calibrate()
             with self._lock:
                 while not self._closing and not self._queue and not self._active:
                     self._wake.wait()
@@ -175,13 +186,29 @@ class Scheduler:
         if not entries:
             return False
         decoding = all(e.decoding for e in entries)
+        threads = self._use_threads(decoding)
         t0 = time.perf_counter()
         self._decode(entries)
-        if decoding and self._speculator is not None:
-            self._hook("step_done", len(entries), sum(len(e.tokens) for e in entries), time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        if decoding:
+            n_tokens = sum(len(e.tokens) for e in entries)
+            if self._speculator is not None:
+                self._hook("step_done", len(entries), n_tokens, elapsed)
+            if self.threads is not None:
+                self.threads.observe(threads, n_tokens, elapsed)
         self.counters["steps"] += 1
         self.counters["step_ms"] += (time.perf_counter() - start) * 1000
         return True
+
+    def _use_threads(self, decoding: bool) -> int:
+        """Set the tuner's thread count for this step (a trial's count on decode-only steps)."""
+        if self.threads is None:
+            return 0
+        wanted = self.threads.threads() if decoding else self.threads.current
+        if wanted != self._threads_now:
+            self._ctx.set_threads(wanted)
+            self._threads_now = wanted
+        return wanted
 
     def _reap_cancelled(self) -> None:
         for seq in [s for s in self._active if s.channel.cancelled]:
@@ -323,7 +350,7 @@ class Scheduler:
         if draft is None or not draft.tokens:
             return []
         if len(draft.tokens) > room:
-            draft = Draft(draft.tokens[:room], draft.source, draft.probs[:room] if draft.probs else None)
+            draft = draft.head(room)
         seq.draft = draft
         self.counters["draft_tokens"] += len(draft.tokens)
         return [int(t) for t in draft.tokens]
@@ -340,6 +367,15 @@ class Scheduler:
             return
         self._hook("calibrate", self._measure)
         self._ctx.clear()
+
+    def _calibration_due(self) -> bool:
+        if self._speculator is None:
+            return False
+        try:
+            return bool(self._speculator.calibration_due())
+        except Exception:
+            log.exception("speculator calibration_due() failed")
+            return False
 
     def _measure(self, n_seqs: int, k: int) -> float | None:
         """Seconds of one decode of n_seqs sequences with k drafts each; None once requests wait
@@ -415,9 +451,11 @@ class Scheduler:
             return
         assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
         sampler = seq.sampler
+        dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
         verdict = verify(e.tokens, logits[e.first_row:e.first_row + len(e.tokens)],
                          lambda row: sampler.choose(row, seq.tokens),
-                         lambda choice: seq.accept(choice, self._eog, self._piece))
+                         lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
+                         choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += verdict.n_valid
@@ -451,7 +489,8 @@ class Scheduler:
     def _begin_drafts(self, seq: Sequence) -> None:
         if self._speculator is None or not seq.request.speculation:
             return
-        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy)
+        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy,
+                                 seq.request.sampling)
         self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:

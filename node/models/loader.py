@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the engine and the cache are imported when an engine is ope
     from node.cache.prefix_cache import PrefixCache
     from node.engine.engine import Engine, EngineConfig
     from node.speculative.controller import Controller
+    from node.speculative.source import DraftSource
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,6 @@ def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | N
     spec = settings.speculative
     if not spec.enabled or not spec.sources:
         return None
-    if spec.draft_model_path:
-        raise ModelError("[speculative] draft_model_path: the draft-model source is not available in this "
-                         "version; leave it empty (sources lookup and archive need no model)")
     max_draft = min(spec.max_draft, plan.n_batch // plan.n_parallel - 1)
     if max_draft < max(1, spec.min_draft):
         log.warning("speculation off: [model] batch %d leaves no room for drafts of %d sequences",
@@ -163,7 +161,6 @@ def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | N
     from node.speculative.controller import Controller, ControllerConfig
     from node.speculative.lookup import PromptLookup
     from node.speculative.palimpsest import Palimpsest
-    from node.speculative.source import DraftSource
 
     sources: list[DraftSource] = []
     for name in spec.sources:
@@ -171,10 +168,24 @@ def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | N
             sources.append(PromptLookup())
         elif name == "archive" and spec.archive_tokens > 0:
             sources.append(Palimpsest(spec.archive_tokens, context_tokens=settings.arca.observe_prompt_tokens))
+        elif name == "model":
+            sources.append(open_draft_model(Path(spec.draft_model_path or ""), plan))
     if not sources:
         return None
     return Controller(sources, ControllerConfig(max_draft=max_draft, min_draft=spec.min_draft,
                                                 n_parallel=plan.n_parallel))
+
+
+def open_draft_model(path: Path, plan: EnginePlan) -> DraftSource:
+    """The draft-model source, its vocabulary checked against the target's (ModelError if not)."""
+    from node.engine.errors import ModelLoadError
+    from node.speculative.draft_model import DraftModel
+
+    try:
+        return DraftModel(path.expanduser(), target_path=plan.model.path, n_ctx=plan.n_ctx,
+                          n_parallel=plan.n_parallel, n_threads=plan.n_threads)
+    except ModelLoadError as exc:
+        raise ModelError(f"[speculative] draft_model_path {path}: {exc}") from exc
 
 
 def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: PrefixCache | None = None,
@@ -184,6 +195,7 @@ def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: Prefix
 
     return EngineConfig(
         model_path=plan.model.path, n_ctx=plan.n_ctx, n_threads=plan.n_threads,
+        tune_threads=not settings.model.threads,
         n_parallel=plan.n_parallel, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
         kv_type=plan.kv_type, use_mmap=settings.memory.use_mmap,
         use_mlock=settings.memory.use_mlock, max_queue=settings.server.max_queue,

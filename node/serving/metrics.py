@@ -33,6 +33,7 @@ class LiveStats(Collector):
             ("reame_queue_depth", "queued", "Requests waiting for an engine slot"),
             ("reame_active_sequences", "active", "Sequences being prefilled or decoded"),
             ("reame_kv_cells_used", "kv_cells_used", "KV cache cells in use"),
+            ("reame_engine_threads", "threads", "llama.cpp threads the engine decodes with"),
         ):
             if isinstance(stats.get(key), (int, float)):
                 yield GaugeMetricFamily(name, doc, value=stats[key])

@@ -51,7 +51,7 @@ from node.serving.plan import COMPLETED, Job, Plan
 from node.serving.prompts import Prompts
 from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions
 from node.sessions.cuts import CutError
-from node.sessions.store import Session, SessionStore
+from node.sessions.store import Session, Sessions
 from node.sessions.turns import SessionTurns
 from node.sessions.warm import WarmResult, warm
 
@@ -71,7 +71,7 @@ class ServiceOptions:
 class CompletionService:
     def __init__(self, engine: EngineClient, archive: ArchiveClient, model: ServedModel, metrics: Metrics,
                  options: ServiceOptions = ServiceOptions(), *, cache: PrefixCache | None = None,
-                 fleet: FleetTier | None = None, sessions: SessionStore | None = None) -> None:
+                 fleet: FleetTier | None = None, sessions: Sessions | None = None) -> None:
         self.engine = engine
         self.archive = archive
         self.model = model

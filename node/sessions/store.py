@@ -6,11 +6,14 @@ answer (e.g. "<end_of_turn>\\n"). A turn's prompt is those tokens followed by th
 messages, so it starts with the very tokens whose KV state the prefix cache stored after the
 previous turn, and the conversation is never prefilled again.
 
-Sessions live in memory and one JSON file each under `<home>/sessions/` (written to a temp
-file and renamed: a crash leaves the old version or the new one, never a torn file), so they
-survive restarts. The count is bounded (creating one past `max_sessions` drops the least
-recently used) and each expires `ttl_s` after its last use. Unknown, expired and malformed
-ids are all `SessionNotFound`.
+`Sessions` is the contract the service and the API use; two stores keep it. This module's
+`SessionStore` (the embedded mode) keeps sessions in memory and one JSON file each under
+`<home>/sessions/` (written to a temp file and renamed: a crash leaves the old version or the
+new one, never a torn file), so they survive restarts. The count is bounded (creating one
+past `max_sessions` drops the least recently used) and each expires `ttl_s` after its last
+use. With a remote archive, node/sessions/archived.py keeps them in the archive instead, so
+any node of the fleet continues any session. Unknown, expired and malformed ids are all
+`SessionNotFound`; `SessionsUnavailable` means the sessions cannot be read right now.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -35,6 +38,10 @@ class SessionNotFound(LookupError):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"No session '{session_id}' (unknown, deleted or expired)")
         self.session_id = session_id
+
+
+class SessionsUnavailable(RuntimeError):
+    """The store holding sessions cannot be reached (a remote archive that is down)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,38 @@ class Session:
 class SessionLimits:
     max_sessions: int = 1000
     ttl_s: float = 7 * 24 * 3600
+
+
+class Sessions(Protocol):
+    """What the service and the API need of a session store."""
+
+    limits: SessionLimits
+
+    def __len__(self) -> int:
+        """Sessions this node holds (all of them locally; those it has used, with an archive)."""
+    async def create(self) -> Session: ...
+    async def get(self, session_id: str) -> Session:
+        """The session; SessionNotFound (unknown, expired, malformed) or SessionsUnavailable."""
+    def lock(self, session_id: str) -> asyncio.Lock:
+        """One turn at a time per session on this node; SessionNotFound for a malformed id."""
+    async def save(self, session: Session) -> Session: ...
+    async def delete(self, session_id: str) -> None: ...
+    def describe(self, session: Session) -> dict[str, Any]: ...
+
+
+def describe(session: Session, limits: SessionLimits) -> dict[str, Any]:
+    return {"id": session.id, "object": "session", "created": int(session.created),
+            "updated": int(session.updated), "expires_at": int(session.updated + limits.ttl_s),
+            "messages": len(session.messages), "tokens": len(session.tokens)}
+
+
+def valid_id(session_id: str) -> bool:
+    return ID_PATTERN.fullmatch(session_id or "") is not None
+
+
+def new_session() -> Session:
+    now = time.time()
+    return Session(f"sess_{secrets.token_hex(12)}", now, now)
 
 
 @dataclass(slots=True)
@@ -99,13 +138,15 @@ class SessionStore:
 
     async def create(self) -> Session:
         self._trim(1)
-        now = time.time()
-        session = Session(f"sess_{secrets.token_hex(12)}", now, now)
+        session = new_session()
         await self.save(session)
         return session
 
-    def get(self, session_id: str) -> Session:
-        session = self._sessions.get(session_id) if ID_PATTERN.fullmatch(session_id or "") else None
+    async def get(self, session_id: str) -> Session:
+        return self._get(session_id)
+
+    def _get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id) if valid_id(session_id) else None
         if session is None:
             raise SessionNotFound(session_id)
         if time.time() - session.updated > self.limits.ttl_s:
@@ -115,7 +156,7 @@ class SessionStore:
 
     def lock(self, session_id: str) -> asyncio.Lock:
         """One turn at a time per session: the next turn starts from this one's answer."""
-        self.get(session_id)
+        self._get(session_id)
         return self._locks.setdefault(session_id, asyncio.Lock())
 
     async def save(self, session: Session) -> Session:
@@ -125,13 +166,11 @@ class SessionStore:
         return session
 
     async def delete(self, session_id: str) -> None:
-        self.get(session_id)
+        self._get(session_id)
         await asyncio.to_thread(self._forget, session_id)
 
     def describe(self, session: Session) -> dict[str, Any]:
-        return {"id": session.id, "object": "session", "created": int(session.created),
-                "updated": int(session.updated), "expires_at": int(session.updated + self.limits.ttl_s),
-                "messages": len(session.messages), "tokens": len(session.tokens)}
+        return describe(session, self.limits)
 
     def _path(self, session_id: str) -> Path:
         return self.directory / f"{session_id}.json"

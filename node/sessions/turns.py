@@ -22,7 +22,7 @@ from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 from node.cache.prefix_cache import PrefixCache
 from node.models.templates import ChatTemplate
 from node.sessions.cuts import turn_suffix
-from node.sessions.store import Session, SessionStore
+from node.sessions.store import Session, Sessions
 from node.sessions.warm import WarmResult, held_tokens
 
 
@@ -45,7 +45,7 @@ class SessionTurn:
 class SessionTurns:
     """Turns of the sessions in `store`; `warm` prefills tokens into `cache` (None: cache off)."""
 
-    def __init__(self, store: SessionStore, template: ChatTemplate, tokens: TurnTokens,
+    def __init__(self, store: Sessions, template: ChatTemplate, tokens: TurnTokens,
                  cache: PrefixCache | None, warm: Callable[[Sequence[int]], Awaitable[WarmResult]]) -> None:
         self.store = store
         self.template = template

@@ -95,6 +95,9 @@ class Controller:
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
         self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft)
 
+    def calibration_due(self) -> bool:
+        return self.costs.drifted
+
     def begin(self, seq: DraftSeq) -> None:
         self._seqs[seq.key] = _SeqState()
         for state in self._sources.values():
@@ -126,7 +129,14 @@ class Controller:
         for state in self._sources.values():
             if not state.on:
                 continue
-            draft = state.source.propose(seq, context, max_tokens)
+            ask = max_tokens
+            making = state.source.cost_per_token
+            if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
+                ask, _, _ = self._best_length(state, own, max_tokens)
+                if ask == 0:
+                    self._not_paying(state)
+                    continue
+            draft = state.source.propose(seq, context, ask)
             if draft is None or not draft.tokens:
                 continue
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
@@ -139,7 +149,7 @@ class Controller:
                     continue
                 self._paying(state)
             if best is None or rate > best[0]:
-                best = (rate, Draft(draft.tokens[:j], draft.source, draft.probs[:j] if draft.probs else None), state)
+                best = (rate, draft.head(j), state)
         if best is None:
             return None
         _, draft, state = best
@@ -198,6 +208,7 @@ class Controller:
     def _best_length(self, state: _SourceState, own: _SeqState, available: int) -> tuple[int, float, float]:
         """(draft length, step rate with it, expected tokens) maximising the step's tokens per second."""
         p = self._estimates(state, own)
+        making = state.source.cost_per_token
         best_j, best_rate, best_gain = 0, self._expected / self.costs.seconds(self._rows), 0.0
         total, chain = 0.0, 1.0
         for j in range(1, min(available, self.config.max_draft) + 1):
@@ -205,7 +216,7 @@ class Controller:
             total += chain
             if j < self.config.min_draft:
                 continue
-            rate = (self._expected + total) / self.costs.seconds(self._rows + j)
+            rate = (self._expected + total) / (self.costs.seconds(self._rows + j) + making * j)
             if rate > best_rate:
                 best_j, best_rate, best_gain = j, rate, total
         return best_j, best_rate, best_gain

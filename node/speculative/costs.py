@@ -8,14 +8,24 @@ token count, measured at start-up by the engine (`calibrate`) for 1..MAX_TOKENS 
 fitted with a robust line (Theil-Sen: the median of pairwise slopes, so a step slowed by
 another process on the same cores does not bend it).
 
-The host's speed changes (other processes on shared cores): every decode-only step's
-measured time updates a scale factor (moving average of measured / predicted), so the
-curve follows the host without re-measuring; the shape is what matters to the controller.
+The host's speed changes (other processes on shared cores), and not only its speed: with a
+core taken by another process, every extra token of a step can cost several times what it
+did on a quiet host. So the curve follows the host three ways:
+  - every decode-only step's measured time updates a scale factor (moving average of
+    measured / predicted): the level, at once;
+  - the recent steps by size (the last RECENT of each) refit the line every REFIT_EVERY
+    steps once at least two sizes have MIN_RECENT steps each (plain steps of 1 and 4 users,
+    verify steps of every draft length): the shape, from what the engine actually ran;
+  - when the scale has stayed outside [1/DRIFT, DRIFT] for DRIFT_STEPS steps, `drifted` asks
+    for a fresh calibration, which the engine runs the next time it is idle.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import statistics
+import time
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -23,6 +33,12 @@ log = logging.getLogger(__name__)
 PROBE_SIZES = (1, 2, 3, 5, 9, 17, 32, 68)
 REPEATS = 3
 SCALE_EMA = 0.05
+RECENT = 16          # recent steps kept per size for the online refit
+MIN_RECENT = 4       # steps of a size before it counts in a refit
+REFIT_EVERY = 64     # decode-only steps between refits
+DRIFT = 1.5          # scale this far from 1 means the host changed speed
+DRIFT_STEPS = 32     # for this many steps in a row
+RECALIBRATE_MIN_S = 30.0  # at most one drift recalibration this often
 
 
 class CostCurve:
@@ -37,6 +53,12 @@ class CostCurve:
         if points:
             self.fit(points)
         self.fixed = fixed  # neither calibrated nor scaled (tests that must not depend on the host)
+        self._recent: dict[int, collections.deque[float]] = {}
+        self._since_refit = 0
+        self._drift_steps = 0
+        self._calibrated_at = float("-inf")
+        self.refits = 0
+        self.calibrations = 0
 
     def fit(self, points: dict[int, float]) -> None:
         """Theil-Sen: the median of pairwise slopes, so one step disturbed by another process
@@ -50,6 +72,7 @@ class CostCurve:
         intercept = intercepts[len(intercepts) // 2]
         self.intercept, self.slope = max(intercept, 1e-5), slope
         self.points, self.measured, self.scale = dict(points), True, 1.0
+        self._drift_steps = 0
 
     def calibrate(self, measure: Callable[[int, int], float | None], n_parallel: int, max_draft: int) -> None:
         """`measure(n_seqs, k)`: seconds of one decode of n_seqs sequences with k drafts each, or
@@ -77,8 +100,11 @@ class CostCurve:
                 else:
                     continue
                 break
+        self._calibrated_at = time.monotonic()
         if len(points) >= 2:
             self.fit(points)
+            self.calibrations += 1
+            self._recent.clear()
             log.info("verify cost curve: %.1f ms + %.2f ms per token (measured: %s)", self.intercept * 1000,
                      self.slope * 1000, ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())))
 
@@ -93,12 +119,39 @@ class CostCurve:
         return (self.intercept + self.slope * max(1, n_tokens)) * self.scale
 
     def observe(self, n_tokens: int, seconds: float) -> None:
-        if self.fixed:
+        if self.fixed or seconds <= 0:
             return
         predicted = self.seconds(n_tokens) / self.scale
-        if predicted > 0 and seconds > 0:
+        if predicted > 0:
             ratio = min(8.0, max(0.125, seconds / predicted))
             self.scale += SCALE_EMA * (ratio - self.scale)
+        recent = self._recent.get(n_tokens)
+        if recent is None:
+            recent = self._recent[n_tokens] = collections.deque(maxlen=RECENT)
+        recent.append(seconds)
+        self._drift_steps = self._drift_steps + 1 if not 1 / DRIFT <= self.scale <= DRIFT else 0
+        self._since_refit += 1
+        if self._since_refit >= REFIT_EVERY:
+            self._since_refit = 0
+            self._refit()
+
+    def _refit(self) -> None:
+        """The line through the recent steps' medians by size, when two sizes have enough."""
+        points = {n: statistics.median(d) for n, d in self._recent.items() if len(d) >= MIN_RECENT}
+        if len(points) < 2:
+            return
+        before = (self.intercept * self.scale, self.slope * self.scale)
+        self.fit(points)
+        self.refits += 1
+        if abs(self.slope - before[1]) > 0.25 * max(before[1], 1e-4):
+            log.info("verify cost curve refitted from recent steps: %.1f ms + %.2f ms per token (was %.1f + %.2f)",
+                     self.intercept * 1000, self.slope * 1000, before[0] * 1000, before[1] * 1000)
+
+    @property
+    def drifted(self) -> bool:
+        """The host's speed has moved away from the calibrated line for a while: re-measure."""
+        return (not self.fixed and self._drift_steps >= DRIFT_STEPS
+                and time.monotonic() - self._calibrated_at >= RECALIBRATE_MIN_S)
 
     def table(self) -> dict[int, float]:
         return {n: self.seconds(n) for n in (1, 2, 4, 8, 16, 32, 64)}

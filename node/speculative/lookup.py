@@ -34,6 +34,7 @@ class PromptLookup:
     """The `lookup` draft source."""
 
     name = "lookup"
+    cost_per_token = 0.0
 
     def __init__(self, min_n: int = MIN_N, max_n: int = MAX_N) -> None:
         self.min_n, self.max_n = min_n, max_n

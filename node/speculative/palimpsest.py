@@ -54,6 +54,7 @@ class Palimpsest:
     """The `archive` draft source: past generations of this model namespace."""
 
     name = "archive"
+    cost_per_token = 0.0
 
     def __init__(self, max_tokens: int = 1_000_000, *, context_tokens: int = 64, min_stream: int = KEY_N + 1) -> None:
         self.max_tokens = max_tokens

@@ -1,9 +1,11 @@
 """The seam between the controller and its draft sources.
 
-A source keeps per-sequence state between `begin` and `end`, answers `propose` in
-microseconds on the engine thread (no I/O, no locks held by other threads for long), and
-hears back how many of its tokens were kept. Sources never decide whether drafting pays:
-the controller does, from what they proposed and what was kept.
+A source keeps per-sequence state between `begin` and `end`, answers `propose` on the
+engine thread without I/O or locks held by other threads for long, and hears back how many
+of its tokens were kept. Index sources answer in microseconds; a source whose drafts cost
+real time to make (a draft model) says so in `cost_per_token` (seconds, measured), and the
+controller then asks it only for as many tokens as it expects to pay. Sources never decide
+whether drafting pays: the controller does, from what they proposed and what was kept.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from node.engine.hooks import Draft, DraftSeq
 
 class DraftSource(Protocol):
     name: str
+    # seconds of engine-thread time one drafted token costs to make; index sources: 0.0
+    cost_per_token: float
 
     def begin(self, seq: DraftSeq) -> None: ...
 

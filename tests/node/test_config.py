@@ -77,6 +77,8 @@ directory = ~/kv
         ("[server]\nprot = 1\n", ["[server] prot", "unknown key"]),
         ("[server]\nport = 70000\n", ["[server] port", "0-65535"]),
         ("[arca]\nremote = nohost\n", ["[arca] remote", "host:port"]),
+        ("[arca]\nremote = http://box:1\n", ["[arca] remote", "unknown scheme", "redis+cluster://"]),
+        ("[arca]\nkv_remote = redis://a:1,b:2\n", ["[arca] kv_remote", "cluster URL"]),
         ("[model]\nthreads = -1\n", ["[model] threads", ">= 0"]),
         ("[model\npath = x\n", ["reame.conf"]),
     ],
@@ -87,6 +89,11 @@ def test_errors_name_file_section_and_key(tmp_path, text, fragments):
         load_settings(conf, {}, env={})
     for fragment in fragments:
         assert fragment in str(caught.value)
+
+
+def test_remote_urls(tmp_path):
+    settings = load_settings(None, {"arca.remote": "rediss+cluster://u:p@10.0.0.7:7000,10.0.0.8:7000"}, env={})
+    assert settings.arca.remote_address == ("10.0.0.7", 7000)
 
 
 def test_env_errors_name_the_variable(tmp_path):
@@ -137,7 +144,11 @@ def test_speculative_settings_resolve_and_refuse_what_is_not_there(tmp_path):
     assert spec.enabled and spec.sources == ("lookup", "archive") and spec.max_draft == 16
     assert load_settings(None, {"speculative.sources": " archive , lookup,archive"}, env=env).speculative.sources \
         == ("archive", "lookup")
-    for flags, words in (({"speculative.sources": "lookup,model"}, ["speculative.sources", "not available"]),
+    with_model = load_settings(None, {"speculative.sources": "lookup,model", "speculative.draft_model_path": "/m.gguf"},
+                               env=env).speculative
+    assert with_model.sources == ("lookup", "model") and str(with_model.draft_model_path) == "/m.gguf"
+    for flags, words in (({"speculative.sources": "lookup,model"}, ["speculative.draft_model_path", "needs both"]),
+                         ({"speculative.draft_model_path": "/m.gguf"}, ["speculative.sources", "needs both"]),
                          ({"speculative.sources": "ngram"}, ["unknown source 'ngram'"]),
                          ({"speculative.min_draft": 9, "speculative.max_draft": 4}, ["min_draft", "<= "])):
         with pytest.raises(ConfigError) as info:

@@ -104,13 +104,15 @@ def http_json(method: str, url: str, body: Any = None, headers: dict | None = No
         return exc.code, dict(exc.headers), orjson.loads(exc.read())
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The value of one series on the node's /metrics (0 when absent)."""
+def metric(url: str, name: str, *, headers: dict | None = None, **labels: str) -> float:
+    """The value of one series on the node's /metrics (0 when absent); `headers` carry the
+    bearer key of a node that requires one."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+    request = urllib.request.Request(f"{url}/metrics", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

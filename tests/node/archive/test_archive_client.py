@@ -19,6 +19,8 @@ import pytest
 from arca.archive import ArchiveConfig
 from node.archive.breaker import Breaker
 from node.archive.client import EmbeddedArchive, RemoteArchive
+from node.archive.redis_mapping import cursor_of
+from shared.tokens import pack_tokens
 from tests.conftest import free_port
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
@@ -99,6 +101,13 @@ class RedisProcess:
             self.process = None
 
 
+def archive_cursor(port: int) -> int:
+    """The cursor of the one entry of the `ns` stream, read with redis-cli."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "xrange", "reame:l4:{ns}", "-", "+"],
+                         capture_output=True).stdout.split()
+    return cursor_of(out[0])
+
+
 @pytest.fixture
 def redis_server(tmp_path):
     server = RedisProcess(free_port(), tmp_path)
@@ -116,11 +125,14 @@ async def test_remote_round_trip(redis_server):
         await archive.set(b"k", b"\x00\xffbinary")
         assert await archive.get(b"k") == b"\x00\xffbinary"
         await archive.set(b"t", b"v", ttl_s=100)
-        ttl = subprocess.run(["redis-cli", "-p", str(redis_server.port), "ttl", "t"], capture_output=True).stdout
+        ttl = subprocess.run(["redis-cli", "-p", str(redis_server.port), "ttl", "reame:l1:t"],
+                             capture_output=True).stdout
         assert 0 < int(ttl) <= 100
         assert await archive.get(b"missing") is None
-        await archive.observe(b"ns", [1, 2, 3])  # a plain Redis refuses ARCA commands: counted, not raised
-        assert archive.counters.errors["observe"] == 1
+        assert archive.kind == "redis"  # learnt at connect: the tiers go to plain Redis types
+        await archive.observe(b"ns", [1, 2, 3])
+        assert await archive.since(b"ns", 0, 10) == [(archive_cursor(redis_server.port), pack_tokens([1, 2, 3]))]
+        assert archive.counters.errors["observe"] == 0
         assert archive.state() == "ok"
     finally:
         await archive.close()

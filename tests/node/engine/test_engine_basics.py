@@ -128,3 +128,15 @@ def test_grammar_constrains_the_output(engine):
     assert text in ("yes.", "no.") and fin.reason == "stop"
     with pytest.raises(InvalidRequest, match="grammar"):  # refused at submit (the API's 400)
         engine.submit(request(engine, "Hi", sampling=SamplingParams(grammar="root ::= (")))
+
+
+def test_the_thread_count_never_changes_the_output(engine):
+    """The tuner (node/engine/threads.py) may switch counts between steps: greedy text must not move."""
+    req = request(engine, "A list of the planets of the solar system:", max_tokens=24, sampling=GREEDY)
+    _, two = run(engine, req)
+    engine._ctx.set_threads(1)
+    try:
+        _, one = run(engine, req)
+    finally:
+        engine._ctx.set_threads(engine._ctx_threads)
+    assert one.generated == two.generated

@@ -82,3 +82,36 @@ def test_assembled_model_has_its_fingerprint_cached(tmp_path, gemma_path):
     resolved = resolve_model(DEFAULT_MODEL, tmp_path)
     assert cache_path(resolved.path).exists()
     assert model_fingerprint(resolved.path) == hash_file(gemma_path)
+
+
+def test_nodes_sharing_a_model_store_assemble_at_once(tmp_path, monkeypatch):
+    """Two first runs on one model store (a fleet's shared volume) write separate partial files
+    and both end with the whole model; no partial file is left behind."""
+    import sys
+    import threading
+    import types
+
+    partials: list[str] = []
+    both_writing = threading.Barrier(2, timeout=10)
+
+    def assemble(path, overwrite=False):
+        partials.append(path.name)
+        with open(path, "wb") as out:
+            out.write(b"GGUF")
+            both_writing.wait()  # the two writers overlap
+            out.write(b"\0" * 1000)
+
+    package = types.ModuleType("fake_gemma_package")
+    package.assemble = assemble  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_gemma_package", package)
+    monkeypatch.setattr("node.models.catalog.GEMMA_PACKAGE", "fake_gemma_package")
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(resolve_model(DEFAULT_MODEL, tmp_path).path))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(partials)) == 2 and len(results) == 2
+    assert results[0].read_bytes() == b"GGUF" + b"\0" * 1000
+    assert not list((tmp_path / "models").glob("*.part"))

@@ -130,9 +130,9 @@ async def test_token_ids_outside_the_vocabulary_are_refused(service):
 async def test_a_session_turn_continues_the_session_tokens(service):
     store = service.turns.store
     session = await store.create()
-    first = service.plan_chat(parse_chat(CHAT), session=store.get(session.id))
+    first = service.plan_chat(parse_chat(CHAT), session=await store.get(session.id))
     await answer(service, first)
-    after = store.get(session.id)
+    after = await store.get(session.id)
     assert after.tokens[:len(first.jobs[0].prompt_tokens)] == first.jobs[0].prompt_tokens
     assert [m["role"] for m in after.messages] == ["user", "assistant"]
     second = service.plan_chat(parse_chat({**CHAT, "messages": [{"role": "user", "content": "More"}]}),

@@ -21,13 +21,13 @@ async def test_sessions_survive_a_reopen_and_unknown_ids_are_not_found(tmp_path)
     session = await store.create()
     await store.save(dataclasses.replace(session, tokens=(1, 2, 3)))
     reopened = SessionStore.open(tmp_path)
-    assert reopened.get(session.id).tokens == (1, 2, 3)
+    assert (await reopened.get(session.id)).tokens == (1, 2, 3)
     for bad in ("sess_" + "0" * 24, "../etc/passwd", ""):
         with pytest.raises(SessionNotFound):
-            reopened.get(bad)
+            await reopened.get(bad)
     await reopened.delete(session.id)
     with pytest.raises(SessionNotFound):
-        SessionStore.open(tmp_path).get(session.id)
+        await SessionStore.open(tmp_path).get(session.id)
 
 
 async def test_the_least_recently_used_session_is_dropped_past_the_bound(tmp_path):
@@ -35,16 +35,16 @@ async def test_the_least_recently_used_session_is_dropped_past_the_bound(tmp_pat
     first, second = await store.create(), await store.create()
     await store.save(first)  # first is now the most recent
     await store.create()
-    assert len(store) == 2 and store.get(first.id)
+    assert len(store) == 2 and await store.get(first.id)
     with pytest.raises(SessionNotFound):
-        store.get(second.id)
+        await store.get(second.id)
 
 
 async def test_expired_sessions_are_gone(tmp_path):
     store = SessionStore.open(tmp_path, SessionLimits(ttl_s=0.0))
     session = await store.create()
     with pytest.raises(SessionNotFound):
-        store.get(session.id)
+        await store.get(session.id)
 
 
 def test_cuts_follow_the_template():

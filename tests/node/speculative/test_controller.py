@@ -12,14 +12,16 @@ from node.speculative.costs import CostCurve
 class Fixed:
     """A source always proposing the same tokens."""
 
-    def __init__(self, name: str, tokens: tuple[int, ...]) -> None:
-        self.name, self.tokens = name, tokens
+    def __init__(self, name: str, tokens: tuple[int, ...], cost_per_token: float = 0.0) -> None:
+        self.name, self.tokens, self.cost_per_token = name, tokens, cost_per_token
+        self.asked: list[int] = []
 
     def begin(self, seq): ...
     def end(self, seq, tokens): ...
     def observe(self, seq, drafted, accepted): ...
 
     def propose(self, seq, context, k):
+        self.asked.append(k)
         return Draft(self.tokens[:k], self.name) if self.tokens else None
 
 
@@ -41,7 +43,7 @@ def run(controller: Controller, n_steps: int, accepted_of) -> list[int]:
         lengths.append(n)
         if draft:
             controller.verified(SEQ, draft, accepted_of(n))
-        controller.step_done(1, 1 + n, 0.012)
+        controller.step_done(1, 1 + n, 0.012 + 0.0012 * (1 + n))  # what the linear() host costs
     return lengths
 
 
@@ -134,3 +136,37 @@ def test_stats_by_position_and_histogram():
     assert snap["drafted"] == 4 and snap["accepted"] == 2
     assert snap["acceptance_by_position"][:3] == [1.0, 1.0, 0.0] and snap["acceptance_by_position"][3] is None
     assert snap["accepted_lengths"] == [0, 0, 1, 0, 0] and snap["verify_seconds"] > 0
+
+
+def test_cost_curve_refits_its_shape_from_the_steps_the_engine_ran():
+    curve = linear(per_step=0.010, per_token=0.0026)  # calibrated on a quiet host
+    for i in range(128):  # a neighbour took a core: every extra token costs far more
+        n = (1, 9)[i % 2]
+        curve.observe(n, 0.028 + 0.0175 * (n - 1))
+    assert curve.refits >= 1 and abs(curve.slope - 0.0175) < 1e-6
+    assert abs(curve.seconds(9) / curve.seconds(1) - (0.028 + 0.14) / 0.028) < 0.05
+
+
+def test_cost_curve_asks_for_a_calibration_when_the_host_changes_speed():
+    curve = linear()
+    for _ in range(10):
+        curve.observe(4, curve.seconds(4))
+    assert not curve.drifted
+    for _ in range(200):
+        curve.observe(4, 3 * 0.0168)  # three times slower, one size only: no refit possible
+    assert curve.drifted
+    controller = Controller([], costs=curve)
+    assert controller.calibration_due()
+    curve.calibrate(lambda n_seqs, k: 0.03 + 0.003 * n_seqs * (k + 1), n_parallel=4, max_draft=16)
+    assert not curve.drifted and curve.calibrations == 1
+
+
+def test_a_source_whose_drafts_cost_time_is_asked_for_what_pays_and_dropped_when_too_slow():
+    cheap = Fixed("model", tuple(range(16)), cost_per_token=0.001)
+    controller = Controller([cheap], ControllerConfig(max_draft=16), costs=linear())
+    lengths = run(controller, 60, lambda n: n)
+    assert lengths[-1] >= 8 and cheap.asked[-1] == lengths[-1]  # asked for no more than it verifies
+    slow = Fixed("model", tuple(range(16)), cost_per_token=0.05)  # each token costs 4 plain steps to make
+    controller = Controller([slow], ControllerConfig(max_draft=16), costs=linear())
+    lengths = run(controller, 100, lambda n: n)
+    assert sum(lengths) <= 2 * 3 and not controller.state()["model"]["on"]  # off, but for short probes

@@ -70,6 +70,21 @@ def assert_same_up_to_near_ties(plain_events, generated) -> None:
     assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
 
 
+def assert_same_distribution(tally: dict[bool, collections.Counter], firsts: dict[bool, collections.Counter],
+                             n: int, tv_bound: float) -> None:
+    """Speculation on (True) against off (False), n samples each: total variation of the first
+    tokens' joint distribution under tv_bound, and a chi-square test of the first token."""
+    tv = 0.5 * sum(abs(tally[True][k] - tally[False][k]) for k in tally[True] | tally[False]) / n
+    assert tv < tv_bound, (tally[True].most_common(5), tally[False].most_common(5))
+    chi2, dof = 0.0, -1
+    for k in firsts[True] | firsts[False]:
+        a, b = firsts[True][k], firsts[False][k]
+        if a + b >= 5:
+            chi2 += (a - b) ** 2 / (a + b)
+            dof += 1
+    assert dof >= 1 and chi2 < 3 * max(dof, 1) + 10, (chi2, dof)
+
+
 def test_greedy_output_is_the_same_with_and_without_speculation(spec):
     eng, controller, _ = spec
     before = eng.stats()["draft_accepted"]
@@ -148,15 +163,6 @@ def test_sampled_output_distribution_is_the_targets(spec):
             tally[flag][done.generated] += 1
             firsts[flag][done.generated[:1]] += 1
         drafted[flag] = controller.stats["lookup"].drafted + controller.stats["archive"].drafted - before
-    n = len(seeds)
-    tv = 0.5 * sum(abs(tally[True][k] - tally[False][k]) for k in tally[True] | tally[False]) / n
-    assert tv < 0.25, (tally[True].most_common(5), tally[False].most_common(5))
-    chi2, dof = 0.0, -1
-    for k in firsts[True] | firsts[False]:
-        a, b = firsts[True][k], firsts[False][k]
-        if a + b >= 5:
-            chi2 += (a - b) ** 2 / (a + b)
-            dof += 1
-    assert dof >= 1 and chi2 < 3 * max(dof, 1) + 10, (chi2, dof)
+    assert_same_distribution(tally, firsts, len(seeds), tv_bound=0.25)
     assert len(firsts[True]) >= 2  # really sampled
     assert drafted[True] > 0 and drafted[False] == 0  # drafts were verified while sampling

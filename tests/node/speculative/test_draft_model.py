@@ -1,0 +1,118 @@
+"""The draft-model source on the real model: Gemma 3 270M drafts for itself (the only model
+here), so drafts are mostly kept and every verification path runs: greedy drafts checked by
+argmax, sampled drafts verified by rejection sampling against their distributions, and the
+KV rollback after rejected drafts. Speed is not tested (a draft as large as the target
+cannot pay); correctness and the refusals are."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from node.engine.engine import Engine, EngineConfig
+from node.engine.types import GenerationRequest, SamplingParams
+from node.speculative.controller import Controller, ControllerConfig
+from node.speculative.costs import CostCurve
+from node.speculative.draft_model import DraftModel, VocabularyMismatch, check_vocabularies
+from tests.node.speculative.test_speculation_engine import (GREEDY, PROSE, REPEATS, assert_same_distribution,
+                                                          assert_same_up_to_near_ties)
+
+pytestmark = pytest.mark.model
+
+
+class FreeDraftModel(DraftModel):
+    """The real draft model, but it reports drafts as free to make, so the controller verifies
+    every draft with a fair chance (the measured cost would rightly switch a same-size draft
+    model off, and nothing would be verified)."""
+
+    @property
+    def cost_per_token(self) -> float:
+        return 0.0
+
+    @cost_per_token.setter
+    def cost_per_token(self, value: float) -> None:
+        self.measured_cost = value
+
+
+@pytest.fixture(scope="module")
+def drafted(gemma_path):
+    source = FreeDraftModel(gemma_path, target_path=gemma_path, n_ctx=2048, n_parallel=4, n_threads=2)
+    controller = Controller([source], ControllerConfig(max_draft=6, n_parallel=4),
+                            costs=CostCurve({1: 0.0126, 8: 0.0150}, fixed=True))
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=2048, n_parallel=4, max_draft=6, speculator=controller,
+                              step_token_budget=64, max_queue=128))
+    yield eng, controller, source
+    eng.close()
+    source.close()
+
+
+def generate(eng, text, n_tokens, *, speculation=True, sampling=GREEDY, logprobs=None):
+    req = GenerationRequest(tuple(eng.tokenize(text)), max_tokens=n_tokens, sampling=sampling,
+                            speculation=speculation, logprobs=logprobs)
+    return list(eng.submit(req).iter_sync(timeout=300))
+
+
+def test_greedy_drafts_from_a_draft_model_keep_the_plain_output(drafted):
+    eng, controller, source = drafted
+    for text in (REPEATS, PROSE, "Dear Sir, I write to complain about"):
+        plain = generate(eng, text, 24, speculation=False, logprobs=2)
+        on = generate(eng, text, 24)[-1]
+        assert_same_up_to_near_ties(plain, on.generated)
+    stats = controller.stats["model"]
+    assert stats.drafted > 20 and stats.accepted > stats.drafted // 2  # it drafts for itself: mostly kept
+    assert source.measured_cost > 0  # what making a draft took was measured
+
+
+def test_sampled_drafts_are_verified_by_rejection_and_keep_the_targets_distribution(drafted):
+    eng, controller, _ = drafted
+    sampling = dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+    text = "a b c a b c a b c a b c a b"  # a peaked distribution: 60 samples estimate it well
+    tally: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
+    firsts: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
+    for flag in (True, False):
+        before = controller.stats["model"].drafted
+        reqs = [GenerationRequest(tuple(eng.tokenize(text)), max_tokens=3, speculation=flag,
+                                  sampling=SamplingParams(seed=seed, **sampling)) for seed in range(1, 61)]
+        for handle in [eng.submit(r) for r in reqs]:
+            done = list(handle.iter_sync(timeout=300))[-1]
+            tally[flag][done.generated] += 1
+            firsts[flag][done.generated[:1]] += 1
+        assert (controller.stats["model"].drafted > before) == flag
+    assert_same_distribution(tally, firsts, 60, tv_bound=0.25)
+    assert controller.stats["model"].accepted > 0
+
+
+def test_a_draft_model_that_tokenizes_differently_is_refused(gemma_path):
+    from node.engine.llama import LlamaModel
+
+    target = LlamaModel(gemma_path, vocab_only=True)
+    try:
+        check_vocabularies(target, target)  # the same vocabulary passes
+
+        class OnePieceOff:
+            """The real vocabulary with one piece changed (no second vocabulary exists here)."""
+
+            info, n_vocab = target.info, target.n_vocab
+
+            def token_piece(self, token: int) -> bytes:
+                return b"<changed>" if token == 1000 else target.token_piece(token)
+
+        with pytest.raises(VocabularyMismatch, match="token 1000"):
+            check_vocabularies(target, OnePieceOff())  # type: ignore[arg-type]
+    finally:
+        target.close()
+
+
+def test_the_model_source_needs_its_path_and_a_bad_path_is_a_clear_error(tmp_path, gemma_path):
+    from node.config import ConfigError, load_settings
+    from node.models.catalog import ModelError
+    from node.models.loader import build_speculator, plan_engine
+
+    env = {"REAME_HOME": str(tmp_path)}
+    with pytest.raises(ConfigError, match="needs both"):
+        load_settings(None, {"speculative.sources": "model"}, env=env)
+    settings = load_settings(None, {"model.path": str(gemma_path), "speculative.sources": "lookup,model",
+                                    "speculative.draft_model_path": str(tmp_path / "missing.gguf")}, env=env)
+    with pytest.raises(ModelError, match="draft_model_path .*missing.gguf"):
+        build_speculator(settings, plan_engine(settings))
