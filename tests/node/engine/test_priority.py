@@ -146,3 +146,40 @@ def test_batch_sequences_sit_out_a_live_prompt(gemma_path):
         assert between.count("batch") <= 2, between
     finally:
         eng.close()
+
+
+def test_beside_a_live_request_one_batch_sequence_decodes_a_step(gemma_path):
+    from node.engine.engine import Engine, EngineConfig
+    from node.engine.types import TextDelta
+
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=512, n_parallel=3, n_batch=128, max_queue=16,
+                              step_token_budget=64, interactive_slots=0))
+    try:
+        events: list[str] = []
+        lock = threading.Lock()
+        started = [threading.Event(), threading.Event()]
+
+        def drain(name, handle, first=None):
+            for event in handle.iter_sync(180):
+                if isinstance(event, TextDelta):
+                    with lock:
+                        events.append(name)
+                    if first is not None:
+                        first.set()
+
+        readers = []
+        for i, text in enumerate(("Numbers: one, two, three,", "Colours: red, green, blue,")):
+            line = GenerationRequest(prompt_tokens=tuple(eng.tokenize(text)), max_tokens=120, sampling=GREEDY,
+                                     priority=BATCH, speculation=False)
+            readers.append(threading.Thread(target=drain, args=(f"batch{i}", eng.submit(line), started[i])))
+            readers[-1].start()
+        assert all(event.wait(120) for event in started)
+        drain("live", eng.submit(request(eng, "My favourite animal is", INTERACTIVE, max_tokens=16)))
+        for reader in readers:
+            reader.join(240)
+        span = events[events.index("live"):len(events) - events[::-1].index("live")]
+        # two batch sequences decoding: beside the live one they take turns, one token a step
+        batch_tokens = sum(name != "live" for name in span)
+        assert batch_tokens <= span.count("live") + 1, span
+    finally:
+        eng.close()
