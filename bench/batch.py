@@ -11,7 +11,8 @@ archive):
 - one by one: a plain client POSTing each line and waiting for its answer, wall time.
 Both nodes' `/v1/reame/stats` figures follow (tokens served, computed, saved per tier). Then
 fairness on the batch node: the p50 latency of `--probes` live chat requests alone, and again
-while a second batch of new lines runs (then cancelled with Ctrl-C), and their ratio. Prints the load average (`uptime`)
+while a second batch of new lines runs (then cancelled with Ctrl-C), and their ratio
+(`--fairness-only`: that part alone, on one fresh node). Prints the load average (`uptime`)
 before and after: the machine is shared.
 """
 
@@ -45,6 +46,7 @@ VERDICTS = ("it works perfectly.", "it broke on the second day.", "the battery l
             "I want my money back.", "the colour faded after one wash.", "I would buy it again.",
             "the instructions were useless.", "it is exactly as described.", "the smell is awful.",
             "customer service was very helpful.")
+NO_OVERLAP = " (the batch ended before the probes: rerun with more --lines)"
 PRODUCTS = ("kettle", "desk lamp", "backpack", "blender", "phone case", "rain jacket", "toaster", "headset")
 
 
@@ -112,6 +114,8 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=200)
     parser.add_argument("--probes", type=int, default=8)
     parser.add_argument("--model", type=Path)
+    parser.add_argument("--fairness-only", action="store_true", help="skip the comparison: live p50 alone and "
+                        "during a batch, on one fresh node")
     args = parser.parse_args()
     model = str(args.model or default_model())
     env = {"REAME_CACHE_ENABLED": "true"}
@@ -120,6 +124,12 @@ def main() -> int:
     source = work / "lines.jsonl"
     source.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in batch_lines))
     print(f"{len(batch_lines)} lines, one instruction; {uptime()}", flush=True)
+
+    if args.fairness_only:
+        with node_server(model, env=env) as (url, _, _):
+            wait_calibrated(url)
+            fairness(url, args, work)
+        return 0
 
     with node_server(model, env=env) as (url, _, _):
         wait_calibrated(url)
@@ -144,24 +154,27 @@ def main() -> int:
         print(f"reame batch: {batch_s:.1f} s ({len(batch_lines) / batch_s:.2f} lines/s); {describe(batch_stats)}")
         print(f"  {done.stdout.strip()}")
         print(f"ratio: reame batch {serial_s / batch_s:.2f}x faster than one by one; {uptime()}", flush=True)
-
-        alone = probe(url, args.probes, "quiet")
-        second = work / "second.jsonl"
-        second.write_bytes(b"".join(orjson.dumps(line) + b"\n"
-                                    for line in lines(reviews(args.lines, 0, offset=10_000), "second")))
-        background = subprocess.Popen([sys.executable, "-m", "node.cli", "batch", str(second), "-o",
-                                       str(work / "second.out.jsonl"), "--server", url], cwd=ROOT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(3)  # the batch is running
-        during = probe(url, args.probes, "busy")
-        overlapped = background.poll() is None
-        background.send_signal(signal.SIGINT)  # Ctrl-C: the node's batch is cancelled
-        background.wait(600)
-        p50_alone, p50_during = statistics.median(alone), statistics.median(during)
-        print(f"fairness: live chat p50 {p50_alone * 1000:.0f} ms alone, {p50_during * 1000:.0f} ms during a batch "
-              f"({p50_during / p50_alone:.2f}x){'' if overlapped else ' (the batch ended before the probes: rerun with more --lines)'}; "
-              f"{uptime()}")
+        fairness(url, args, work)
     return 0
+
+
+def fairness(url: str, args: argparse.Namespace, work: Path) -> None:
+    """Live chat p50 alone, then while a batch of new lines runs (cancelled afterwards)."""
+    alone = probe(url, args.probes, "quiet")
+    second = work / "second.jsonl"
+    second.write_bytes(b"".join(orjson.dumps(line) + b"\n"
+                                for line in lines(reviews(args.lines, 0, offset=10_000), "second")))
+    background = subprocess.Popen([sys.executable, "-m", "node.cli", "batch", str(second), "-o",
+                                   str(work / "second.out.jsonl"), "--server", url], cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(3)  # the batch is running
+    during = probe(url, args.probes, "busy")
+    overlapped = background.poll() is None
+    background.send_signal(signal.SIGINT)  # Ctrl-C: the node's batch is cancelled
+    background.wait(600)
+    p50_alone, p50_during = statistics.median(alone), statistics.median(during)
+    print(f"fairness: live chat p50 {p50_alone * 1000:.0f} ms alone, {p50_during * 1000:.0f} ms during a batch "
+          f"({p50_during / p50_alone:.2f}x){'' if overlapped else NO_OVERLAP}; {uptime()}", flush=True)
 
 
 if __name__ == "__main__":

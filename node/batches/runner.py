@@ -88,6 +88,7 @@ class BatchRunner:
             counts = final.to_object()["request_counts"]
             log.info("batch %s %s: %d lines, %d completed, %d failed", batch_id, final.status, counts["total"],
                      counts["completed"], counts["failed"])
+        if final.status not in ("in_progress", "finalizing", "cancelling"):
             self._cancelled.discard(batch_id)
 
     async def _validate(self, batch_id: str, file_id: str, endpoint: str) -> BatchRecord:

@@ -23,7 +23,8 @@ Each step (all on the one thread that owns the llama context):
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step. While an interactive request is
    active, batch work yields (`_plan`): batch prompts wait, batch sequences verify no
-   drafts and sit out the steps that prefill an interactive prompt; a batch prompt goes in
+   drafts, sit out the steps that prefill an interactive prompt and decode one at a time
+   (in turn) beside interactive decoding; a batch prompt goes in
    chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
@@ -111,6 +112,7 @@ class Scheduler:
         self._budget = KVBudget(limits.n_parallel, ctx.n_ctx)
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self._batch_turn = 0  # which waiting batch sequence decodes beside live work
         self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
         self._thread.start()
 
@@ -360,13 +362,19 @@ class Scheduler:
 
     def _plan(self) -> list[_Entry]:
         """The step's entries. While an interactive request is active, batch work yields: batch
-        prompts wait, batch sequences verify no drafts, and sit out the steps in which an
-        interactive prompt is prefilled (its time to first token is the batch-free one)."""
+        prompts wait, batch sequences verify no drafts, sit out the steps in which an
+        interactive prompt is prefilled (its time to first token is the batch-free one), and
+        beside interactive decoding only one of them decodes a step, in turn (a live step
+        carries one batch token at most, and the batch still moves and frees its slots)."""
         entries: list[_Entry] = []
         live = [seq for seq in self._active if seq.request.priority == INTERACTIVE]
-        live_prefill = any(seq.phase is not Phase.DECODE for seq in live)
-        decoding = [s for s in self._active if s.phase is Phase.DECODE
-                    and not (live_prefill and s.request.priority > INTERACTIVE)]
+        decoding = [s for s in self._active if s.phase is Phase.DECODE and s.request.priority == INTERACTIVE]
+        waiting = [s for s in self._active if s.phase is Phase.DECODE and s.request.priority > INTERACTIVE]
+        if not live:
+            decoding += waiting
+        elif waiting and not any(seq.phase is not Phase.DECODE for seq in live):
+            self._batch_turn += 1  # beside live decoding: one batch sequence a step, in turn
+            decoding.append(waiting[self._batch_turn % len(waiting)])
         if decoding and self._speculator is not None:
             self._hook("start_step", len(decoding))
         for seq in decoding:

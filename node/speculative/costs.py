@@ -59,6 +59,7 @@ class CostCurve:
         self._calibrated_at = float("-inf")
         self.refits = 0
         self.calibrations = 0
+        self._start_rate: float | None = None
 
     def fit(self, points: dict[int, float]) -> None:
         """Theil-Sen: the median of pairwise slopes, so one step disturbed by another process
@@ -103,17 +104,17 @@ class CostCurve:
         self._calibrated_at = time.monotonic()
         if len(points) >= 2:
             self.fit(points)
+            if self._start_rate is None:
+                self._start_rate = 1.0 / (self.intercept + self.slope)
             self.calibrations += 1
             self._recent.clear()
             log.info("verify cost curve: %.1f ms + %.2f ms per token (measured: %s)", self.intercept * 1000,
                      self.slope * 1000, ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())))
 
     def plain_rate(self) -> float | None:
-        """Tokens per second of plain single-stream decoding as calibrated at start-up (one token
-        per step, the scale left out), or None before a calibration."""
-        if not self.measured:
-            return None
-        return 1.0 / (self.intercept + self.slope)
+        """Tokens per second of plain single-stream decoding (one token a step) as the first
+        calibration measured it, or None before one; refits and recalibrations leave it."""
+        return self._start_rate
 
     def seconds(self, n_tokens: int) -> float:
         return (self.intercept + self.slope * max(1, n_tokens)) * self.scale

@@ -33,6 +33,29 @@ def request(engine, text: str, priority: int, max_tokens: int = 6) -> Generation
                              priority=priority, request_id=text)
 
 
+class Recorder:
+    """The order in which handles' text arrived: their name per TextDelta, name:done at the end."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+
+    def note(self, item: str) -> None:
+        with self.lock:
+            self.events.append(item)
+
+    def drain(self, name: str, handle, first: threading.Event | None = None) -> None:
+        for event in handle.iter_sync(180):
+            self.note(f"{name}:done" if isinstance(event, Finished) else name)
+            if first is not None and not isinstance(event, Finished):
+                first.set()
+
+    def reader(self, name: str, handle, first: threading.Event | None = None) -> threading.Thread:
+        thread = threading.Thread(target=self.drain, args=(name, handle, first))
+        thread.start()
+        return thread
+
+
 def run_all(handles) -> list[str]:
     """Drain every handle on its own thread; the order in which they finished."""
     order: list[str] = []
@@ -82,67 +105,69 @@ def test_interactive_slots_must_leave_a_slot_for_batch_work(gemma_path):
 
 def test_a_batch_prompt_waits_while_a_live_request_decodes(gemma_path):
     from node.engine.engine import Engine, EngineConfig
-    from node.engine.types import TextDelta
 
     eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=256, n_parallel=2, n_batch=128, max_queue=16,
                               step_token_budget=64, interactive_slots=0))
     try:
-        events: list[tuple[str, str]] = []
-        lock = threading.Lock()
-
-        def drain(name, handle, first=None):
-            for event in handle.iter_sync(120):
-                with lock:
-                    events.append((name, type(event).__name__))
-                if first is not None and isinstance(event, TextDelta):
-                    first.set()
-
-        live = eng.submit(request(eng, "Once upon a time", INTERACTIVE, max_tokens=12))
+        record = Recorder()
         decoding = threading.Event()
-        reader = threading.Thread(target=drain, args=("live", live, decoding))
-        reader.start()
+        reader = record.reader("live", eng.submit(request(eng, "Once upon a time", INTERACTIVE, max_tokens=12)),
+                               decoding)
         assert decoding.wait(120)
-        batch = eng.submit(request(eng, "The weather today is", BATCH, max_tokens=4))
-        drain("batch", batch)
+        record.drain("batch", eng.submit(request(eng, "The weather today is", BATCH, max_tokens=4)))
         reader.join(120)
         # a free slot, yet the batch line's prompt went in only after the live request ended
-        assert events.index(("live", "Finished")) < events.index(("batch", "TextDelta"))
+        assert record.events.index("live:done") < record.events.index("batch")
     finally:
         eng.close()
 
 
 def test_batch_sequences_sit_out_a_live_prompt(gemma_path):
     from node.engine.engine import Engine, EngineConfig
-    from node.engine.types import TextDelta
 
     eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=512, n_parallel=2, n_batch=256, max_queue=16,
                               step_token_budget=16, interactive_slots=0))
     try:
-        events: list[str] = []
-        lock = threading.Lock()
-
-        def drain(name, handle, started=None):
-            for event in handle.iter_sync(120):
-                if isinstance(event, TextDelta):
-                    with lock:
-                        events.append(name)
-                    if started is not None:
-                        started.set()
-
+        record = Recorder()
         long_batch = GenerationRequest(prompt_tokens=tuple(eng.tokenize("A list of fruits: apple, pear,")),
                                        max_tokens=80, sampling=GREEDY, priority=BATCH, speculation=False)
         decoding = threading.Event()
-        reader = threading.Thread(target=drain, args=("batch", eng.submit(long_batch), decoding))
-        reader.start()
+        reader = record.reader("batch", eng.submit(long_batch), decoding)
         assert decoding.wait(120)
         prompt = "Describe the harbour, the quay, the customs house and the pilots' tower. " * 6
-        with lock:
-            events.append("submit")
-        drain("live", eng.submit(request(eng, prompt, INTERACTIVE, max_tokens=2)))
+        record.note("submit")
+        record.drain("live", eng.submit(request(eng, prompt, INTERACTIVE, max_tokens=2)))
         reader.join(180)
+        events = record.events
         between = events[events.index("submit"):events.index("live")]
         # with 16 tokens a step beside a decoding batch, the ~100-token prompt would take 7 steps,
         # the batch emitting a token in each; the batch sits them out, so only a step in flight counts
         assert between.count("batch") <= 2, between
+    finally:
+        eng.close()
+
+
+def test_beside_a_live_request_one_batch_sequence_decodes_a_step(gemma_path):
+    from node.engine.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=512, n_parallel=3, n_batch=128, max_queue=16,
+                              step_token_budget=64, interactive_slots=0))
+    try:
+        record = Recorder()
+        started = [threading.Event(), threading.Event()]
+        readers = []
+        for i, text in enumerate(("Numbers: one, two, three,", "Colours: red, green, blue,")):
+            line = GenerationRequest(prompt_tokens=tuple(eng.tokenize(text)), max_tokens=120, sampling=GREEDY,
+                                     priority=BATCH, speculation=False)
+            readers.append(record.reader(f"batch{i}", eng.submit(line), started[i]))
+        assert all(event.wait(120) for event in started)
+        record.drain("live", eng.submit(request(eng, "My favourite animal is", INTERACTIVE, max_tokens=16)))
+        for reader in readers:
+            reader.join(240)
+        events = record.events
+        span = events[events.index("live"):len(events) - events[::-1].index("live")]
+        # two batch sequences decoding: beside the live one they take turns, one token a step
+        batch_tokens = sum(name in ("batch0", "batch1") for name in span)
+        assert batch_tokens <= span.count("live") + 1, span
     finally:
         eng.close()
