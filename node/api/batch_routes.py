@@ -40,7 +40,8 @@ def runner_of(request: web.Request) -> BatchRunner:
 
 def limit_of(request: web.Request, default: int = 20) -> int:
     text = request.query.get("limit", str(default))
-    if not text.isdigit() or not 1 <= int(text) <= 10_000:
+    # ASCII digits only: str.isdigit() also admits superscripts, which int() refuses
+    if not (text.isascii() and text.isdigit() and len(text) <= 5) or not 1 <= int(text) <= 10_000:
         raise InvalidRequest("'limit' must be an integer from 1 to 10000", param="limit")
     return int(text)
 

@@ -120,7 +120,8 @@ async def answer(request: web.Request, state: NodeState, plan: Plan,
 
 async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
     """The whole OpenAI response object of a non-streamed answer."""
-    collector = Collector(identity, sum(job.n for job in plan.jobs), plan.options.logprobs is not None)
+    n_choices = sum(job.n for job in plan.jobs)
+    collector = Collector(identity, n_choices, plan.options.logprobs is not None, tool_readers(plan, n_choices))
     async for event in result.events():
         collector.add(event)
     return collector.response(plan.prompt_tokens)

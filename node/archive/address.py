@@ -67,7 +67,7 @@ def _host_port(text: str, default_port: int) -> tuple[str, int]:
         raise AddressError(f"missing host in {text!r}")
     if not port_text:
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
         raise AddressError(f"bad port in {text!r}")
     return host, int(port_text)
 
@@ -77,7 +77,7 @@ def parse_address(text: str) -> ArchiveAddress:
     text = text.strip()
     if "://" not in text:  # the original host:port form
         host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise AddressError(f"expected host:port or a URL such as redis://host:port, got {text!r}")
         return ArchiveAddress(((host.strip("[]"), int(port)),))
     scheme, _, rest = text.partition("://")

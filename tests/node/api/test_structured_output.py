@@ -181,9 +181,39 @@ def test_greedy_constrained_output_is_the_same_with_and_without_suggeritore(node
             return out
 
     before = node.state.speculation.stats.snapshot()["grammar"]["accepted"]
-    for plain, drafted in asyncio.run(run()):
-        assert plain[0] == drafted[0] == 200 and plain[1] == drafted[1] and plain[2] == drafted[2]
+    for i, (plain, drafted) in zip((0, 24, 37, 45, 48), asyncio.run(run())):
+        assert plain[0] == drafted[0] == 200
+        if plain[1] != drafted[1]:
+            assert_diverged_at_a_near_tie(node, request(SCHEMAS[i], 1000 + i), drafted[1])
+        else:
+            assert plain[2] == drafted[2]
     assert node.state.speculation.stats.snapshot()["grammar"]["accepted"] > before
+
+
+NEAR_TIE = 0.5
+
+
+def assert_diverged_at_a_near_tie(node, body: dict, drafted: str) -> None:
+    """Verification puts several tokens of a sequence in one ubatch, and llama.cpp's CPU kernels
+    are not batch-invariant (docs/BENCHMARKS.md: logits a few tenths apart), so greedy text may
+    part at a near-tie of the plain run, never at a clear margin."""
+    async def plain_with_logprobs():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+            reply = await session.post(f"{node.url}/v1/chat/completions",
+                                       json={**body, "speculation": False, "max_tokens": 63, "logprobs": True,
+                                             "top_logprobs": 2, "stop": ["\x01never"]})
+            return await reply.json()
+
+    content = asyncio.run(plain_with_logprobs())["choices"][0]["logprobs"]["content"]
+    prefix = ""
+    for entry in content:
+        if not drafted.startswith(prefix + entry["token"]):
+            top = entry["top_logprobs"]
+            gap = top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("inf")
+            assert gap < NEAR_TIE, f"diverged after {prefix!r} at a clear margin {gap:.3f}"
+            return
+        prefix += entry["token"]
+    raise AssertionError(f"outputs differ but no token of the plain run parts from {drafted!r}")
 
 
 def test_the_l1_key_covers_the_schema(node):
