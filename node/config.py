@@ -29,7 +29,8 @@ OPTIONS: tuple[Option, ...] = (
          "Model: a catalog alias (`reame list`) or a path to a GGUF file."),
     _opt("model", "context_length", int, 0,
          "Context size in tokens shared by all slots; 0 = model default x parallel, capped by RAM."),
-    _opt("model", "threads", int, 0, "CPU threads; 0 = all cores (cores - 1 above 4), fewer when measured faster."),
+    _opt("model", "threads", int, 0,
+         "CPU threads; 0 = all cores (cores - 1 above 4); -1 = that, tuned online (fewer when measured faster)."),
     _opt("model", "batch", int, 512, "Logical batch size: most tokens one decode step takes."),
     _opt("model", "ubatch", int, 512, "Physical micro-batch size inside one decode step."),
     _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
@@ -280,7 +281,7 @@ def _remote(value: str) -> str | None:
 CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "model.path": lambda v: None if v else "must name a model",
     "model.context_length": _at_least(0),
-    "model.threads": _at_least(0),
+    "model.threads": _at_least(-1),
     "model.batch": _at_least(1),
     "model.ubatch": _at_least(1),
     "cache.ram_mb": _at_least(0),

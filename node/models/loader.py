@@ -100,8 +100,8 @@ def plan_engine(settings: NodeSettings, *, cores: int | None = None, ram_bytes: 
         raise ModelError(str(exc)) from None
     notes: list[str] = []
     cores = cores or usable_cores()
-    threads = settings.model.threads or auto_threads(cores)
-    if not settings.model.threads:
+    threads = settings.model.threads if settings.model.threads > 0 else auto_threads(cores)
+    if settings.model.threads <= 0:
         notes.append(f"threads {threads} ({cores} cores)")
     parallel = settings.server.parallel or DEFAULT_PARALLEL
     per_seq = model.entry.context if model.entry else DEFAULT_CONTEXT
@@ -199,7 +199,7 @@ def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: Prefix
 
     return EngineConfig(
         model_path=plan.model.path, n_ctx=plan.n_ctx, n_threads=plan.n_threads,
-        tune_threads=not settings.model.threads,
+        tune_threads=settings.model.threads == -1,
         n_parallel=plan.n_parallel, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
         kv_type=plan.kv_type, use_mmap=settings.memory.use_mmap,
         use_mlock=settings.memory.use_mlock, max_queue=settings.server.max_queue,

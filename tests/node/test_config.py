@@ -79,7 +79,7 @@ directory = ~/kv
         ("[arca]\nremote = nohost\n", ["[arca] remote", "host:port"]),
         ("[arca]\nremote = http://box:1\n", ["[arca] remote", "unknown scheme", "redis+cluster://"]),
         ("[arca]\nkv_remote = redis://a:1,b:2\n", ["[arca] kv_remote", "cluster URL"]),
-        ("[model]\nthreads = -1\n", ["[model] threads", ">= 0"]),
+        ("[model]\nthreads = -2\n", ["[model] threads", ">= -1"]),
         ("[model\npath = x\n", ["reame.conf"]),
     ],
 )
