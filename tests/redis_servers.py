@@ -30,6 +30,16 @@ def cli(port: int, *args: str, tls: Certs | None = None, password: str | None = 
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def wait_for(check, timeout: float, what: str) -> None:
+    """Poll check() every 0.1 s until it is true; AssertionError naming `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 class RedisServer:
     """One redis-server; `args` are extra settings (`--cluster-enabled yes`, TLS files, ...)."""
 
@@ -135,14 +145,7 @@ class RedisCluster:
                   30, "the cluster and its replica")
         return self
 
-    @staticmethod
-    def wait(check, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+    wait = staticmethod(wait_for)
 
     def master_of(self, key: str) -> RedisServer:
         slot = int(self.masters[1].call("cluster", "keyslot", key))

@@ -14,7 +14,6 @@ so nothing a previous backend left in an engine's cache can answer for it.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from arca.tls import server_context
 from tests.arca.arca_harness import start_server
 from tests.certs import make_certs
 from tests.node.api.live import LiveNode, http_json, metric, node_settings
-from tests.redis_servers import RedisCluster, RedisServer, needs_redis
+from tests.redis_servers import RedisCluster, RedisServer, needs_redis, wait_for
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, needs_redis]
 PASSWORD = "fleet-secret"
@@ -119,15 +118,6 @@ def chat(node: LiveNode, messages: list[dict], max_tokens: int = 4, **extra) -> 
 def palimpsest_size(node: LiveNode) -> int:
     stats = node.state.speculation.source("archive").stats()
     return stats.streams + stats.pending
-
-
-def wait_for(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def document(name: str) -> str:
