@@ -9,7 +9,7 @@ Every key starts with `reame:` so the node can share a Redis with other programs
                                          all its parts live on one cluster slot; PX ttl on
                                          write, refreshed by GETEX on every read
     L4  reame:l4:{<namespace>}           one Stream per model namespace: XADD MAXLEN ~ n * t
-                                         <packed tokens>; nodes mirror it with XREAD from a
+                                         <packed tokens>; nodes mirror it with XRANGE from a
                                          persisted cursor (node/archive/mirror.py)
         sessions: reame:session:{<id>}   a string holding the session's JSON, PX ttl
 
@@ -63,19 +63,20 @@ def _fields(raw: Any) -> dict[bytes, bytes]:
     return {bytes(items[i]): bytes(items[i + 1]) for i in range(0, len(items) - 1, 2)}
 
 
-def xread_streams(reply: Any) -> list[tuple[int, bytes]]:
-    """(cursor, packed tokens) of an XREAD reply for one stream, oldest first.
+def exclusive_start(cursor: int) -> str:
+    """XRANGE's start just after `cursor` (the `(` form, Redis 6.2+).
 
-    redis-py hands XREAD back as [[name, [(id, fields), ...]]] (RESP2) or {name: [[...]]}."""
-    if not reply:
-        return []
-    streams = reply.values() if isinstance(reply, dict) else (item[1] for item in reply)
+    XRANGE rather than XREAD: XREAD's keys sit after STREAMS, so a cluster client has to ask a
+    node for them (COMMAND GETKEYS) and, after a failover, keeps asking the dead master; the
+    key of XRANGE is always its first argument."""
+    return "(" + entry_id(cursor)
+
+
+def xrange_entries(reply: Any) -> list[tuple[int, bytes]]:
+    """(cursor, packed tokens) of an XRANGE reply, oldest first: [[id, fields], ...]."""
     out: list[tuple[int, bytes]] = []
-    for entries in streams:
-        if entries and isinstance(entries[0], list) and entries[0] and isinstance(entries[0][0], list):
-            entries = entries[0]  # RESP3 map values wrap the entry list once more
-        for raw_id, raw_fields in entries or ():
-            packed = _fields(raw_fields).get(TOKENS_FIELD)
-            if packed is not None:
-                out.append((cursor_of(raw_id), packed))
+    for raw_id, raw_fields in reply or ():
+        packed = _fields(raw_fields).get(TOKENS_FIELD)
+        if packed is not None:
+            out.append((cursor_of(raw_id), packed))
     return out

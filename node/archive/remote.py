@@ -165,8 +165,8 @@ class RemoteArchive:
     async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
         if self._redis:
             stream = rm.stream_key(ns)
-            return await self._call("since", None, "XREAD", "COUNT", count, "STREAMS", stream, rm.entry_id(cursor),
-                                    key=stream, convert=rm.xread_streams)
+            return await self._call("since", None, "XRANGE", stream, rm.exclusive_start(cursor), "+", "COUNT", count,
+                                    key=stream, convert=rm.xrange_entries)
         return await self._call("since", None, "ARCA.SINCE", "NS", ns, cursor, "COUNT", count,
                                 convert=lambda reply: [(int(sid), bytes(packed)) for sid, packed in reply])
 

@@ -232,8 +232,11 @@ class ClusterServers(Servers):
                 await self.client.nodes_manager.initialize()
         except Exception as exc:  # every seed unreachable: keep the old map, probe the master
             log.debug("cluster slot map reload failed: %s", exc)
-        serving = {nodes[0].name for nodes in self.client.nodes_manager.slots_cache.values() if nodes}
-        if name not in serving:
+        masters = {nodes[0].name: nodes[0] for nodes in self.client.nodes_manager.slots_cache.values() if nodes}
+        default = self.client.get_default_node()
+        if masters and (default is None or default.name not in masters):
+            self.client.set_default_node(next(iter(masters.values())))  # keyless commands go there
+        if name not in masters:
             breaker.retire("a replica serves its slots now")
             self._masters.pop(name, None)
             return True

@@ -356,7 +356,7 @@ async def test_the_mirror_resumes_a_redis_stream_from_its_persisted_cursor(redis
         await archive.observe(ns, [200, 1, 2, 3])
         palimpsest = Palimpsest()
         again = CorpusMirror(archive, ns, palimpsest.add, path=path, interval_s=0.01)
-        await again.start()  # the five from the local copy, only the new one through XREAD
+        await again.start()  # the five from the local copy, only the new one through XRANGE
         assert again.streams == 5
         assert await again.caught_up(10) and again.streams == 6
         await again.close()
