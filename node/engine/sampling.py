@@ -28,8 +28,14 @@ the token is chosen from the unconstrained row first and checked against the gra
 microseconds); only when the grammar rejects it is the whole-vocabulary mask computed and
 the choice made again from the masked row (the same chain, a second draw). Greedy is
 therefore exactly the argmax over the allowed tokens; sampling draws from the allowed tokens
-by the same chain. With logprobs asked for, the row is always masked first, so the reported
-numbers describe what the grammar allows.
+by the same chain. Asking for logprobs never changes the choice: the reported numbers are
+those of the masked row.
+
+The check and the mask can disagree: where the grammar forces the next bytes, llguidance's
+mask holds only their canonical token (`":"`), while the check admits any token that spells
+them (`":` followed by `"`). The check decides, so that the model's own tokenization is
+kept; a token it admits that the mask leaves out keeps its logit in the masked row (rejection
+sampling of drafts and logprobs see it too).
 """
 
 from __future__ import annotations
@@ -120,12 +126,13 @@ class TokenSampler:
     def choose(self, row: np.ndarray, history: Sequence[int]) -> Choice:
         """Pick the next token from one logits row; `history` is the sequence so far."""
         logits = self._adjusted(row, history)
-        constraint = self.constraint
-        if constraint is not None and self.n_logprobs is not None:
-            logits = constraint.masked(logits)
         token = self._pick(logits)
+        constraint = self.constraint
         if constraint is not None:
-            if self.n_logprobs is None and not constraint.allows(token):
+            if constraint.allows(token):
+                if self.n_logprobs is not None:
+                    logits = _masked_keeping(constraint, logits, token)
+            else:
                 logits = constraint.masked(logits)
                 token = self._pick(logits)
             constraint.accept(token)
@@ -156,7 +163,8 @@ class TokenSampler:
         draw from p (speculative sampling); returns (the choice, whether it is the draft token)."""
         logits = self._adjusted(row, history)
         if self.constraint is not None:
-            logits = self.constraint.masked(logits)
+            logits = (_masked_keeping(self.constraint, logits, token) if self.constraint.allows(token)
+                      else self.constraint.masked(logits))
         ids, weights = self._weights(logits)
         p = weights / weights.sum()
         q_ids, q_probs = draft
@@ -275,6 +283,13 @@ def candidates(logits: np.ndarray, top_k: int, top_p: float, min_p: float = 0.0)
         k *= 8
 
 
+def _masked_keeping(constraint: Constraint, logits: np.ndarray, token: int) -> np.ndarray:
+    """The masked row, with `token` (which the grammar's check admits) keeping its logit."""
+    masked = constraint.masked(logits)
+    masked[token] = logits[token]
+    return masked
+
+
 def _with_logprobs(logits: np.ndarray, token: int, n_top: int) -> Choice:
     best = float(logits.max())
     log_total = best + float(np.log(np.sum(np.exp(logits - best, dtype=np.float32), dtype=np.float64)))
@@ -283,5 +298,5 @@ def _with_logprobs(logits: np.ndarray, token: int, n_top: int) -> Choice:
         return Choice(token, chosen)
     top_ids = np.argpartition(logits, len(logits) - n_top)[len(logits) - n_top:]
     top_ids = top_ids[np.argsort(-logits[top_ids], kind="stable")]
-    top = tuple((int(t), float(logits[t]) - log_total) for t in top_ids)
+    top = tuple((int(t), float(logits[t]) - log_total) for t in top_ids if np.isfinite(logits[t]))  # not what a mask forbids
     return Choice(token, chosen, top)

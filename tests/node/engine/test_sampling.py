@@ -193,3 +193,37 @@ def test_constrained_sampling_checks_first_and_masks_only_on_rejection():
     with_logprobs = TokenSampler(SamplingParams(temperature=0.0), 64, logprobs=2, constraint=OnlyEven())
     choice = with_logprobs.choose(row, [])
     assert choice.token == 12 and all(token % 2 == 0 for token, _ in choice.top)
+
+
+class CanonicalMask(OnlyEven):
+    """Like llguidance where the grammar forces bytes: the check admits token 13 (another
+    spelling of them), the mask holds only the canonical token 12."""
+
+    def allows(self, token: int) -> bool:
+        return token in (12, 13)
+
+    def masked(self, logits):
+        self.masks += 1
+        out = np.full_like(logits, -np.inf)
+        out[12] = logits[12]
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_asking_for_logprobs_never_changes_the_constrained_choice(temperature):
+    from node.engine.sampling import TokenSampler
+    from node.engine.types import SamplingParams
+
+    rng = np.random.default_rng(3)
+    rows = [rng.normal(0, 1, 64).astype(np.float32) for _ in range(50)]
+    for row in rows:
+        row[13], row[12] = 6.0, 5.0  # the check's spelling wins before any mask
+    params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    plain = TokenSampler(params, 64, constraint=CanonicalMask())
+    reported = TokenSampler(params, 64, logprobs=2, constraint=CanonicalMask())
+    choices = [(plain.choose(row, []), reported.choose(row, [])) for row in rows]
+    assert [a.token for a, _ in choices] == [b.token for _, b in choices]
+    assert {a.token for a, _ in choices} <= {12, 13}
+    for _, choice in choices:  # the reported numbers cover the chosen token and what the mask allows
+        assert choice.logprob is not None and np.isfinite(choice.logprob)
+        assert {token for token, _ in choice.top} <= {12, 13}
