@@ -6,19 +6,23 @@ refused with `UnsupportedFeature` instead of being ignored. Structured output (`
 `grammar`, `json_schema`, `format`) and tools are read by `parse_output` into a grammar
 (node/serving/structure.py checks schemas and grammars) and an `Output`.
 Unknown fields that do not change the output (`user`, `metadata`, `store`, ...) are ignored.
+Chat messages may carry the tool-calling loop: assistant messages with `tool_calls`, and "tool"
+messages answering one of them by `tool_call_id` (an id of an earlier message's call).
 Nothing here knows the model: token ids are range-checked by the service.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any, Mapping, overload
 
 from node.engine.types import GrammarSpec, SamplingParams
 from node.serving import structure
 from node.serving.errors import InvalidRequest, UnsupportedFeature
-from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest, GenerationOptions, Output, Tool
+from node.serving.requests import (ChatMessage, ChatRequest, CompletionRequest, GenerationOptions, Output, Tool,
+                                   ToolCall)
 
 MAX_PROMPTS = 16
 MAX_CHOICES = 16
@@ -34,6 +38,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512  # the CLI's default; the context may clip it further
 
 MAX_TOOLS = 128
+MAX_TOOL_CALLS = 128  # per assistant message
+MAX_CALL_ID = 256
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # function and schema names
 UNSUPPORTED_FIELDS = {
     "functions": "function calling (the deprecated 'functions'; use 'tools')",
@@ -44,7 +50,7 @@ UNSUPPORTED_FIELDS = {
     "suffix": "insertion (suffix)",
     "web_search_options": "web search",
 }
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class Fields:
@@ -395,28 +401,83 @@ def parse_content(value: Any, param: str) -> str:
     return "".join(texts)
 
 
+def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls` (OpenAI's shape; `arguments` a string holding JSON)."""
+    value = message.body.get("tool_calls")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise message.fail("tool_calls", f"must be a non-empty array of tool calls, got {type_name(value)}")
+    if len(value) > MAX_TOOL_CALLS:
+        raise message.fail("tool_calls", f"may hold at most {MAX_TOOL_CALLS} calls")
+    calls = []
+    for index, item in enumerate(value):
+        call = Fields(item, message.name(f"tool_calls[{index}]"))
+        call_id = call.string("id")
+        if not call_id or len(call_id) > MAX_CALL_ID:
+            raise call.fail("id", f"must be a string of 1 to {MAX_CALL_ID} characters")
+        if call.string("type") != "function":
+            raise call.fail("type", "must be 'function'")
+        function = Fields(call.body.get("function"), call.name("function"))
+        name = function.string("name")
+        if name is None or not TOOL_NAME.fullmatch(name):
+            raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
+        arguments = function.string("arguments")
+        try:
+            parsed = json.loads(arguments) if arguments is not None else None
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
+        calls.append(ToolCall(call_id, name, arguments))  # type: ignore[arg-type]
+    return tuple(calls)
+
+
+def parse_message(message: Fields, calls: dict[str, str]) -> ChatMessage:
+    """One message; `calls` maps the ids of earlier messages' tool calls to their functions."""
+    role = message.string("role")
+    if role not in CHAT_ROLES:
+        if role == "function":
+            raise UnsupportedFeature("Messages with role 'function' (deprecated) are not supported; send the "
+                                     "result as a message with role 'tool' and its 'tool_call_id'",
+                                     param=message.name("role"))
+        raise message.fail("role", f"must be one of {', '.join(CHAT_ROLES)}")
+    if message.present("function_call") or message.present("audio"):
+        raise UnsupportedFeature("'function_call' (deprecated; use 'tool_calls') and audio in messages are not "
+                                 "supported", param=message.prefix)
+    tool_calls: tuple[ToolCall, ...] = ()
+    if message.present("tool_calls"):
+        if role != "assistant":
+            raise message.fail("tool_calls", "is only allowed on messages with role 'assistant'")
+        tool_calls = parse_tool_calls(message)
+    if message.body.get("content") is None:
+        if not tool_calls:
+            raise message.fail("content", "is required (a string or an array of text parts)")
+        content = ""
+    else:
+        content = parse_content(message.body["content"], message.name("content"))
+    if role == "tool":
+        call_id = message.string("tool_call_id")
+        if call_id is None:
+            raise message.fail("tool_call_id", "is required: the id of the tool call this message answers")
+        if call_id not in calls:
+            raise message.fail("tool_call_id", f"{call_id!r} answers no tool call of an earlier assistant message")
+        return ChatMessage("tool", content, tool_call_id=call_id, name=calls[call_id])
+    for call in tool_calls:
+        if call.id in calls:
+            raise message.fail("tool_calls", f"repeats the tool call id {call.id!r}")
+        calls[call.id] = call.name
+    return ChatMessage(role="system" if role == "developer" else role, content=content, tool_calls=tool_calls)
+
+
 def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
     value = fields.body.get("messages")
     if not isinstance(value, list) or not value:
         raise fields.fail("messages", "must be a non-empty array of messages")
     if len(value) > MAX_MESSAGES:
         raise fields.fail("messages", f"may hold at most {MAX_MESSAGES} messages")
-    messages = []
-    for index, item in enumerate(value):
-        message = Fields(item, f"messages[{index}]")
-        role = message.string("role")
-        if role not in CHAT_ROLES:
-            if role in ("tool", "function"):
-                raise UnsupportedFeature(f"Messages with role {role!r} (tool calling) are not supported",
-                                         param=message.name("role"))
-            raise message.fail("role", f"must be one of {', '.join(CHAT_ROLES)}")
-        if message.present("tool_calls") or message.present("function_call") or message.present("audio"):
-            raise UnsupportedFeature("Tool calls and audio in messages are not supported", param=message.prefix)
-        if "content" not in message.body or message.body["content"] is None:
-            raise message.fail("content", "is required (a string or an array of text parts)")
-        messages.append(ChatMessage(role="system" if role == "developer" else role,
-                                    content=parse_content(message.body["content"], message.name("content"))))
-    return tuple(messages)
+    calls: dict[str, str] = {}
+    return tuple(parse_message(Fields(item, f"messages[{index}]"), calls) for index, item in enumerate(value))
 
 
 def parse_chat(body: Any) -> ChatRequest:

@@ -2,7 +2,9 @@
 
 The GGUF's own template (`tokenizer.chat_template`) wins; it is run in a sandboxed, immutable
 jinja2 environment. A GGUF without one (the offline Gemma 3 270M base model among them) gets a
-built-in template chosen by architecture or by the catalog's family. Rendered text never starts
+built-in template chosen by architecture or by the catalog's family. Tool calls and results in
+the messages reach a template that renders tools as they are, any other as plain turns
+(node/models/tool_turns.py). Rendered text never starts
 with the BOS token: the tokenizer adds it (`add_bos=True`), and control tokens in the text are
 tokenized as special tokens (`special=True`).
 """
@@ -21,6 +23,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from node.engine.config import EngineConfig
 from node.engine.types import ModelInfo
+from node.models.tool_turns import native_tool_markers, plain_tool_turns
 
 
 class TemplateError(ValueError):
@@ -222,7 +225,6 @@ def normalize_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
-
 class TemplateSource(Protocol):
     """What choosing a running engine's template reads (the engine, or the serving layer's client)."""
 
@@ -300,9 +302,16 @@ class ChatTemplate:
         return cls.for_model(engine.model_info, family=entry.template if entry else None,
                              token_text=engine.token_piece)
 
+    @property
+    def renders_tools(self) -> bool:
+        """The template renders `tools`, tool calls and results itself (node/models/tool_turns.py)."""
+        return native_tool_markers(self.source) is not None
+
     def render(self, messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True,
                **extra: Any) -> str:
         normalized = normalize_messages(messages)
+        if not self.renders_tools:
+            normalized = plain_tool_turns(normalized)
         try:
             text = self._compiled.render(
                 messages=normalized, add_generation_prompt=add_generation_prompt,

@@ -8,7 +8,7 @@ parsed and BOS first, exactly once, also for a template that writes BOS itself.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from node.models.templates import ChatTemplate
 from node.serving.engine_client import EngineClient
@@ -19,7 +19,7 @@ class Prompts:
         self.template = template
         self.engine = engine
 
-    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
              tools: Sequence[Mapping[str, object]] | None = None) -> tuple[int, ...]:
         """Messages rendered through the chat template and tokenized (template errors raise);
         `tools` are handed to templates that render them (OpenAI's tool objects)."""

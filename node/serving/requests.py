@@ -8,8 +8,9 @@ listed there as presentation only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from node.engine.types import SamplingParams
 
@@ -25,8 +26,6 @@ class Tool:
     parameters: str  # its JSON Schema as canonical JSON text
 
     def as_dict(self) -> dict[str, object]:
-        import json
-
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": json.loads(self.parameters)}}
 
@@ -77,12 +76,43 @@ class CompletionRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call of a function: made by the model in an answer, or sent back in an assistant message."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_dict(self, index: int | None = None) -> dict[str, Any]:
+        call: dict[str, Any] = {"id": self.id, "type": "function",
+                                "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One message; an assistant message may carry `tool_calls`, a "tool" message answers one
+    of them (`tool_call_id`, `name`: the function it called)."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's convention: a call's
+        `function.arguments` is the parsed object, a tool result has role "tool")."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": json.loads(call.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+            message["name"] = self.name
+        return message
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,7 +313,7 @@ class CompletionService:
             await asyncio.wait(set(self._writes), timeout=timeout_s)
 
 
-def with_system(messages: list[dict[str, str]], text: str) -> list[dict[str, str]]:
+def with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
     """The messages with `text` at the start of the system message (one is added if none)."""
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": text + "\n\n" + messages[0]["content"]}, *messages[1:]]

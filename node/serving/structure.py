@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from node.engine.types import GrammarSpec
+from node.models.tool_turns import native_tool_markers
 from node.serving.errors import InvalidRequest, UnsupportedFeature
-from node.serving.requests import Output, Tool
+from node.serving.requests import Output, Tool, ToolCall
 
 JSON_COMPILE_OPTIONS: Any = {"whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -117,18 +118,6 @@ def tool_prompt(tools: tuple[Tool, ...], function: str | None) -> str:
     return f"Call one of these functions. Reply with a JSON object {{\"name\": ..., \"arguments\": ...}}.\n{listing}"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-    def as_dict(self, index: int | None = None) -> dict[str, Any]:
-        call: dict[str, Any] = {"id": self.id, "type": "function",
-                                "function": {"name": self.name, "arguments": self.arguments}}
-        return call if index is None else {"index": index, **call}
-
-
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
@@ -143,9 +132,8 @@ class ToolMarkers:
     @classmethod
     def of_template(cls, source: str) -> ToolMarkers | None:
         """Markers of a template that renders `tools` and writes calls the node can parse."""
-        if "tools" in source and "<tool_call>" in source and "</tool_call>" in source:
-            return cls("<tool_call>", "</tool_call>")
-        return None
+        markers = native_tool_markers(source)
+        return cls(*markers) if markers is not None else None
 
 
 _CALL_BODY = re.compile(r"\s*(\{.*\})\s*", re.S)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from node.cache.prefix_cache import PrefixCache
 from node.models.templates import ChatTemplate
@@ -29,7 +29,7 @@ from node.sessions.warm import WarmResult, held_tokens
 class TurnTokens(Protocol):
     """How a turn's text becomes tokens (node/serving/prompts.py's `Prompts` is one)."""
 
-    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
              ) -> tuple[int, ...]: ...
 
     def continuation(self, text: str, *, special: bool = True) -> tuple[int, ...]: ...
@@ -38,7 +38,7 @@ class TurnTokens(Protocol):
 @dataclass(frozen=True, slots=True)
 class SessionTurn:
     session: Session
-    new_messages: tuple[dict[str, str], ...]
+    new_messages: tuple[dict[str, Any], ...]
     prompt_tokens: tuple[int, ...]
 
 
@@ -55,7 +55,7 @@ class SessionTurns:
 
     def begin(self, session: Session, new_messages: Sequence[Mapping[str, str]]) -> SessionTurn:
         """The turn's prompt tokens (blocking: tokenizes). Raises cuts.CutError."""
-        new = tuple({"role": m["role"], "content": m["content"]} for m in new_messages)
+        new = tuple(dict(message) for message in new_messages)  # tool calls and results kept as sent
         if not session.tokens:
             tokens = self.tokens.chat([*session.messages, *new])
         else:

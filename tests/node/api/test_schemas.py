@@ -95,7 +95,7 @@ def test_chat_shape_errors(body, param):
         ({**CHAT, "functions": [{}]}, "functions"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages[0].content[0].type"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "function", "name": "f", "content": "x"}]}, "messages[0].role"),
         ({**TEXT, "suffix": "end"}, "suffix"),
         ({**TEXT, "echo": True, "logprobs": 2}, "echo"),
     ],
