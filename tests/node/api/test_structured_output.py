@@ -3,9 +3,9 @@
 Fifty-odd JSON Schemas (nested objects, arrays, enums, bounded numbers, optional fields,
 string formats) answered by four users at once, streamed and not, speculation on and off:
 every answer that finishes parses and validates (`jsonschema`, formats checked); greedy
-constrained output is identical with and without Il Suggeritore; forced tool calls through
-the official `openai` client; bad schemas and grammars are 400s naming the field; the L1 key
-covers the schema.
+constrained output is identical with and without Il Suggeritore; forced tool calls and the
+tool loop (calls and results sent back) through the official `openai` client; bad schemas
+and grammars are 400s naming the field; the L1 key covers the schema.
 """
 
 from __future__ import annotations
@@ -291,6 +291,48 @@ def test_forced_tool_calls_through_the_openai_client(client):
         model="gemma3-270m", messages=[{"role": "user", "content": "Hi"}], tools=[WEATHER], tool_choice="none",
         max_tokens=4, temperature=0)
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_tool_loop_through_the_openai_client(client):
+    """Ask -> forced call -> the client sends back the assistant message and the tool's result
+    -> a text answer; then the same history with a second forced call."""
+    asked = {"role": "user", "content": "What is the weather in Paris?"}
+    first = client.chat.completions.create(
+        model="gemma3-270m", messages=[asked], tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=48, temperature=0)
+    called = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = called.tool_calls[0]
+    check_call(call, WEATHER)
+    result = {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})}
+
+    for sent_back in (called, called.model_dump(exclude_none=True), called.model_dump()):
+        answer = client.chat.completions.create(
+            model="gemma3-270m", messages=[asked, sent_back, result], max_tokens=24, temperature=0)
+        choice = answer.choices[0]
+        assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None
+        assert isinstance(choice.message.content, str)
+
+    again = client.chat.completions.create(
+        model="gemma3-270m", messages=[asked, called, result, {"role": "user", "content": "And the time there?"}],
+        tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=48, temperature=0)
+    assert again.choices[0].finish_reason == "tool_calls"
+    second = again.choices[0].message.tool_calls[0]
+    check_call(second, TIME)
+    assert second.id != call.id
+
+    done = client.chat.completions.create(
+        model="gemma3-270m", messages=[asked, called, result, {"role": "user", "content": "And the time there?"},
+                                       again.choices[0].message,
+                                       {"role": "tool", "tool_call_id": second.id, "content": "14:05"}],
+        tools=[WEATHER, TIME], max_tokens=24, temperature=0, tool_choice="none")
+    assert done.choices[0].finish_reason in ("stop", "length") and isinstance(done.choices[0].message.content, str)
+
+    with pytest.raises(openai.BadRequestError) as caught:  # a result for a call nobody made
+        client.chat.completions.create(model="gemma3-270m", messages=[asked, {**result, "tool_call_id": "call_x"}],
+                                       max_tokens=4)
+    assert caught.value.body["param"] == "messages[1].tool_call_id"
 
 
 def test_json_object_and_gbnf_through_the_openai_client(client):
