@@ -29,6 +29,7 @@ from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloa
 from node.serving.metrics import CONTENT_TYPE
 from node.serving.answer import Answer
 from node.serving.service import Plan
+from node.sessions.turns import history_calls
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
@@ -78,16 +79,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body, size = await read_json(request)
-    req = parse_chat(body)
-    check_model(state, req.model)
     session_id = session_of(request, body)
     if session_id is None:
+        req = parse_chat(body)
+        check_model(state, req.model)
         return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
     turns = state.service.turns
     if turns is None:
         raise InvalidRequest("Sessions are not enabled on this node", param="session")
     async with turns.store.lock(session_id):  # one turn at a time: each continues the last
         session = await turns.store.get(session_id)
+        req = parse_chat(body, history_calls(session.messages))  # tool results may answer the history's calls
+        check_model(state, req.model)
         plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
         return await answer(request, state, plan, {SESSION_HEADER: session_id})
 

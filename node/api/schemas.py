@@ -470,17 +470,19 @@ def parse_message(message: Fields, calls: dict[str, str]) -> ChatMessage:
     return ChatMessage(role="system" if role == "developer" else role, content=content, tool_calls=tool_calls)
 
 
-def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
+def parse_messages(fields: Fields, earlier_calls: Mapping[str, str] | None = None) -> tuple[ChatMessage, ...]:
+    """The messages; `earlier_calls`: ids of calls made before them (a session's history) and
+    their functions, which tool messages may answer too."""
     value = fields.body.get("messages")
     if not isinstance(value, list) or not value:
         raise fields.fail("messages", "must be a non-empty array of messages")
     if len(value) > MAX_MESSAGES:
         raise fields.fail("messages", f"may hold at most {MAX_MESSAGES} messages")
-    calls: dict[str, str] = {}
+    calls = dict(earlier_calls or {})
     return tuple(parse_message(Fields(item, f"messages[{index}]"), calls) for index, item in enumerate(value))
 
 
-def parse_chat(body: Any) -> ChatRequest:
+def parse_chat(body: Any, earlier_calls: Mapping[str, str] | None = None) -> ChatRequest:
     fields = Fields(body)
     refuse_unsupported(fields.body)
     wants_logprobs = fields.boolean("logprobs", False)
@@ -489,7 +491,7 @@ def parse_chat(body: Any) -> ChatRequest:
         raise fields.fail("top_logprobs", "requires 'logprobs' to be true")
     return ChatRequest(
         model=fields.string("model"),
-        messages=parse_messages(fields),
+        messages=parse_messages(fields, earlier_calls),
         options=parse_options(fields, default_max_tokens=DEFAULT_CHAT_MAX_TOKENS,
                               logprobs=(top or 0) if wants_logprobs else None, chat=True),
     )

@@ -78,7 +78,8 @@ def tool_readers(plan: Plan, n_choices: int) -> list[ToolCallReader] | None:
     output = plan.options.output
     if plan.kind != "chat" or output is None or output.choice is None:
         return None
-    return [ToolCallReader(output, plan.markers) for _ in range(n_choices)]
+    call_id = plan.turn.call_id if plan.turn is not None else None  # a session keeps its answer's call
+    return [ToolCallReader(output, plan.markers, call_id if index == 0 else None) for index in range(n_choices)]
 
 
 class Collector:

@@ -59,7 +59,7 @@ from node.serving.model import ServedModel
 from node.serving.plan import COMPLETED, Job, Plan
 from node.serving.prompts import Prompts
 from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions, Output
-from node.serving.structure import ToolMarkers, tool_prompt
+from node.serving.structure import ToolMarkers, new_call_id, tool_prompt
 from node.sessions.cuts import CutError
 from node.sessions.store import Session, Sessions
 from node.sessions.turns import SessionTurns
@@ -148,7 +148,8 @@ class CompletionService:
                     field_name = "conclave" if req.options.conclave > 1 else "best_of"
                     raise InvalidRequest(f"A session turn has one plain answer: '{field_name}' is not "
                                          "available inside a session", param=field_name, code="invalid_value")
-                turn = self.turns.begin(session, messages)
+                turn = self.turns.begin(session, messages,
+                                        new_call_id() if output is not None and output.forced_call else None)
                 tokens = turn.prompt_tokens
         except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
             raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None

@@ -184,9 +184,10 @@ class ToolCallReader:
     partial marker is held back); the calls after it are parsed when the choice ends.
     """
 
-    def __init__(self, output: Output, markers: ToolMarkers | None) -> None:
+    def __init__(self, output: Output, markers: ToolMarkers | None, call_id: str | None = None) -> None:
         self.output = output
         self.markers = markers
+        self.call_id = call_id         # the forced call's id (None: a new one)
         self.text = ""
         self._sent = 0                 # characters of `text` already turned into pieces
         self._call: ToolCall | None = None
@@ -205,7 +206,7 @@ class ToolCallReader:
             match = re.match(r'\{"name":("(?:[^"\\]|\\.)*"),"arguments":', self.text)
             if match is None:
                 return pieces
-            self._call = ToolCall(new_call_id(), json.loads(match.group(1)), "")
+            self._call = ToolCall(self.call_id or new_call_id(), json.loads(match.group(1)), "")
             self._args_from = self._sent = match.end()
             pieces.append(("call", 0, {"index": 0, "id": self._call.id, "type": "function",
                                        "function": {"name": self._call.name, "arguments": ""}}))

@@ -67,7 +67,7 @@ def turn_suffix(template: ChatTemplate, history: Sequence[Mapping[str, Any]],
     if not history or history[-1]["role"] != "assistant":
         raise CutError("a conversation continues after an answer")
     items = [dict(message) for message in history]
-    items[-1]["content"] = CUT
+    items[-1] = {"role": "assistant", "content": CUT}  # an answer that was a call ends as one does
     _, closing = _after_cut(template.render(items, add_generation_prompt=False))
     _, following = _after_cut(template.render([*items, *map(dict, new)], add_generation_prompt=True))
     if not following.startswith(closing):

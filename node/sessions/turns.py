@@ -11,11 +11,16 @@ the answer is appended as the very token ids the model generated (then the templ
 closing tokens) and the session is written to disk; the next turn, on this node, after a
 restart, or on another node of the fleet, restores all of it. An answer replayed from L1 has
 no token ids: its text is tokenized instead, and the next turn prefills it.
+
+Messages are kept as the template reads them, tool calls and results included. An answer that
+is a forced call is kept as the assistant's `tool_calls`, with the id the client was given
+(`SessionTurn.call_id`), so the next turn's tool message can answer it (`history_calls`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
@@ -40,6 +45,7 @@ class SessionTurn:
     session: Session
     new_messages: tuple[dict[str, Any], ...]
     prompt_tokens: tuple[int, ...]
+    call_id: str | None = None  # the id of the call a forced-call answer makes
 
 
 class SessionTurns:
@@ -53,19 +59,21 @@ class SessionTurns:
         self.cache = cache
         self.warm = warm
 
-    def begin(self, session: Session, new_messages: Sequence[Mapping[str, str]]) -> SessionTurn:
-        """The turn's prompt tokens (blocking: tokenizes). Raises cuts.CutError."""
+    def begin(self, session: Session, new_messages: Sequence[Mapping[str, Any]],
+              call_id: str | None = None) -> SessionTurn:
+        """The turn's prompt tokens (blocking: tokenizes); `call_id` when the answer is a forced
+        call. Raises cuts.CutError."""
         new = tuple(dict(message) for message in new_messages)  # tool calls and results kept as sent
         if not session.tokens:
             tokens = self.tokens.chat([*session.messages, *new])
         else:
             opening = turn_suffix(self.template, session.messages, new).opening
             tokens = (*session.tokens, *self.tokens.continuation(opening))
-        return SessionTurn(session, new, tuple(tokens))
+        return SessionTurn(session, new, tuple(tokens), call_id)
 
     async def complete(self, turn: SessionTurn, answer: str, generated: Sequence[int] | None = None) -> Session:
         """Record a completed answer (`generated`: its token ids; None: tokenize `answer`)."""
-        messages = (*turn.session.messages, *turn.new_messages, {"role": "assistant", "content": answer})
+        messages = (*turn.session.messages, *turn.new_messages, answer_message(answer, turn.call_id))
         closing = turn_suffix(self.template, messages, ()).closing
         if generated is None:
             generated = self.tokens.continuation(answer, special=False)
@@ -85,3 +93,21 @@ class SessionTurns:
             return 0
         await asyncio.to_thread(cache.flush)
         return held_tokens(cache, session.tokens)
+
+
+def answer_message(answer: str, call_id: str | None) -> dict[str, Any]:
+    """The answer as the history keeps it: a forced call as the assistant's `tool_calls` (its
+    text is the call's JSON object, node/models/tool_turns.py renders it back the same way)."""
+    try:
+        value = json.loads(answer) if call_id is not None else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or "arguments" not in value:
+        return {"role": "assistant", "content": answer}
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": value["name"], "arguments": value["arguments"]}}]}
+
+
+def history_calls(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The ids of the tool calls in a session's history, with their functions."""
+    return {call["id"]: call["function"]["name"] for message in messages for call in message.get("tool_calls") or ()}

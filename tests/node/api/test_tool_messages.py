@@ -137,3 +137,32 @@ def test_a_session_keeps_tool_turns_and_renders_them_the_same_way(node, fake):
     status, _, _ = chat(node, [{"role": "user", "content": "Hello"},
                                {"role": "assistant", "content": history[1]["content"]}, ASKED, CALLED, RESULT])
     assert status == 200 and prompt_text(fake) == in_session
+
+
+def test_a_forced_call_in_a_session_is_answered_in_the_next_turn(node, fake):
+    sid = http_json("POST", f"{node.url}/v1/sessions", None)[2]["id"]
+    header = {"X-Reame-Session": sid}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.answers = lambda request: call_text("get_weather", ARGS)
+    try:
+        status, _, body = chat(node, [ASKED], header, tools=[tool], tool_choice="required", max_tokens=200)
+    finally:
+        fake.answers = None
+    assert status == 200 and body["choices"][0]["finish_reason"] == "tool_calls"
+    made = body["choices"][0]["message"]["tool_calls"][0]
+    assert made["function"] == {"name": "get_weather", "arguments": json.dumps(ARGS, separators=(",", ":"))}
+    history = http_json("GET", f"{node.url}/v1/sessions/{sid}")[2]["history"]
+    assert history[-1]["tool_calls"] == [{"id": made["id"], "type": "function",
+                                          "function": {"name": "get_weather", "arguments": ARGS}}]
+
+    status, _, body = chat(node, [{**RESULT, "tool_call_id": "call_other"}], header)
+    assert status == 400 and body["error"]["param"] == "messages[0].tool_call_id"
+    status, _, body = chat(node, [{**RESULT, "tool_call_id": made["id"]}], header)
+    assert status == 200, body
+    assert prompt_text(fake).endswith(
+        "<start_of_turn>model\n" + call_text("get_weather", ARGS) + "<end_of_turn>\n"
+        f"<start_of_turn>user\nTool result of get_weather (call {made['id']}):\n18 C, sunny<end_of_turn>\n"
+        "<start_of_turn>model\n")
+    history = http_json("GET", f"{node.url}/v1/sessions/{sid}")[2]["history"]
+    # the first turn's function list (a system message for Gemma) stays in the history
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant"]
