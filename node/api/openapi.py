@@ -152,14 +152,39 @@ COMPLETION_REQUEST: Schema = {
 CONTENT_PART: Schema = {"type": "object", "required": ["type", "text"],
                         "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}}}
 
-MESSAGE: Schema = {
-    "type": "object", "required": ["role", "content"],
+CONTENT: Schema = {"anyOf": [{"type": "string"}, {"type": "array", "items": CONTENT_PART}]}
+TOOL_CALL: Schema = {
+    "type": "object", "required": ["id", "type", "function"],
     "properties": {
-        "role": {"enum": list(limits.CHAT_ROLES)},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": CONTENT_PART}]},
-        "name": IGNORED,
+        "id": string("the call's id, answered by a tool message's tool_call_id", minLength=1,
+                     maxLength=limits.MAX_CALL_ID),
+        "type": {"enum": ["function"]},
+        "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+            "name": string("the function called", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+            "arguments": string("its arguments: a JSON object as text"),
+        }},
     },
 }
+MESSAGE: Schema = {"anyOf": [
+    {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"enum": [role for role in limits.CHAT_ROLES if role != "tool"]},
+        "content": CONTENT,
+        "name": IGNORED,
+    }},
+    {"type": "object", "required": ["role", "tool_calls"], "description": "an assistant's tool calls sent back",
+     "properties": {
+         "role": {"enum": ["assistant"]},
+         "content": {"anyOf": [CONTENT, {"type": "null"}]},
+         "tool_calls": {"type": "array", "minItems": 1, "maxItems": limits.MAX_TOOL_CALLS, "items": TOOL_CALL},
+     }},
+    {"type": "object", "required": ["role", "tool_call_id", "content"],
+     "description": "a tool's result, answering a call of an earlier assistant message",
+     "properties": {
+         "role": {"enum": ["tool"]},
+         "tool_call_id": {"type": "string"},
+         "content": CONTENT,
+     }},
+]}
 
 CHAT_REQUEST: Schema = {
     "type": "object", "required": ["messages"],

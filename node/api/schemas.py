@@ -40,6 +40,7 @@ DEFAULT_CHAT_MAX_TOKENS = 512  # the CLI's default; the context may clip it furt
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 128  # per assistant message
 MAX_CALL_ID = 256
+MAX_ARGUMENT_NESTING = 64  # a call's arguments are rendered (and re-encoded) with the prompt
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # function and schema names
 UNSUPPORTED_FIELDS = {
     "functions": "function calling (the deprecated 'functions'; use 'tools')",
@@ -422,15 +423,30 @@ def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
         name = function.string("name")
         if name is None or not TOOL_NAME.fullmatch(name):
             raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-        arguments = function.string("arguments")
+        arguments = function.string("arguments") or ""
         try:
-            parsed = json.loads(arguments) if arguments is not None else None
-        except ValueError:
+            parsed = json.loads(arguments)
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             parsed = None
         if not isinstance(parsed, dict):
             raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
-        calls.append(ToolCall(call_id, name, arguments))  # type: ignore[arg-type]
+        if nesting(parsed) > MAX_ARGUMENT_NESTING:
+            raise function.fail("arguments", f"may nest objects and arrays at most {MAX_ARGUMENT_NESTING} deep")
+        calls.append(ToolCall(call_id, name, arguments))
     return tuple(calls)
+
+
+def nesting(value: Any) -> int:
+    """How deep objects and arrays nest in a parsed JSON value (1 for a flat object)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def parse_message(message: Fields, calls: dict[str, str]) -> ChatMessage:
