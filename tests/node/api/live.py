@@ -140,6 +140,7 @@ def drafting_node(settings: Any) -> Iterator[LiveNode]:
     controller.costs = CostCurve({1: 0.0126, 8: 0.0150}, fixed=True)
     engine = Engine(engine_config(settings, plan, cache, speculator=controller))
     controller.bind_vocabulary(engine.token_piece, lambda text: engine.tokenize(text, add_bos=False, special=False))
+    engine.warm_grammars()  # now, not on a worker thread beside the first requests' decode threads
     live = LiveNode(settings, engine=engine).start()
     try:
         yield live

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.model
 NEAR_TIE = 0.5
 RESTORED = "reame_prefix_cache_tokens_restored_total"
 COUNT = [{"role": "user", "content": "Count from one to ten in words, separated by commas."}]
+COPY = [{"role": "user", "content": "Copy the list exactly.\nList: red apple, green pear, yellow lemon, purple plum, "
+                                    "orange peach, white grape."}]
 DOC = " ".join(f"Box {i} holds {i * 7 % 10 + 1} {('red', 'blue', 'green')[i % 3]} marbles." for i in range(36))
 
 
@@ -190,29 +192,64 @@ def sibling_drafts(node):
 # -- 1. speculation ----------------------------------------------------------------------------
 
 def test_speculation_on_and_off_give_the_same_conclave(node):
-    body = {"messages": COUNT, "max_tokens": 20, "temperature": 0, "seed": 3, "conclave": 3}
+    body = {"messages": COPY, "max_tokens": 16, "temperature": 0, "seed": 3, "conclave": 3}
     with watching(node) as runs:
         off, _ = chat(node, {**body, "speculation": False, "stop": ["\x00off"]})
         before = lookup_stats(node)
-        with sibling_drafts(node) as drafts:
-            on, _ = chat(node, {**body, "speculation": True, "stop": ["\x00on"]})
+        on, _ = chat(node, {**body, "speculation": True, "stop": ["\x00on"]})
         after = lookup_stats(node)
     assert_freed(node)
-    texts_off = [c.text for c in runs[0].candidates]
-    texts_on = [c.text for c in runs[1].candidates]
-    parted = False
-    for i, (a, b) in enumerate(zip(texts_off, texts_on)):
-        if a != b:  # candidate 0 is the plain greedy request, candidate i > 0 samples with seed + i
-            if i == 0:
-                assert_near_tie(node, body, b)
-            else:
-                assert_near_boundary(node, {**body, "temperature": 0.7, "seed": body["seed"] + i}, b)
-            parted = True
     assert after["proposals"] > before["proposals"] and after["accepted"] > before["accepted"]
-    if parted:
+    parted = False
+    for i, (plain, drafted) in enumerate(zip(runs[0].candidates, runs[1].candidates)):
+        if plain.text != drafted.text:  # candidate 0 is the greedy request, candidate i > 0 samples with seed + i
+            if i == 0:
+                assert_near_tie(node, body, drafted.text)
+            else:
+                assert_near_boundary(node, {**body, "temperature": 0.7, "seed": body["seed"] + i}, drafted.text)
+            parted = True
+    if not parted:
+        assert content(on) == content(off) and on["reame"] == off["reame"]
+
+
+@contextlib.contextmanager
+def shaped_candidates(node, shape):
+    """The node's Conclave candidates rewritten by `shape(requests, group)` before they are submitted."""
+    service = node.state.service
+    submit = service.submit_group
+    service.submit_group = lambda requests, spare=0, group=None: submit(shape(list(requests), group), spare, group)
+    try:
+        yield
+    finally:
+        del service.submit_group
+
+
+def test_a_late_candidate_drafts_from_the_finished_ones(node):
+    """Candidate 1 is cut after two tokens, so it disagrees with candidate 0 and candidate 2 starts
+    once both have finished; it is the greedy request again and drafts its text from candidate 0's."""
+    greedy = []
+
+    def shape(requests, group):
+        if group is None:
+            greedy.append(requests[0].sampling)
+            return [requests[0], dataclasses.replace(requests[1], sampling=greedy[0], max_tokens=2)]
+        return [dataclasses.replace(r, sampling=greedy[0]) for r in requests]
+
+    body = {"messages": COUNT, "max_tokens": 16, "temperature": 0, "conclave": 3, "speculation": True}
+    before = lookup_stats(node)["accepted"]
+    with watching(node) as runs, sibling_drafts(node) as drafts, shaped_candidates(node, shape):
+        reply, _ = chat(node, {**body, "stop": ["\x00late"]})
+    assert_freed(node)
+    first, _, late = runs[0].candidates
+    assert reply["reame"]["started"] == 3 and late.finished.completion_tokens == 16
+    if late.text[:16] != first.text[:16]:  # they part at once: no text of candidate 0 to draft from
+        assert_near_tie(node, body, late.text)
         return
-    assert content(on) == content(off) and on["reame"] == off["reame"]
-    assert drafts["from_sibling"] > 0, drafts
+    assert drafts["from_sibling"] > 0, drafts  # candidate 0's text was proposed as long as they agreed
+    if late.text == first.text:
+        assert lookup_stats(node)["accepted"] - before >= 8  # about the whole answer came from candidate 0
+    else:
+        assert_near_tie(node, body, late.text)
 
 
 # -- 2. prefix cache ---------------------------------------------------------------------------
@@ -337,25 +374,16 @@ def test_a_conclave_next_to_three_plain_users(node):
 
 def test_cancelled_losers_free_their_kv_with_speculation_on(node):
     """All three candidates greedy (so the first two agree), the third with a long max_tokens: the
-    majority stops it mid-generation, while it drafts from its siblings' texts."""
-    service = node.state.service
-    submit = service.submit_group
-
-    def shaped(requests, spare=0, group=None):
+    majority stops it mid-generation, while it drafts."""
+    def shape(requests, group):
         first = requests[0]
-        requests = [dataclasses.replace(r, sampling=first.sampling,
-                                        max_tokens=first.max_tokens * (8 if i == 2 else 1))
-                    for i, r in enumerate(requests)]
-        return submit(requests, spare, group)
+        return [dataclasses.replace(r, sampling=first.sampling, max_tokens=first.max_tokens * (8 if i == 2 else 1))
+                for i, r in enumerate(requests)]
 
     cancelled = metric(node.url, "reame_conclave_candidates_total", outcome="cancelled")
-    service.submit_group = shaped
-    try:
-        with policy(node, adaptive=False):
-            reply, _ = chat(node, {"messages": COUNT, "max_tokens": 8, "temperature": 0.5, "seed": 2,
-                                   "conclave": 3, "speculation": True})
-    finally:
-        del service.submit_group
+    with shaped_candidates(node, shape), policy(node, adaptive=False):
+        reply, _ = chat(node, {"messages": COUNT, "max_tokens": 8, "temperature": 0.5, "seed": 2,
+                               "conclave": 3, "speculation": True})
     assert reply["reame"]["stopped_early"] and reply["reame"]["consensus"] == 2
     assert metric(node.url, "reame_conclave_candidates_total", outcome="cancelled") - cancelled == 1
     assert_freed(node)
