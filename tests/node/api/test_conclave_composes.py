@@ -235,7 +235,7 @@ def test_a_late_candidate_drafts_from_the_finished_ones(node):
             return [requests[0], dataclasses.replace(requests[1], sampling=greedy[0], max_tokens=2)]
         return [dataclasses.replace(r, sampling=greedy[0]) for r in requests]
 
-    body = {"messages": COUNT, "max_tokens": 16, "temperature": 0, "conclave": 3, "speculation": True}
+    body = {"messages": COPY, "max_tokens": 16, "temperature": 0, "conclave": 3, "speculation": True}
     before = lookup_stats(node)["accepted"]
     with watching(node) as runs, sibling_drafts(node) as drafts, shaped_candidates(node, shape):
         reply, _ = chat(node, {**body, "stop": ["\x00late"]})
