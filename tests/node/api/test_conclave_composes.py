@@ -285,6 +285,11 @@ def test_a_deterministic_conclave_is_an_l1_hit_keyed_by_n_and_explore_settings(n
     again, headers = chat(node, body)
     assert headers["X-Reame-Cache"] == "hit"
     assert content(again) == content(first) and again["reame"] == first["reame"]
+
+    async def streamed():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            return await ask(session, node.url, "chat/completions", {**body, "stream": True})
+    assert asyncio.run(streamed()) == (content(first), first["reame"])  # a streamed hit, verdict included
     assert chat(node, {**body, "conclave": 2})[1]["X-Reame-Cache"] == "miss"
     assert chat(node, {**body, "seed": 9})[1]["X-Reame-Cache"] == "miss"
     with policy(node, explore_temperature=0.9):
