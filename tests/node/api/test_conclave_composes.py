@@ -327,6 +327,31 @@ def test_a_structured_conclave_votes_on_valid_parsed_answers(node):
     assert sum(votes.values()) == len(finished)
 
 
+NOTE = {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": "string", "maxLength": 8},
+                                         "score": {"type": "number", "minimum": 0, "maximum": 5}},
+        "required": ["ok"], "additionalProperties": False}
+
+
+def test_answers_cut_by_max_tokens_never_vote_in_a_structured_conclave(node):
+    """An unbounded number lets the base model write digits until max_tokens: the numbers inside
+    a half-written object are no answer, and a whole answer wins over cut ones."""
+    body = {"messages": [{"role": "user", "content": "Write one example record as JSON."}], "max_tokens": 40,
+            "temperature": 0, "seed": 45, "conclave": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "note", "schema": NOTE,
+                                                                       "strict": True}}}
+    with watching(node) as runs:
+        reply, _ = chat(node, body)
+    assert_freed(node)
+    candidates = runs[0].candidates
+    whole = [c for c in candidates if c.finished.reason == "stop"]
+    assert any(c.finished.reason == "length" for c in candidates), [c.text for c in candidates]
+    for answer in reply["reame"]["votes"]:
+        jsonschema.validate(json.loads(answer), NOTE)
+    if whole:
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(content(reply)), NOTE)
+
+
 # -- 5. other users in the batch ---------------------------------------------------------------
 
 USERS = [("completions", {"prompt": "One, two, three, four,", "max_tokens": 10, "temperature": 0}),
