@@ -13,7 +13,8 @@ matches itself), so a match is always an earlier occurrence.
 A group whose members have all ended is kept (the last RETAINED_GROUPS of them): a member
 joining it later (a Conclave's candidate started once the first ones disagreed, usually
 after they all finished) drafts from their finished texts, which it agrees with most of the
-time, instead of from nothing.
+time. (The Palimpsest learns them too, when the archive source is on, as a few of the
+node's many streams; this index is the request's own.)
 """
 
 from __future__ import annotations
