@@ -4,7 +4,9 @@ structured output, plain users in the same batch, and cancelled losers freeing t
 
 Greedy text may part at a near-tie when the batch around it changes (llama.cpp's CPU
 kernels are not batch-invariant): a difference is accepted only where the plain greedy run's
-top two tokens are less than NEAR_TIE apart, never at a clear margin.
+top two tokens are less than NEAR_TIE apart, never at a clear margin. A seeded explorer's text
+may part only where its draw fell so near the edge of the chosen token's share that logits
+NEAR_TIE apart move the edge past it.
 """
 
 from __future__ import annotations
@@ -206,16 +208,23 @@ def test_speculation_on_and_off_give_the_same_conclave(node):
         after = lookup_stats(node)
     assert_freed(node)
     assert after["proposals"] > before["proposals"] and after["accepted"] > before["accepted"]
-    parted = False
-    for i, (plain, drafted) in enumerate(zip(runs[0].candidates, runs[1].candidates)):
-        if plain.text != drafted.text:  # candidate 0 is the greedy request, candidate i > 0 samples with seed + i
-            if i == 0:
-                assert_near_tie(node, body, drafted.text)
-            else:
-                assert_near_boundary(node, {**body, "temperature": 0.7, "seed": body["seed"] + i}, drafted.text)
-            parted = True
-    if not parted:
+    if not parted(node, body, runs[0], runs[1]):
         assert content(on) == content(off) and on["reame"] == off["reame"]
+
+
+def parted(node, body: dict, run, other) -> bool:
+    """Whether two runs of one Conclave differ in some candidate, each difference checked to be
+    a near-tie (candidate 0 is the greedy request) or a near-edge draw (candidate i samples
+    with seed + i) of the plain runs on `node`."""
+    found = False
+    for i, (a, b) in enumerate(zip(run.candidates, other.candidates)):
+        if a.text != b.text:
+            if i == 0:
+                assert_near_tie(node, body, b.text)
+            else:
+                assert_near_boundary(node, {**body, "temperature": 0.7, "seed": body["seed"] + i}, b.text)
+            found = True
+    return found
 
 
 @contextlib.contextmanager
@@ -268,16 +277,16 @@ def test_a_conclave_restores_a_cached_prefix_and_answers_as_without_it(node, unc
     body = {"messages": [system, {"role": "user", "content": "What is in box 4?"}], "max_tokens": 10,
             "temperature": 0, "seed": 5, "conclave": 3, "speculation": False}
     before = metric(node.url, RESTORED)
-    cached, _ = chat(node, body)
+    with watching(node) as runs:
+        cached, _ = chat(node, body)
     restored = metric(node.url, RESTORED) - before
     assert restored >= 256, restored  # most of the shared system message came from the cache
-    plain, _ = chat(uncached, body)
-    if content(cached) != content(plain) and cached["reame"]["votes"] != plain["reame"]["votes"]:
-        assert_near_tie(uncached, body, content(cached))
-        return
-    assert content(cached) == content(plain) and cached["reame"] == plain["reame"]
-    assert cached["usage"] == plain["usage"]
+    with watching(uncached) as plain_runs:
+        plain, _ = chat(uncached, body)
     assert_freed(node)
+    assert cached["usage"] == plain["usage"]
+    if not parted(uncached, body, plain_runs[0], runs[0]):
+        assert content(cached) == content(plain) and cached["reame"] == plain["reame"]
 
 
 # -- 3. L1 -------------------------------------------------------------------------------------
