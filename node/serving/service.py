@@ -26,7 +26,7 @@ engine request asks for the final state (prompt + answer) to be stored in the ca
 
 A job with `conclave` > 1 runs as a Conclave (node/serving/conclave/): candidates forked from
 one prefill, one answer by vote, its verdict in the answer (and in L1 with it, the node's
-explorer settings in the key); a job with `best_of` > n runs best_of candidates on the same
+explorer and adaptive-start settings in the key); a job with `best_of` > n runs best_of candidates on the same
 forks and answers the n with the highest mean token log-probability.
 
 The engine's typed errors become the serving layer's here, at submit, and nowhere else.
@@ -172,9 +172,10 @@ class CompletionService:
         key = None
         if self.options.l1_enabled and options.deterministic:
             extra: Mapping[str, Any] | None = None
-            if options.conclave > 1:  # what the explorers sample with comes from the node's settings
+            if options.conclave > 1:  # the explorers' sampling and which candidates run are the node's settings
                 extra = {"conclave.explore_temperature": policy.explore_temperature,
-                         "conclave.seed": policy.seed}
+                         "conclave.seed": policy.seed, "conclave.adaptive": policy.adaptive,
+                         "conclave.initial": policy.initial}
             key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,
                          template=template, prompt_tokens=tokens, options=options, extra=extra)
         request = GenerationRequest(

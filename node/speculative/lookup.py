@@ -9,10 +9,17 @@ text (n > 1) drafts for the ones behind it.
 
 The context's own last n-grams are entered only after they are looked up (a suffix always
 matches itself), so a match is always an earlier occurrence.
+
+A group whose members have all ended is kept (the last RETAINED_GROUPS of them): a member
+joining it later (a Conclave's candidate started once the first ones disagreed, usually
+after they all finished) drafts from their finished texts, which it agrees with most of the
+time. (The Palimpsest learns them too, when the archive source is on, as a few of the
+node's many streams; this index is the request's own.)
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -20,6 +27,7 @@ from node.engine.hooks import Draft, DraftSeq
 
 MIN_N = 2
 MAX_N = 6
+RETAINED_GROUPS = 4  # ended groups kept for members that may still join them
 
 
 @dataclass(slots=True)
@@ -39,9 +47,12 @@ class PromptLookup:
     def __init__(self, min_n: int = MIN_N, max_n: int = MAX_N) -> None:
         self.min_n, self.max_n = min_n, max_n
         self._groups: dict[int, _Group] = {}
+        self._ended: OrderedDict[int, _Group] = OrderedDict()  # groups without a live member, oldest first
 
     def begin(self, seq: DraftSeq) -> None:
-        group = self._groups.setdefault(seq.group, _Group())
+        group = self._groups.get(seq.group)
+        if group is None:
+            group = self._groups[seq.group] = self._ended.pop(seq.group, None) or _Group()
         group.live += 1
         group.indexed[seq.key] = 0
 
@@ -94,6 +105,11 @@ class PromptLookup:
         group = self._groups.get(seq.group)
         if group is None:
             return
+        if seq.key in group.streams:
+            group.streams[seq.key] = tuple(tokens)  # its whole text, for members joining later
         group.live -= 1
         if group.live <= 0:
             del self._groups[seq.group]
+            self._ended[seq.group] = group
+            while len(self._ended) > RETAINED_GROUPS:
+                self._ended.popitem(last=False)

@@ -131,6 +131,8 @@ class ConclaveRun:
         self._tasks: dict[int, asyncio.Task[Candidate]] = {}
         self._group: int | None = None
         self._done: asyncio.Queue[Candidate] = asyncio.Queue()
+        grammar = request.sampling.grammar
+        self._json_only = grammar is not None and grammar.kind == "json_schema"  # the vote counts parsed values only
 
     @property
     def initial(self) -> int:
@@ -175,7 +177,7 @@ class ConclaveRun:
             finished += 1
             if candidate.completed:
                 texts[candidate.number] = candidate.text
-                keys[candidate.number] = answer_key(candidate.text)
+                keys[candidate.number] = answer_key(candidate.text, json_only=self._json_only)
             elif candidate.finished is not None:
                 log.warning("conclave candidate %d ended with %s: %s", candidate.number, candidate.finished.reason,
                             candidate.finished.error)
@@ -192,7 +194,7 @@ class ConclaveRun:
                 if not texts:
                     reason = candidate.finished.error if candidate.finished else None
                     raise GenerationFailed(f"Every Conclave candidate failed: {reason or 'no detail'}")
-                verdict = decide(texts, self.n)
+                verdict = decide(texts, self.n, json_only=self._json_only)
         cancelled = await self._stop_running()
         stopped = verdict.method == "majority" and (cancelled > 0 or len(self._candidates) < self.n)
         return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled)

@@ -9,6 +9,10 @@ applies:
 3. its last non-empty line is short (at most SHORT_WORDS words): that line, casefolded,
    punctuation removed, spacing collapsed, a leading "answer:" dropped;
 4. otherwise none: prose, which takes part only in the medoid.
+Under a JSON Schema (structured output, tool calls: `json_only`) only rule 1 applies: a text
+that does not parse (cut by max_tokens) has no key, so the numbers inside a half-written
+object never vote, and once every candidate has finished, the ones that parse are the only
+ones the plurality and the medoid choose from (a cut answer wins only when nothing parses).
 
 `decide(keys, n_total)`: an answer held by more than half of the N candidates (absolute
 majority of N, not of those finished) wins at once and the others are stopped; once every
@@ -36,11 +40,14 @@ _PUNCT = re.compile(r"[^\w\s]", re.UNICODE)
 _ANSWER_PREFIX = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*", re.IGNORECASE)
 
 
-def answer_key(text: str) -> str | None:
-    """The normalised final answer of a text (see the module docstring), or None for prose."""
+def answer_key(text: str, *, json_only: bool = False) -> str | None:
+    """The normalised final answer of a text (see the module docstring), or None for prose;
+    `json_only`: the parsed JSON value or None."""
     parsed = _json_value(text)
     if parsed is not None:
         return "json:" + orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+    if json_only:
+        return None
     numbers = _NUMBER.findall(text)
     if numbers:
         return "number:" + _number(numbers[-1])
@@ -149,14 +156,16 @@ def early(keys: Mapping[int, str | None], n_total: int) -> Verdict | None:
     return None
 
 
-def decide(texts: Mapping[int, str], n_total: int) -> Verdict:
+def decide(texts: Mapping[int, str], n_total: int, *, json_only: bool = False) -> Verdict:
     """The verdict once no more candidates will finish (texts: candidate -> its answer)."""
     if not texts:
         raise ValueError("no candidate finished")
-    keys = {candidate: answer_key(text) for candidate, text in texts.items()}
+    keys = {candidate: answer_key(text, json_only=json_only) for candidate, text in texts.items()}
     found = early(keys, n_total)
     if found is not None:
         return found
+    if json_only and any(key is not None for key in keys.values()):  # a cut answer never beats a whole one
+        texts = {candidate: text for candidate, text in texts.items() if keys[candidate] is not None}
     counts = tally(keys)
     votes = votes_of(counts)
     if len(texts) == 1:

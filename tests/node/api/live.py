@@ -2,15 +2,19 @@
 
 The node runs its own event loop in a background thread, so synchronous clients (the
 official `openai` package, headless Chromium) and async test functions can both talk to it
-over HTTP exactly as users do. `node_settings` builds real NodeSettings for the model.
+over HTTP exactly as users do. `node_settings` builds real NodeSettings for the model;
+`drafting_node` starts one whose speculation does not depend on the machine's load; `settled`
+waits for a node's engine to finish what it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from node.api.app import create_app
 from node.api.runner import start_site
@@ -119,3 +123,39 @@ def metric(url: str, name: str, *, headers: dict | None = None, **labels: str) -
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+@contextlib.contextmanager
+def drafting_node(settings: Any) -> Iterator[LiveNode]:
+    """A live node on the loader's engine, prefix cache (when enabled) and speculation controller,
+    with a fixed verify cost line, so that what is drafted does not depend on the machine's load."""
+    from node.engine.engine import Engine
+    from node.models.loader import build_prefix_cache, build_speculator, engine_config, plan_engine
+    from node.speculative.costs import CostCurve
+
+    plan = plan_engine(settings, progress=False)
+    cache = build_prefix_cache(settings, plan)
+    controller = build_speculator(settings, plan)
+    assert controller is not None
+    controller.costs = CostCurve({1: 0.0126, 8: 0.0150}, fixed=True)
+    engine = Engine(engine_config(settings, plan, cache, speculator=controller))
+    controller.bind_vocabulary(engine.token_piece, lambda text: engine.tokenize(text, add_bos=False, special=False))
+    engine.warm_grammars()  # now, not on a worker thread beside the first requests' decode threads
+    live = LiveNode(settings, engine=engine).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+        engine.close()
+        if cache is not None:
+            cache.close()
+
+
+def settled(node: LiveNode, timeout: float = 10.0) -> dict:
+    """The engine's stats once nothing is active or queued (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = node.state.engine.stats()
+        if (stats["active"] == 0 and stats["queued"] == 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.02)

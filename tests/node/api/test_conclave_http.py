@@ -4,12 +4,11 @@ client (the extension field in `extra_body`) and next to other users in the batc
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import openai
 import pytest
 
-from tests.node.api.live import LiveNode, http_json, node_settings
+from tests.node.api.live import LiveNode, http_json, node_settings, settled
 
 pytestmark = pytest.mark.model
 
@@ -25,15 +24,6 @@ def node(gemma_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(node):
     return openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=180)
-
-
-def settled(node) -> dict:
-    for _ in range(300):
-        stats = node.state.engine.stats()
-        if stats["active"] == 0 and stats["queued"] == 0:
-            return stats
-        time.sleep(0.02)
-    return node.state.engine.stats()
 
 
 def test_chat_conclave_through_the_openai_client(client, node):

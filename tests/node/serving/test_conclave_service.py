@@ -129,6 +129,21 @@ async def test_a_deterministic_conclave_is_cached_whole_and_keyed(service):
     assert len(keys) == 4  # plain, N, and the explorers' seed all shape the answer
 
 
+async def test_the_l1_key_of_a_conclave_covers_the_node_settings_that_shape_it(tmp_path):
+    """Which candidates run (adaptive start) changes the verdict: votes, `started`, even the winner."""
+    policies = (ConclavePolicy(), ConclavePolicy(explore_temperature=0.9), ConclavePolicy(seed=5),
+                ConclavePolicy(adaptive=False), ConclavePolicy(initial=3))
+    conclave, plain = set(), set()
+    for i, policy in enumerate(policies):
+        (tmp_path / str(i)).mkdir()
+        service = make_service(tmp_path / str(i), policy)
+        conclave.add(service.plan_chat(parse_chat({**CHAT, "conclave": 5})).jobs[0].key)
+        plain.add(service.plan_chat(parse_chat(CHAT)).jobs[0].key)
+        await service.archive.close()
+    assert len(conclave) == len(policies)
+    assert len(plain) == 1  # a plain request does not depend on them
+
+
 async def test_best_of_returns_the_n_with_the_highest_mean_logprob(service):
     service.engine.answers = by_seed({10: "alpha", 11: "beta", 12: "gamma", 13: "delta"})
     service.engine.logprob = lambda request: {10: -2.0, 11: -0.1, 12: -1.0, 13: -0.2}[request.sampling.seed]

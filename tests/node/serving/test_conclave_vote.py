@@ -90,3 +90,15 @@ def test_rouge_l():
 def test_decide_needs_a_candidate():
     with pytest.raises(ValueError):
         decide({}, 3)
+
+
+def test_under_a_json_schema_only_parsed_answers_vote():
+    cut = '{"ok": true, "score": 0.5'  # two answers cut by max_tokens: their number is no vote
+    assert answer_key(cut) == "number:0.5" and answer_key(cut, json_only=True) is None
+    texts = {0: cut, 1: '{"ok": false}', 2: cut}
+    assert decide(texts, 3).winner == 0  # plain text rules: the cut ones agree on 0.5
+    verdict = decide(texts, 3, json_only=True)
+    assert (verdict.winner, verdict.method, verdict.votes) == (1, "single", {'{"ok":false}': 1})
+    both = decide({0: cut, 1: '{"ok":false}', 2: '{"ok": true}', 3: cut}, 4, json_only=True)
+    assert both.winner in (1, 2) and both.method == "medoid"
+    assert decide({0: cut, 1: cut + ","}, 2, json_only=True).method == "medoid"  # nothing parses: prose rules

@@ -52,6 +52,37 @@ def test_a_sibling_ahead_drafts_for_the_one_behind():
     assert not lookup._groups
 
 
+def test_a_member_joining_after_the_others_ended_drafts_from_their_texts():
+    lookup = PromptLookup()
+    first = seq(1, group=9)
+    lookup.begin(first)
+    prompt = [100, 101, 102]
+    answer = [*prompt, 40, 41, 42, 43, 44, 45]
+    lookup.propose(first, answer[:-1], 1)
+    lookup.end(first, answer)  # the end hands over the whole text, its last token too
+    assert not lookup._groups
+    late = seq(2, group=9)
+    lookup.begin(late)
+    assert lookup.propose(late, [*prompt, 40, 41], 4).tokens == (42, 43, 44, 45)
+    lookup.end(late, prompt)
+
+
+def test_only_the_last_few_ended_groups_are_kept():
+    from node.speculative.lookup import RETAINED_GROUPS
+
+    lookup = PromptLookup()
+    for group in range(RETAINED_GROUPS + 3):
+        member = seq(group + 1, group=group)
+        lookup.begin(member)
+        lookup.propose(member, [7, 8, 9, 7, 8], 2)
+        lookup.end(member, [7, 8, 9, 7, 8])
+    assert list(lookup._ended) == list(range(3, RETAINED_GROUPS + 3))
+    late = seq(99, group=0)  # its group is gone: it starts a new index
+    lookup.begin(late)
+    assert lookup.propose(late, [7, 8], 2) is None
+    lookup.end(late, [7, 8])
+
+
 def test_nothing_to_match_gives_no_draft():
     lookup = PromptLookup()
     s = seq(1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.node.api.live import LiveNode, http_json, metric, node_settings
+from tests.node.api.live import drafting_node, http_json, metric, node_settings
 
 pytestmark = [pytest.mark.model]
 COPY = ("Copy the list exactly.\nList: red apple, green pear, yellow lemon, purple plum, orange peach, "
@@ -16,23 +16,10 @@ COPY = ("Copy the list exactly.\nList: red apple, green pear, yellow lemon, purp
 @pytest.fixture(scope="module")
 def node(gemma_path, tmp_path_factory):
     """The loader's engine and controller, with a fixed cost line so choices do not depend on the load."""
-    from node.engine.engine import Engine
-    from node.models.loader import build_prefix_cache, build_speculator, engine_config, plan_engine
-    from node.speculative.costs import CostCurve
-
     settings = node_settings(gemma_path, tmp_path_factory.mktemp("home"), **{"cache.enabled": True})
-    plan = plan_engine(settings, progress=False)
-    cache = build_prefix_cache(settings, plan)
-    controller = build_speculator(settings, plan)
-    assert controller is not None and controller.source_names[:3] == ("lookup", "archive", "grammar")
-    controller.costs = CostCurve({1: 0.0126, 8: 0.0150}, fixed=True)
-    engine = Engine(engine_config(settings, plan, cache, speculator=controller))
-    live = LiveNode(settings, engine=engine).start()
-    yield live
-    live.stop()
-    engine.close()
-    if cache is not None:
-        cache.close()
+    with drafting_node(settings) as live:
+        assert live.state.speculation.source_names[:3] == ("lookup", "archive", "grammar")
+        yield live
 
 
 def complete(node, max_tokens: int, **extra):
