@@ -56,7 +56,9 @@ SCHEMA = {
     "additionalProperties": False,
 }
 EXTRACT_PROMPT = f"Document:\n{DOCUMENT}\n\nThe person in the document as a JSON record:\n"
-LIST_PROMPT = "Here is a numbered list of twelve kinds of fruit, one per line:\n1."
+# The base model names distinct countries here (fruit made it repeat one item, which turned the
+# case into prompt lookup's); none of them but the first is in the prompt.
+LIST_PROMPT = "The countries of Europe, as a numbered list:\n1. Albania\n2."
 LIST_TOKENS = 60
 
 
@@ -301,7 +303,13 @@ def case_list(engine, controller, args) -> list[str]:
     return [f"12-item list, no grammar ({LIST_TOKENS} tokens)  off {best_plain:6.1f} tok/s  on {best_on:6.1f} tok/s  "
             f"{best_on / best_plain:5.2f}x  (target >= 2.0x)  kept/drafted {rules}  lookup "
             f"{stats['lookup']['accepted']}/{stats['lookup']['drafted']}  {load()}",
-            "  text: " + json.dumps(text[:200])]
+            f"  {distinct_items(text)} distinct items; text: " + json.dumps(text[:200])]
+
+
+def distinct_items(text: str) -> int:
+    """How many different items the generated list holds (a repeated item makes drafting easy)."""
+    items = {line.split(". ", 1)[-1].strip() for line in ("2." + text).splitlines() if line.strip()}
+    return len(items)
 
 
 CASES = {"mask": case_mask, "extract": case_extract, "list": case_list}

@@ -52,7 +52,7 @@ class PromptLookup:
     def begin(self, seq: DraftSeq) -> None:
         group = self._groups.get(seq.group)
         if group is None:
-            group = self._groups[seq.group] = self._ended.pop(seq.group, None) or _Group()
+            group = self._groups[seq.group] = self._ended.pop(seq.group) if seq.group in self._ended else _Group()
         group.live += 1
         group.indexed[seq.key] = 0
 
