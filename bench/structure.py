@@ -16,7 +16,7 @@ every case. Greedy; tokens/s are generated tokens over wall time (prefill includ
            Suggeritore against unconstrained decoding of the same length (end of generation
            banned, speculation off); and, when a llama.cpp server binary is found (--llama-server,
            $REAME_LLAMA_SERVER or ~/.cache/reame-bench/llama-server), against its grammar
-           sampler on the same schema and prompt (same kernels; its own timing of the decode).
+           sampler on the same schema and prompt (same kernels; wall time of each request, prefill included, as ours).
   list     a fresh 12-item numbered list, no grammar: form rules on against speculation off.
 """
 
@@ -229,7 +229,9 @@ def find_llama_server(args) -> Path | None:
 
 
 def llama_server_rate(binary: Path, model: Path, prompt: str, tokens: int, schema: dict | None) -> tuple[float, int]:
-    """Decode tokens/s the llama.cpp server reports for one greedy completion (its own timing)."""
+    """Tokens/s of one greedy completion by the llama.cpp server: generated tokens over the
+    request's wall time, prefill included, as ours are measured (its own decode-only rate is
+    higher); after a warm-up request, so neither side pays its first-request costs."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -246,17 +248,20 @@ def llama_server_rate(binary: Path, model: Path, prompt: str, tokens: int, schem
                         break
             except OSError:
                 time.sleep(0.5)
-        body: dict = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False}
+        body: dict = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": True}  # as our engine reuses a slot's prefix
         if schema is not None:
             body["json_schema"] = schema
         else:
             body["ignore_eos"] = True
-        request = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=1800) as reply:
-            answer = json.loads(reply.read())
-        timings = answer.get("timings", {})
-        return float(timings.get("predicted_per_second", 0.0)), int(timings.get("predicted_n", 0))
+        for _ in range(2):  # the first is the warm-up
+            request = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})
+            started = time.perf_counter()
+            with urllib.request.urlopen(request, timeout=1800) as reply:
+                answer = json.loads(reply.read())
+            seconds = time.perf_counter() - started
+        generated = int(answer.get("timings", {}).get("predicted_n", 0))
+        return generated / seconds, generated
     finally:
         process.terminate()
         process.wait(30)
