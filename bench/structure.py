@@ -248,7 +248,7 @@ def llama_server_rate(binary: Path, model: Path, prompt: str, tokens: int, schem
                         break
             except OSError:
                 time.sleep(0.5)
-        body: dict = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": True}  # as our engine reuses a slot's prefix
+        body: dict = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False}  # our bench engine has no prefix cache either
         if schema is not None:
             body["json_schema"] = schema
         else:
