@@ -68,9 +68,11 @@ def text_logprobs(items: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: 
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens not computed (restored prefix, L1)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": min(cached_tokens, prompt_tokens)}}
 
 
 def tool_readers(plan: Plan, n_choices: int) -> list[ToolCallReader] | None:
@@ -94,6 +96,7 @@ class Collector:
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n_choices)]
         self.finish: list[str | None] = [None] * n_choices
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self.consensus: dict | None = None
 
     def add(self, event: ChoiceEvent) -> None:
@@ -103,6 +106,7 @@ class Collector:
         elif isinstance(event, ChoiceDone):
             self.finish[event.index] = event.finish_reason
             self.completion_tokens += event.completion_tokens
+            self.cached_tokens += event.cached_tokens
             if event.consensus is not None:
                 self.consensus = dict(event.consensus)
 
@@ -128,7 +132,7 @@ class Collector:
                 choices.append({"index": index, "text": text, "finish_reason": reason,
                                 "logprobs": text_logprobs(items, 0) if self.want_logprobs else None})
         response = {**self.identity.envelope(chunk=False), "choices": choices,
-                    "usage": usage(prompt_tokens, self.completion_tokens)}
+                    "usage": usage(prompt_tokens, self.completion_tokens, self.cached_tokens)}
         if self.consensus is not None:
             response["reame"] = self.consensus
         return response
@@ -145,6 +149,7 @@ class ChunkMaker:
         self.include_usage = include_usage
         self.offsets: dict[int, int] = {}
         self.completion_tokens = 0
+        self.cached_tokens = 0
 
     def _chunk(self, choice: dict) -> dict:
         chunk = {**self.identity.envelope(chunk=True), "choices": [choice]}
@@ -160,6 +165,7 @@ class ChunkMaker:
         chat = self.identity.kind == "chat"
         if isinstance(event, ChoiceDone):
             self.completion_tokens += event.completion_tokens
+            self.cached_tokens += event.cached_tokens
             body: dict[str, object] = {"index": event.index, "finish_reason": event.finish_reason, "logprobs": None}
             if chat:
                 body["delta"] = {}
@@ -190,7 +196,7 @@ class ChunkMaker:
             done = None
         else:
             pieces, reason = reader.finish(event.finish_reason)
-            done = ChoiceDone(event.index, reason, event.completion_tokens)
+            done = ChoiceDone(event.index, reason, event.completion_tokens, cached_tokens=event.cached_tokens)
         chunks = []
         for piece in pieces:
             if piece[0] == "content":
@@ -204,4 +210,4 @@ class ChunkMaker:
 
     def usage_chunk(self, prompt_tokens: int) -> dict:
         return {**self.identity.envelope(chunk=True), "choices": [],
-                "usage": usage(prompt_tokens, self.completion_tokens)}
+                "usage": usage(prompt_tokens, self.completion_tokens, self.cached_tokens)}

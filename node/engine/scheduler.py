@@ -347,7 +347,7 @@ class Scheduler:
                 n_tokens, state = hit
                 if 0 < n_tokens < len(seq.prompt) and self._ctx.state_set(seq.slot, state) \
                         and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
-                    seq.n_past = n_tokens
+                    seq.n_past = seq.n_cached = n_tokens
                     self.counters["prefix_tokens_restored"] += n_tokens
                 else:
                     self._ctx.seq_rm(seq.slot)

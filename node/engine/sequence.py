@@ -89,7 +89,7 @@ class Sequence:
     """Engine-thread state of one generation."""
 
     __slots__ = (
-        "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "phase",
+        "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "n_cached", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
         "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "spare", "fork",
@@ -107,6 +107,7 @@ class Sequence:
         self.generated: list[int] = []
         self.slot = -1  # llama seq id while admitted, -1 otherwise
         self.n_past = 0
+        self.n_cached = 0  # prompt tokens restored from the prefix cache, not computed
         self.phase = Phase.WAITING
         self.pending: list[int] = []
         self.n_sampled = 0
@@ -185,4 +186,5 @@ class Sequence:
         if self.t_prompt_done and self.t_admit:
             timings["prefill_s"] = self.t_prompt_done - self.t_admit
         self.phase = Phase.DONE
-        self.channel.push(Finished(reason, len(self.prompt), self.n_sampled, tuple(self.generated), error, timings))
+        self.channel.push(Finished(reason, len(self.prompt), self.n_sampled, tuple(self.generated), error, timings,
+                                   self.n_cached))

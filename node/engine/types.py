@@ -102,6 +102,7 @@ class Finished:
     generated: tuple[int, ...]  # every generated token id (stop-string tokens included)
     error: str | None = None
     timings: Mapping[str, float] = field(default_factory=dict)  # ttft_s, prefill_s, decode_s
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
 
 
 Event = TextDelta | Finished

@@ -117,7 +117,8 @@ class Answer:
             for piece in choice.pieces:
                 yield ChoiceText(index, piece.text, piece.logprobs)
             yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens,
-                             stored.consensus if offset == 0 else None)
+                             stored.consensus if offset == 0 else None,
+                             len(job.prompt_tokens) if offset == 0 else 0)  # an L1 answer computes no prompt
         self.service.ledger.served(len(job.prompt_tokens), sum(c.completion_tokens for c in stored.choices),
                                    from_l1=True)
 
@@ -138,7 +139,7 @@ class Answer:
                     self.service.metrics.generated_tokens.inc(event.completion_tokens)
                     if index == 0:
                         self._generated = event.generated
-                    yield ChoiceDone(index, event.reason, event.completion_tokens)
+                    yield ChoiceDone(index, event.reason, event.completion_tokens, cached_tokens=event.cached_tokens)
 
         async for event in _merge([one(offset, handle) for offset, handle in enumerate(handles)]):
             yield event

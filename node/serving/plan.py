@@ -57,6 +57,7 @@ class ChoiceDone:
     finish_reason: str
     completion_tokens: int
     consensus: Mapping[str, object] | None = None  # a Conclave's verdict (the response's `reame` object)
+    cached_tokens: int = 0  # prompt tokens not computed for it (usage.prompt_tokens_details.cached_tokens)
 
 
 ChoiceEvent = ChoiceText | ChoiceDone

@@ -38,6 +38,11 @@ def _stored(candidate: Candidate, logprobs: bool) -> StoredChoice:
     return StoredChoice(pieces, candidate.finished.reason, candidate.finished.completion_tokens)
 
 
+def _cached(candidates: Sequence[Candidate]) -> int:
+    """The prompt tokens the group did not compute: what its prefill restored (the forks copy it)."""
+    return max((c.finished.cached_tokens for c in candidates if c.finished is not None), default=0)
+
+
 def _count(service: CompletionService, candidates: Sequence[Candidate]) -> int:
     tokens = sum(c.finished.completion_tokens for c in candidates if c.finished is not None)
     service.metrics.generated_tokens.inc(tokens)
@@ -54,7 +59,8 @@ async def conclave_events(service: CompletionService, job: Job, run: ConclaveRun
     for event in _replay(job.first_choice, winner, logprobs):
         yield event
     consensus = {**outcome.summary(), "generated_tokens": tokens}
-    yield ChoiceDone(job.first_choice, winner.finished.reason, winner.finished.completion_tokens, consensus)
+    yield ChoiceDone(job.first_choice, winner.finished.reason, winner.finished.completion_tokens, consensus,
+                     _cached(run.candidates))
     service.remember(job, [_stored(winner, logprobs)], [tuple(winner.finished.generated)], consensus=consensus)
 
 
@@ -64,6 +70,7 @@ async def best_of_events(service: CompletionService, job: Job, handles: Sequence
     candidates = [Candidate(number, handle) for number, handle in enumerate(handles)]
     await run_all(candidates)
     _count(service, candidates)
+    cached = _cached(candidates)
     chosen = best(candidates, job.n)
     if len(chosen) < job.n:
         failed = next((c.finished for c in candidates if not c.completed and c.finished is not None), None)
@@ -73,6 +80,7 @@ async def best_of_events(service: CompletionService, job: Job, handles: Sequence
         assert candidate.finished is not None
         for event in _replay(job.first_choice + offset, candidate, logprobs):
             yield event
-        yield ChoiceDone(job.first_choice + offset, candidate.finished.reason, candidate.finished.completion_tokens)
+        yield ChoiceDone(job.first_choice + offset, candidate.finished.reason, candidate.finished.completion_tokens,
+                         cached_tokens=cached if offset == 0 else 0)
     service.remember(job, [_stored(c, logprobs) for c in chosen],
                      [tuple(c.finished.generated) for c in chosen if c.finished is not None])

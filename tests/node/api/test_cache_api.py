@@ -70,6 +70,7 @@ def test_warm_then_request_restores_the_document(node):
     assert headers["X-Reame-Cache"] == "miss"
     assert metric(node.url, RESTORED) - before == first["stored_tokens"]
     assert usage["prompt_tokens"] > first["tokens"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": first["stored_tokens"]}  # as OpenAI reports it
     assert answer == alone(node, question)
 
 

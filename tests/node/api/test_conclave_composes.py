@@ -284,7 +284,10 @@ def test_a_conclave_restores_a_cached_prefix_and_answers_as_without_it(node, unc
     with watching(uncached) as plain_runs:
         plain, _ = chat(uncached, body)
     assert_freed(node)
-    assert cached["usage"] == plain["usage"]
+    tokens = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [cached["usage"][k] for k in tokens] == [plain["usage"][k] for k in tokens]
+    assert cached["usage"]["prompt_tokens_details"]["cached_tokens"] == restored  # what the group did not compute
+    assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     if not parted(uncached, body, plain_runs[0], runs[0]):
         assert content(cached) == content(plain) and cached["reame"] == plain["reame"]
 

@@ -57,7 +57,11 @@ def test_a_chat_answer_then_its_l1_hit(node, fake):
     submitted = len(fake.submitted)
     status, headers, again = post(node, "/v1/chat/completions", body)
     assert status == 200 and headers["X-Reame-Cache"] == "hit" and len(fake.submitted) == submitted
-    assert again["choices"] == first["choices"] and again["usage"] == first["usage"]
+    assert again["choices"] == first["choices"]
+    tokens = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [again["usage"][k] for k in tokens] == [first["usage"][k] for k in tokens]
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": first["usage"]["prompt_tokens"]}  # L1
     assert metric(node.url, "reame_archive_hits_total") >= 1
 
 
