@@ -109,14 +109,15 @@ class FleetProcesses:
 
     # ---------------------------------------------------------------- the balancer
 
-    def start_balancer(self) -> str:
+    def start_balancer(self, backends: tuple[str, str] = ("a", "b")) -> str:
+        """HAProxy in front of the two named nodes (its `node-a` and `node-b`), not any other
+        node this fleet runs beside them (a cold node without the archive, say)."""
         binary = haproxy_binary()
         if binary is None:
             raise RuntimeError("haproxy is not installed (Debian: apt-get install haproxy)")
         port = free_port()
-        urls = list(self.nodes.values())
-        env = {**os.environ, "REAME_LB_BIND": f"127.0.0.1:{port}",
-               "REAME_NODE_A": urls[0].removeprefix("http://"), "REAME_NODE_B": urls[-1].removeprefix("http://")}
+        first, second = (self.nodes[name].removeprefix("http://") for name in backends)
+        env = {**os.environ, "REAME_LB_BIND": f"127.0.0.1:{port}", "REAME_NODE_A": first, "REAME_NODE_B": second}
         log = open(self.base / "haproxy.log", "wb")
         self.processes.append(subprocess.Popen([binary, "-W", "-db", "-f", str(HAPROXY_CFG)], env=env,
                                                stdout=log, stderr=subprocess.STDOUT))
