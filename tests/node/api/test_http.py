@@ -169,7 +169,9 @@ async def test_sse_framing_byte_by_byte(plain):
         if expected_cache == "miss":
             first_text, first_usage = text, chunks[-1]["usage"]
         else:
-            assert (text, chunks[-1]["usage"]) == (first_text, first_usage)
+            usage = chunks[-1]["usage"]
+            assert (text, {**usage, "prompt_tokens_details": {"cached_tokens": 0}}) == (first_text, first_usage)
+            assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]  # an L1 replay
 
 
 async def wait_idle(engine, timeout: float = 10.0) -> None:
