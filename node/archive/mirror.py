@@ -64,10 +64,9 @@ class CorpusMirror:
     async def caught_up(self, timeout_s: float) -> bool:
         """Wait until one round found nothing new (tests, benches)."""
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._caught_up.wait()
+            await asyncio.wait_for(self._caught_up.wait(), timeout_s)
             return True
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return False
 
     async def sync(self) -> int:

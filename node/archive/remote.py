@@ -107,8 +107,7 @@ class RemoteArchive:
                 raise ArchiveUnavailable(f"archive {self.name} is unreachable")
             return default
         try:
-            async with asyncio.timeout(self.timeout * 2):
-                reply = await self.servers.execute(*command)
+            reply = await asyncio.wait_for(self.servers.execute(*command), self.timeout * 2)
         except self._reply_error as exc:  # the server answered with an error: it is up
             self.counters.error(operation)
             breaker.succeeded()
@@ -206,8 +205,7 @@ class RemoteArchive:
         if not all(b.closed for b in breakers.values()):
             return None
         try:
-            async with asyncio.timeout(self.timeout * 2):
-                found = await self.servers.exists_each(names)
+            found = await asyncio.wait_for(self.servers.exists_each(names), self.timeout * 2)
         except self._reply_error as exc:
             self.counters.error(operation)
             log.warning("archive %s refused %s: %s", self.name, operation, exc)

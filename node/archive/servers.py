@@ -87,15 +87,17 @@ class Servers:
             self._reported = reason
             log.error("archive %s: %s", self.name, reason)
 
+    async def _contact(self, ping: Callable[[], Awaitable[Any]]) -> None:
+        await ping()
+        if self.on_contact is not None:
+            await self.on_contact()
+
     async def _probe(self, breaker: Breaker, ping: Callable[[], Awaitable[Any]]) -> bool:
         import redis.exceptions as errors
 
         failures: tuple[type[BaseException], ...] = (*transport_errors(), errors.ResponseError)  # PING refused: unusable
         try:
-            async with asyncio.timeout(self.timeout * 2):
-                await ping()
-                if self.on_contact is not None:
-                    await self.on_contact()
+            await asyncio.wait_for(self._contact(ping), self.timeout * 2)
         except failures as exc:
             reason = describe_failure(exc)
             self.report(reason)
@@ -228,8 +230,7 @@ class ClusterServers(Servers):
         """While a master is away: reload the slot map; a master that serves no slot any more
         (a replica took them over) retires its breaker, else PING it."""
         try:
-            async with asyncio.timeout(self.timeout * 4):
-                await self.client.nodes_manager.initialize()
+            await asyncio.wait_for(self.client.nodes_manager.initialize(), self.timeout * 4)
         except Exception as exc:  # every seed unreachable: keep the old map, probe the master
             log.debug("cluster slot map reload failed: %s", exc)
         masters = {nodes[0].name: nodes[0] for nodes in self.client.nodes_manager.slots_cache.values() if nodes}
