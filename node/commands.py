@@ -48,6 +48,8 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
                         help="Conclave: N candidates forked from one prefill, the answer by majority vote "
                         "(prints CONCLAVE consensus=k/N; --verbose adds the votes)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
+    parser.add_argument("--extra-buffers", choices=("auto", "on", "off"),
+                        help="llama.cpp's AMX and repacked-weight kernels (default auto: a probe decides)")
     parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
     parser.add_argument("--parallel", type=int, help="sequences decoded together (default: 1, 4 serving)")
     parser.add_argument("--config", type=Path, metavar="FILE", help="INI settings (see conf/reame.conf)")
@@ -74,6 +76,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     flags = {
         "model.path": getattr(args, "model", None),
         "model.threads": args.threads,
+        "model.extra_buffers": args.extra_buffers,
         "model.context_length": args.ctx,
         "server.parallel": args.parallel if args.parallel is not None or serving else max(1, args.best_of),
         "server.host": args.host,
@@ -192,11 +195,14 @@ def cmd_warm(argv: Sequence[str]) -> int:
                         "; ".join(f"{name}: {doc}" for name, doc in WARM_AS.items()) + " (default: system)")
     parser.add_argument("--arca", metavar="URL", help="also push the states to this archive's L3 (host:port or a URL)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
+    parser.add_argument("--extra-buffers", choices=("auto", "on", "off"),
+                        help="llama.cpp's AMX and repacked-weight kernels (default auto: a probe decides)")
     parser.add_argument("--ctx", type=int, help="context length in tokens (default: autoconfigured)")
     parser.add_argument("--verbose", action="store_true", help="log what the node does")
     args = parser.parse_args(argv)
     quiet_logging(args.verbose)
     settings = load_settings(args.config, {"model.path": args.model, "model.threads": args.threads,
+                                           "model.extra_buffers": args.extra_buffers,
                                            "model.context_length": args.ctx, "server.parallel": 1,
                                            "arca.remote": args.arca})
     if not settings.cache.enabled:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from shared.config import ConfigError, Option, render_ini, resolve
+from shared.config import ConfigError, Option, home_dir, render_ini, resolve
 
 KV_TYPES = ("auto", "f16", "q8_0", "q4_0")
 
@@ -33,6 +33,10 @@ OPTIONS: tuple[Option, ...] = (
          "CPU threads; 0 = all cores (cores - 1 above 4); -1 = that, tuned online (fewer when measured faster)."),
     _opt("model", "batch", int, 512, "Logical batch size: most tokens one decode step takes."),
     _opt("model", "ubatch", int, 512, "Physical micro-batch size inside one decode step."),
+    _opt("model", "extra_buffers", str, "auto",
+         "llama.cpp's extra buffer types (AMX, CPU weight repacking): auto = a probe at start decides "
+         "(off where they crash, else the faster way; cached in <home>/kernels), on, off.",
+         ("auto", "on", "off")),
     _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
     _opt("memory", "use_mlock", bool, False, "Lock the model in RAM (never swapped out)."),
     _opt("memory", "kv_cache_type", str, "auto",
@@ -129,6 +133,7 @@ class ModelSettings:
     threads: int
     batch: int
     ubatch: int
+    extra_buffers: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,11 +339,6 @@ def _check(values: Mapping[str, Any], file: Path | None, env: Mapping[str, str],
         problem = check(values[option.name]) if check else None
         if problem:
             raise ConfigError(f"{_origin(option, file, env, flags)}: {problem}")
-
-
-def home_dir(env: Mapping[str, str]) -> Path:
-    home = env.get("REAME_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".reame"
 
 
 def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = None, *,

@@ -18,6 +18,12 @@ class ConfigError(ValueError):
     """A configuration value could not be read; the message names where it came from."""
 
 
+def home_dir(env: Mapping[str, str]) -> Path:
+    """The node's home: $REAME_HOME, else ~/.reame (models, caches, sessions, kernel verdicts)."""
+    home = env.get("REAME_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".reame"
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):

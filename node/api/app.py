@@ -38,7 +38,7 @@ from node.api.batch_lines import ApiLines
 from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
-from node.api.routes import setup_routes
+from node.api.routes import cost_line_ms, setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
 from node.archive.mirror import CorpusMirror
@@ -48,7 +48,7 @@ from node.cache.fleet import FleetConfig, FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
-from node.serving.metrics import CacheStats, LiveStats, Metrics, SpeculationSeries
+from node.serving.metrics import CacheStats, KernelSeries, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
 from node.serving.savings import Savings, SavingsConfig
 from node.serving.conclave.runner import ConclavePolicy
@@ -176,7 +176,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
     if engine is None:
         from node.models.loader import open_engine
 
-        engine = await loop.run_in_executor(None, open_engine, settings)
+        opened = await loop.run_in_executor(None, open_engine, settings)
+        engine = opened
     hook = engine.config.prefix_cache  # the node's prefix cache, when the engine was built with one
     cache = hook if isinstance(hook, PrefixCache) else None
     try:
@@ -186,6 +187,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         model = await loop.run_in_executor(None, describe_model, engine, settings)
         metrics = Metrics()
         metrics.watch(LiveStats(engine.stats, partial(_errors, archive), archive.state))
+        metrics.watch(KernelSeries(engine.kernel_report, partial(cost_line_ms, engine)))
         if cache is not None:
             remote = archive.state() != "embedded"
             fleet = FleetTier(cache, archive, FleetConfig(push=remote, fetch=remote))

@@ -13,7 +13,7 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 import orjson
 from aiohttp import web
@@ -25,11 +25,13 @@ from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
 from node.api.sse import EventStream
 from node.api.state import STATE, NodeState
+from node.serving.engine_client import EngineClient
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
 from node.serving.metrics import CONTENT_TYPE
 from node.serving.answer import Answer
 from node.serving.service import Plan
 from node.sessions.turns import history_calls
+from node.speculative.controller import Controller
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
@@ -181,9 +183,19 @@ async def health(request: web.Request) -> web.Response:
         "archive_kind": getattr(state.archive, "kind", "unknown"),
         "engine": {key: value for key, value in stats.items() if isinstance(value, (int, float, str))},
         "cache": cache_health(state),
+        "kernels": {**state.engine.kernel_report(), "step_cost_line_ms": cost_line_ms(state.engine)},
         "speculation": speculation_health(state),
         "time": time.time(),
     })
+
+
+def cost_line_ms(engine: EngineClient) -> Mapping[str, float] | None:
+    """The step cost line in ms: the speculation controller's calibrated one, else the kernel probe's."""
+    speculator = engine.config.speculator
+    if isinstance(speculator, Controller) and speculator.costs.measured:
+        return speculator.costs.line().as_dict()
+    line = engine.kernel_report().get("probe_line_ms")
+    return line if isinstance(line, Mapping) else None
 
 
 def speculation_health(state: NodeState) -> dict:
@@ -196,8 +208,7 @@ def speculation_health(state: NodeState) -> dict:
                for name, control in controller.state().items()}
     return {"enabled": True, "max_draft": controller.config.max_draft, "sources": sources,
             "step_cost_scale": round(controller.costs.scale, 3),
-            "step_cost_line_ms": {"per_step": round(controller.costs.intercept * 1000, 2),
-                                  "per_token": round(controller.costs.slope * 1000, 2),
+            "step_cost_line_ms": {**controller.costs.line().as_dict(), "measured": controller.costs.measured,
                                   "calibrations": controller.costs.calibrations,
                                   "refits": controller.costs.refits}}
 

@@ -18,8 +18,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from node.api.app import create_app
+from node.api.routes import cost_line_ms
 from node.api.state import STATE
 from node.config import NodeSettings
+from node.engine.kernels import describe as describe_kernels
 
 log = logging.getLogger(__name__)
 # What logging accepts as exc_info (typeshed's private _ExcInfoType).
@@ -80,6 +82,7 @@ async def serve(settings: NodeSettings) -> int:
         return 1
     state = runner.app[STATE]
     log.info("archive: %s", "remote ARCA " + settings.arca.remote if settings.arca.remote else "embedded")
+    log.info("kernels: %s", describe_kernels(state.engine.kernel_report(), cost_line_ms(state.engine)))
     log.info(how_to_call(server.host, port, state.model.model_id, server.api_key))
     await stop.wait()
     log.info("shutting down: finishing in-flight requests")

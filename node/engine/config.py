@@ -36,9 +36,13 @@ class EngineConfig:
     interactive_slots: int = 0        # slots batch-priority requests leave free for interactive ones
     swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
     flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
+    extra_buffers: str = "auto"       # AMX / repack buffer types: auto (the kernel probe), on, off (kernels.py)
+    kernel_cache: Path | None = None  # where the probe's verdicts are kept; None: <home>/kernels
     on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
 
     def check(self) -> None:
+        if self.extra_buffers not in ("auto", "on", "off"):
+            raise InvalidRequest(f"extra_buffers must be auto, on or off, got {self.extra_buffers!r}")
         if self.kv_type not in KV_TYPE_NAMES:
             raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPE_NAMES)}, got {self.kv_type!r}")
         if self.n_parallel < 1 or self.n_ctx < 16 or self.n_batch < 1 or self.max_queue < 1:

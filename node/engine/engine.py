@@ -27,9 +27,10 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 from node.engine.config import EngineConfig
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
 from node.engine.grammar import CompiledGrammar, GrammarCompiler
+from node.engine.kernels import choose_kernels
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
-from node.engine.llama import LlamaContext, LlamaModel
+from node.engine.llama import LlamaContext, LlamaModel, system_info
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
@@ -85,9 +86,11 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         config.check()
         self.config = config
-        self._model = LlamaModel(config.model_path, use_mmap=config.use_mmap, use_mlock=config.use_mlock,
-                                 progress=config.on_progress)
         self._ctx_threads = config.n_threads or os.cpu_count() or 1
+        self.kernels = choose_kernels(config.model_path, setting=config.extra_buffers,
+                                      cache_dir=config.kernel_cache, n_threads=self._ctx_threads)
+        self._model = LlamaModel(config.model_path, use_mmap=config.use_mmap, use_mlock=config.use_mlock,
+                                 progress=config.on_progress, extra_buffers=self.kernels.extra_buffers)
         try:
             self._ctx = LlamaContext(
                 self._model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
@@ -123,6 +126,11 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self._ctx.n_ctx
+
+    def kernel_report(self) -> dict:
+        """The kernel path: llama.cpp's CPU features, extra buffer types in use and why, the
+        buffer types the weights went to (node/engine/kernels.py)."""
+        return self.kernels.report(system_info(), self._model.buffers)
 
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
         return self._model.tokenize(text, add_bos=add_bos, special=special)

@@ -1,7 +1,8 @@
 """Thin, typed wrapper over llama-cpp-python's low-level (ctypes) API.
 
 Owns every call into libllama the engine makes: backend initialisation (once per
-process), model load with a progress callback, the vocabulary (tokenize, detokenize,
+process), llama.cpp's system info, model load with a progress callback (and the buffer
+types its weights went to), the vocabulary (tokenize, detokenize,
 pieces with special tokens, end-of-generation ids), GGUF metadata, one context with a
 unified KV cache shared by `n_seq_max` sequences, the KV memory operations, per-sequence
 state save/restore, and `TokenBatch`, a llama_batch whose arrays are numpy buffers so a
@@ -13,14 +14,17 @@ model's vocabulary is read-only once loaded and may be used from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
+import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -40,20 +44,44 @@ assert tuple(KV_TYPES) == KV_TYPE_NAMES
 _LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
 
+_BUFFER_LINE = re.compile(r"(\S+) model buffer size\s*=\s*([\d.]+) MiB")
+
+
 class _Backend:
-    """llama_backend_init once per process, and llama.cpp's log lines into `logging`."""
+    """llama_backend_init once per process, and llama.cpp's log lines into `logging`.
+
+    A thread may also `capture()` the lines it causes (a model load's buffer lines)."""
 
     def __init__(self) -> None:
         ll.llama_backend_init()
+        self._local = threading.local()
 
         @ll.llama_log_callback
         def forward(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
             line = text.decode("utf-8", "replace").rstrip()
             if line:
                 log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", line)
+                captured = getattr(self._local, "lines", None)
+                if captured is not None:
+                    captured.append(line)
 
         self._callback = forward  # keep the C callback alive as long as the process
         ll.llama_log_set(forward, ctypes.c_void_p(0))
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[list[str]]:
+        lines: list[str] = []
+        self._local.lines = lines
+        try:
+            yield lines
+        finally:
+            self._local.lines = None
+
+
+def system_info() -> str:
+    """llama.cpp's own account of the CPU features its kernels use (`CPU : AVX2 = 1 | ...`)."""
+    backend()
+    return (ll.llama_print_system_info() or b"").decode("utf-8", "replace").strip()
 
 
 @functools.cache
@@ -65,9 +93,15 @@ class LlamaModel:
     """A loaded GGUF: weights plus vocabulary."""
 
     def __init__(self, path: Path, *, use_mmap: bool = True, use_mlock: bool = False,
-                 progress: Callable[[float], object] | None = None, vocab_only: bool = False) -> None:
-        """vocab_only: the vocabulary and metadata without the weights (to compare tokenizers)."""
-        backend()
+                 progress: Callable[[float], object] | None = None, vocab_only: bool = False,
+                 extra_buffers: bool = False) -> None:
+        """vocab_only: the vocabulary and metadata without the weights (to compare tokenizers).
+
+        extra_buffers: let llama.cpp put weights in its extra buffer types (AMX tiles, CPU
+        repacking into interleaved layouts). Off by default: on some hosts those kernels die
+        by SIGILL, so only a caller that asked the kernel probe (node/engine/kernels.py)
+        turns them on. `buffers` records the buffer types the weights went to (MiB each)."""
+        runtime = backend()
         if not Path(path).is_file():
             raise ModelLoadError(f"model file not found: {path}")
         params = ll.llama_model_default_params()
@@ -87,7 +121,15 @@ class LlamaModel:
 
         params.progress_callback = on_progress
         params.vocab_only = vocab_only
-        self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
+        params.use_extra_bufts = extra_buffers
+        with runtime.capture() as lines:
+            self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
+        self.extra_buffers = extra_buffers
+        self.buffers: dict[str, float] = {}
+        for line in lines:
+            match = _BUFFER_LINE.search(line)
+            if match:
+                self.buffers[match.group(1)] = self.buffers.get(match.group(1), 0.0) + float(match.group(2))
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF it supports?)")
         self.path = Path(path)

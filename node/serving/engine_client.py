@@ -9,7 +9,7 @@ tested without loading a model. Only the engine's contract types are imported he
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from node.engine.config import EngineConfig
 from node.engine.types import GenerationHandle, GenerationRequest, ModelInfo
@@ -45,5 +45,8 @@ class EngineClient(Protocol):
         reserves KV for that many more joining later with `group` (the Conclave)."""
 
     def stats(self) -> Mapping[str, int]: ...
+
+    def kernel_report(self) -> Mapping[str, Any]:
+        """The CPU kernels the engine runs and why (node/engine/kernels.py's report)."""
 
     def close(self) -> None: ...

@@ -4,7 +4,8 @@ Counted by the node: requests by route and status, prompt and generated tokens, 
 first token, request latency, L1 archive hits and misses and lookup latency, Conclaves (by
 decision, candidates by outcome). Read at scrape
 time from their owners: the engine's queue depth and active sequences, the archive
-client's errors per operation, and the prefix KV cache's counters per tier (`CacheStats`).
+client's errors per operation, the prefix KV cache's counters per tier (`CacheStats`), and
+the kernel path with the step cost line (`KernelSeries`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,32 @@ class LiveStats(Collector):
         state = GaugeMetricFamily("reame_archive_up", "1 when the archive answers (embedded or remote ARCA)")
         state.add_metric([], 0.0 if self.archive_state() == "degraded" else 1.0)
         yield state
+
+
+class KernelSeries(Collector):
+    """The kernel path (node/engine/kernels.py) as an info series, and the step cost line: the
+    speculation controller's calibrated one when there is one, else the kernel probe's."""
+
+    def __init__(self, report: Callable[[], Mapping[str, Any]],
+                 line_ms: Callable[[], Mapping[str, float] | None]) -> None:
+        self.report = report
+        self.line_ms = line_ms
+
+    def collect(self) -> Iterator[Any]:
+        report = self.report()
+        info = GaugeMetricFamily("reame_kernel_info", "The CPU kernels llama.cpp runs (always 1; the labels say which)",
+                                 labels=["machine", "features", "extra_buffers", "buffers", "reason"])
+        info.add_metric([str(report.get("machine", "")), " ".join(report.get("features", ())),
+                         str(report.get("extra_buffers", "")), " ".join(sorted(report.get("buffers", {}))),
+                         str(report.get("reason", ""))], 1.0)
+        yield info
+        line = self.line_ms()
+        if line:
+            cost = GaugeMetricFamily("reame_step_cost_seconds", "The step cost line: seconds per step and per token "
+                                     "with logits", labels=["part"])
+            cost.add_metric(["per_step"], line["per_step"] / 1000)
+            cost.add_metric(["per_token"], line["per_token"] / 1000)
+            yield cost
 
 
 # PrefixCache.stats() name -> (series, label values, help). Series sharing a name share a family.

@@ -4,20 +4,30 @@ On a CPU the cost of a decode step is dominated by reading the weights once (sha
 token in the batch) and by the output projection, paid once per token with logits; which
 sequence a token belongs to matters little (measured here: 4 users' single tokens cost
 about what 4 tokens of one sequence cost). So the curve is one function of the step's
-token count, measured at start-up by the engine (`calibrate`) for 1..MAX_TOKENS tokens and
-fitted with a robust line (Theil-Sen: the median of pairwise slopes, so a step slowed by
-another process on the same cores does not bend it).
+token count: a line (node/engine/cost_line.py: medians of repeats, a Theil-Sen slope, the
+physical bounds that a token with logits costs neither less than nothing nor more than a
+one-token step).
+
+It is measured by the engine (`calibrate`) only while no request waits, never inside a
+request's latency: every step shape is decoded once unmeasured first (the first multi-row
+step pays one-off costs: buffers, repacked weights), then REPEATS rounds over the sizes of
+PROBE_SIZES that fit, each size reduced to its median. The whole calibration stays within
+CALIBRATION_BUDGET_S; with fewer than MIN_CALIBRATED_SIZES sizes measured the line is kept as
+it was (the default shape until the first good calibration).
 
 The host's speed changes (other processes on shared cores), and not only its speed: with a
 core taken by another process, every extra token of a step can cost several times what it
 did on a quiet host. So the curve follows the host three ways:
   - every decode-only step's measured time updates a scale factor (moving average of
-    measured / predicted): the level, at once;
-  - the recent steps by size (the last RECENT of each) refit the line every REFIT_EVERY
-    steps once at least two sizes have MIN_RECENT steps each (plain steps of 1 and 4 users,
-    verify steps of every draft length): the shape, from what the engine actually ran;
+    measured / predicted, each ratio bounded): the level, at once;
+  - the recent steps by size (the last RECENT of each) give a candidate line every
+    REFIT_EVERY steps once at least two sizes have MIN_RECENT steps each; a candidate is
+    adopted only when the one before it agreed with it (within AGREE): a burst of load
+    that fills one window moves nothing, a lasting change moves the shape one window later;
   - when the scale has stayed outside [1/DRIFT, DRIFT] for DRIFT_STEPS steps, `drifted` asks
-    for a fresh calibration, which the engine runs the next time it is idle.
+    for a fresh calibration, which the engine runs the next time it is idle; successive
+    drift calibrations back off (RECALIBRATE_MIN_S, doubling up to RECALIBRATE_MAX_S), so an
+    idle node on a busy host does not spend its cores measuring.
 """
 
 from __future__ import annotations
@@ -28,24 +38,31 @@ import statistics
 import time
 from typing import Callable
 
+from node.engine.cost_line import CostLine, fit_line
+
 log = logging.getLogger(__name__)
 
 PROBE_SIZES = (1, 2, 3, 5, 9, 17, 32, 68)
-REPEATS = 3
+REPEATS = 5
+MIN_CALIBRATED_SIZES = 3  # a line through fewer measured sizes is one outlier away from absurd
+CALIBRATION_BUDGET_S = 3.0  # wall time one calibration may take (it stops at the end of a round)
 SCALE_EMA = 0.05
 RECENT = 16          # recent steps kept per size for the online refit
 MIN_RECENT = 4       # steps of a size before it counts in a refit
 REFIT_EVERY = 64     # decode-only steps between refits
+AGREE = 0.25         # two windows' slopes within this share of each other: the change is lasting
 DRIFT = 1.5          # scale this far from 1 means the host changed speed
 DRIFT_STEPS = 32     # for this many steps in a row
-RECALIBRATE_MIN_S = 30.0  # at most one drift recalibration this often
+RECALIBRATE_MIN_S = 30.0   # the first drift recalibration at most this soon after the last one,
+RECALIBRATE_MAX_S = 1800.0  # each further one twice as late, up to this
 
 
 class CostCurve:
     """seconds(n) = (intercept + slope * n) * scale: a line fitted robustly to measured steps."""
 
     def __init__(self, points: dict[int, float] | None = None, *, fixed: bool = False) -> None:
-        # the shape measured on this machine until calibrated: 12.6 ms a step + ~2.6 ms a token
+        # the shape of a one-token step of ~13 ms on a quiet 2-core host until calibrated:
+        # 10.4 ms fixed + 2.6 ms per token with logits
         self.intercept, self.slope = 0.0104, 0.0026
         self.scale = 1.0
         self.measured = False
@@ -55,61 +72,66 @@ class CostCurve:
         self.fixed = fixed  # neither calibrated nor scaled (tests that must not depend on the host)
         self._recent: dict[int, collections.deque[float]] = {}
         self._since_refit = 0
+        self._candidate: CostLine | None = None
         self._drift_steps = 0
         self._calibrated_at = float("-inf")
+        self._recalibrate_after = RECALIBRATE_MIN_S
         self.refits = 0
         self.calibrations = 0
         self._start_rate: float | None = None
 
     def fit(self, points: dict[int, float]) -> None:
-        """Theil-Sen: the median of pairwise slopes, so one step disturbed by another process
-        does not bend the line."""
-        sizes = sorted(points)
-        slopes = sorted((points[b] - points[a]) / (b - a) for i, a in enumerate(sizes) for b in sizes[i + 1:])
-        if not slopes:
+        """The line through these points (node/engine/cost_line.py: robust, physically bounded)."""
+        line = fit_line(points)
+        if line is None:
             return
-        slope = max(0.0, slopes[len(slopes) // 2])
-        intercepts = sorted(points[n] - slope * n for n in sizes)
-        intercept = intercepts[len(intercepts) // 2]
-        self.intercept, self.slope = max(intercept, 1e-5), slope
+        self.intercept, self.slope = max(line.per_step, 1e-5), line.per_token
         self.points, self.measured, self.scale = dict(points), True, 1.0
         self._drift_steps = 0
+        if line.clamped:
+            log.info("verify cost curve: the fit broke a physical bound and was clamped to %s", line.describe())
 
-    def calibrate(self, measure: Callable[[int, int], float | None], n_parallel: int, max_draft: int) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None], n_parallel: int, max_draft: int, *,
+                  budget_s: float = CALIBRATION_BUDGET_S) -> None:
         """`measure(n_seqs, k)`: seconds of one decode of n_seqs sequences with k drafts each, or
-        None when requests are waiting: then what was measured so far is used (or the default
-        line), and the online scale does the rest."""
+        None when requests are waiting: then the calibration stops, and what was measured is
+        used only if it covers MIN_CALIBRATED_SIZES sizes."""
         if self.fixed:
             return
-        largest = n_parallel * (1 + max_draft)
-        shapes: dict[int, tuple[int, int]] = {}
-        for size in PROBE_SIZES:
-            if size > largest:
-                break
-            if size <= 1 + max_draft:
-                shapes[size] = (1, size - 1)
-            elif size % n_parallel == 0 and size // n_parallel - 1 <= max_draft:
-                shapes[size] = (n_parallel, size // n_parallel - 1)
-        points: dict[int, float] = {}
-        if measure(1, 0) is not None:  # warm-up: first use of the buffers
+        started = time.monotonic()
+        drifting = self.calibrations > 0 and self._drift_steps >= DRIFT_STEPS
+        shapes = _shapes(n_parallel, max_draft)
+        samples: dict[int, list[float]] = {}
+        if all(measure(n_seqs, k) is not None for n_seqs, k in shapes.values()):  # warm-up, unmeasured
             for _ in range(REPEATS):  # rounds over every size: a burst of load touches all of them alike
                 for size, (n_seqs, k) in shapes.items():
                     seconds = measure(n_seqs, k)
                     if seconds is None:
                         break
-                    points[size] = min(points.get(size, seconds), seconds)
+                    samples.setdefault(size, []).append(seconds)
                 else:
-                    continue
+                    if time.monotonic() - started < budget_s:
+                        continue
                 break
         self._calibrated_at = time.monotonic()
-        if len(points) >= 2:
-            self.fit(points)
-            if self._start_rate is None:
-                self._start_rate = 1.0 / (self.intercept + self.slope)
-            self.calibrations += 1
-            self._recent.clear()
-            log.info("verify cost curve: %.1f ms + %.2f ms per token (measured: %s)", self.intercept * 1000,
-                     self.slope * 1000, ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())))
+        self._recalibrate_after = (min(self._recalibrate_after * 2, RECALIBRATE_MAX_S) if drifting
+                                   else RECALIBRATE_MIN_S)
+        points = {size: statistics.median(values) for size, values in samples.items()}
+        if len(points) < MIN_CALIBRATED_SIZES:
+            self._drift_steps = 0
+            log.info("verify cost curve: calibration gave way after %d sizes; the line stays %.1f ms + %.2f ms "
+                     "per token", len(points), self.intercept * 1000, self.slope * 1000)
+            return
+        self.fit(points)
+        if self._start_rate is None:
+            self._start_rate = 1.0 / (self.intercept + self.slope)
+        self.calibrations += 1
+        self._recent.clear()
+        self._candidate = None
+        log.info("verify cost curve: %.1f ms + %.2f ms per token (medians of %d rounds: %s; %.1f s)",
+                 self.intercept * 1000, self.slope * 1000, min(len(v) for v in samples.values()),
+                 ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())),
+                 time.monotonic() - started)
 
     def plain_rate(self) -> float | None:
         """Tokens per second of plain single-stream decoding (one token a step) as the first
@@ -118,6 +140,10 @@ class CostCurve:
 
     def seconds(self, n_tokens: int) -> float:
         return (self.intercept + self.slope * max(1, n_tokens)) * self.scale
+
+    def line(self) -> CostLine:
+        """The line as it stands now, the scale included."""
+        return CostLine(self.intercept * self.scale, self.slope * self.scale)
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         if self.fixed or seconds <= 0:
@@ -137,22 +163,42 @@ class CostCurve:
             self._refit()
 
     def _refit(self) -> None:
-        """The line through the recent steps' medians by size, when two sizes have enough."""
+        """A candidate line through the recent steps' medians by size; adopted when the window
+        before gave one that agrees (a lasting change, not a burst)."""
         points = {n: statistics.median(d) for n, d in self._recent.items() if len(d) >= MIN_RECENT}
-        if len(points) < 2:
+        candidate = fit_line(points)
+        if candidate is None:
+            return
+        previous, self._candidate = self._candidate, candidate
+        if previous is None or abs(candidate.per_token - previous.per_token) > AGREE * max(previous.per_token, 1e-4):
             return
         before = (self.intercept * self.scale, self.slope * self.scale)
         self.fit(points)
         self.refits += 1
-        if abs(self.slope - before[1]) > 0.25 * max(before[1], 1e-4):
+        if abs(self.slope - before[1]) > AGREE * max(before[1], 1e-4):
             log.info("verify cost curve refitted from recent steps: %.1f ms + %.2f ms per token (was %.1f + %.2f)",
                      self.intercept * 1000, self.slope * 1000, before[0] * 1000, before[1] * 1000)
 
     @property
     def drifted(self) -> bool:
-        """The host's speed has moved away from the calibrated line for a while: re-measure."""
+        """The host's speed has moved away from the calibrated line for a while: re-measure
+        (backing off while it keeps drifting)."""
         return (not self.fixed and self._drift_steps >= DRIFT_STEPS
-                and time.monotonic() - self._calibrated_at >= RECALIBRATE_MIN_S)
+                and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
 
     def table(self) -> dict[int, float]:
         return {n: self.seconds(n) for n in (1, 2, 4, 8, 16, 32, 64)}
+
+
+def _shapes(n_parallel: int, max_draft: int) -> dict[int, tuple[int, int]]:
+    """Step size -> (sequences, drafts each) for the PROBE_SIZES a batch of these can hold."""
+    largest = n_parallel * (1 + max_draft)
+    shapes: dict[int, tuple[int, int]] = {}
+    for size in PROBE_SIZES:
+        if size > largest:
+            break
+        if size <= 1 + max_draft:
+            shapes[size] = (1, size - 1)
+        elif size % n_parallel == 0 and size // n_parallel - 1 <= max_draft:
+            shapes[size] = (n_parallel, size // n_parallel - 1)
+    return shapes

@@ -160,5 +160,9 @@ class FakeEngine:
     def stats(self) -> Mapping[str, int]:
         return {"active": 0, "queued": 0, "submitted": len(self.submitted)}
 
+    def kernel_report(self) -> Mapping[str, object]:
+        return {"machine": "fake", "features": [], "extra_buffers": "off", "setting": "off",
+                "reason": "a fake engine runs no kernels", "buffers": {}, "probe_line_ms": None}
+
     def close(self) -> None:
         self.closed = True

@@ -69,10 +69,17 @@ def test_cost_curve_calibrates_from_measured_steps():
 
 
 def test_calibration_gives_way_to_waiting_requests():
-    answers = iter([0.01, 0.011, 0.012, 0.014, None])
+    from node.speculative.costs import _shapes
+
+    warm_up = len(_shapes(4, 16))
+    answers = iter([0.01] * warm_up + [0.01, 0.011, 0.012, None])
     curve = CostCurve()
     curve.calibrate(lambda n_seqs, k: next(answers), n_parallel=4, max_draft=16)
     assert curve.measured and set(curve.points) == {1, 2, 3}  # the warm-up, then three sizes
+    short = iter([0.01] * warm_up + [0.01, 0.2, None])  # two sizes: one outlier away from any line
+    two = CostCurve()
+    two.calibrate(lambda n_seqs, k: next(short), n_parallel=4, max_draft=16)
+    assert not two.measured and (two.intercept, two.slope) == (CostCurve().intercept, CostCurve().slope)
     waiting = CostCurve()
     waiting.calibrate(lambda n_seqs, k: None, n_parallel=4, max_draft=16)
     assert not waiting.measured and waiting.seconds(1) > 0
