@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.fleet import round_document  # noqa: E402
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import parse_with_model  # noqa: E402
 from tests.e2e.fleet_processes import AUTH, FleetProcesses  # noqa: E402
 from tests.e2e.test_fleet import wait_for  # noqa: E402
@@ -130,7 +131,9 @@ def main() -> None:
     parser.add_argument("--replay", type=int, default=1000)
     parser.add_argument("--documents", type=int, default=2)
     parser.add_argument("--lines", type=int, default=28, help="document lines (0 = all ~110, ~2,000 tokens)")
-    run(parse_with_model(parser))
+    args = parse_with_model(parser)
+    print_header(args.model)
+    run(args)
 
 
 if __name__ == "__main__":

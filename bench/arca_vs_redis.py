@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from arca.launch import free_port, spawn_arca, wait_for_pong  # noqa: E402  (after the checkout is on the path)
+from bench.host import host_line  # noqa: E402
 
 TESTS = ("ping", "set", "get", "incr", "mset")
 SHARE = {"mset": 0.2}  # MSET writes 10 keys per request: fewer requests keep the run short
@@ -246,6 +247,7 @@ def main() -> int:
     parser.add_argument("--rss-only", action="store_true",
                         help="only ARCA's and redis-server's RSS with --keys keys, and their ratio")
     args = parser.parse_args()
+    print(host_line(), flush=True)
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if shutil.which(tool) is None:
             print(f"{tool} not found: apt-get install redis-server redis-tools", file=sys.stderr)

@@ -33,6 +33,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from host import print_header  # noqa: E402
+
 from node_process import default_model, node_server  # noqa: E402
 
 INSTRUCTION = ("You label product reviews for an online shop. Read the review and answer with exactly one word: "
@@ -117,6 +119,7 @@ def main() -> int:
     parser.add_argument("--fairness-only", action="store_true", help="skip the comparison: live p50 alone and "
                         "during a batch, on one fresh node")
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     model = str(args.model or default_model())
     env = {"REAME_CACHE_ENABLED": "true"}
     work = Path(tempfile.mkdtemp(prefix="reame-bench-batch-"))

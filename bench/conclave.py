@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
 WALL_PROMPT = "Write a short story about a lighthouse keeper:"
@@ -209,6 +210,7 @@ def main() -> int:
     parser.add_argument("--only", choices=("easy", "worst", "accuracy"), help="one part only")
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
 
     from node.engine.engine import Engine, EngineConfig
 

@@ -19,6 +19,7 @@ import argparse
 import random
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 import zlib
@@ -27,6 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from arca.archive import Archive, ArchiveConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.host import host_line  # noqa: E402
 
 
 def synthetic_streams(total: int, seed: int = 0):
@@ -200,6 +204,7 @@ def main() -> None:
     parser.add_argument("--draft-tokens", type=int, default=1_000_000)
     parser.add_argument("--l1-writes", type=int, default=3_000_000)
     args = parser.parse_args()
+    print(host_line(), flush=True)
     l1_costs()
     l1_log(args.l1_writes)
     draft_latency(args.draft_tokens)

@@ -24,6 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
 PROMPT = "Count from one to two hundred, in words, separated by commas: one, two, three,"
@@ -83,6 +84,7 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     model_path = args.model or default_model()
 
     from node.engine.engine import Engine, EngineConfig

@@ -43,6 +43,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import parse_with_model  # noqa: E402
 from bench.prefix_cache import document  # noqa: E402
 from tests.e2e.fleet_processes import AUTH, FleetProcesses  # noqa: E402
@@ -245,7 +246,9 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=56, help="document lines (0 = all ~110, ~2,000 tokens)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    run(parse_with_model(parser))
+    args = parse_with_model(parser)
+    print_header(args.model)
+    run(args)
 
 
 if __name__ == "__main__":

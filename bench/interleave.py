@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
 PROMPTS = ("Write a poem about the sea:", "List the planets of the solar system:",
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
 
     from node.engine.engine import Engine, EngineConfig
 

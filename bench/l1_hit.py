@@ -21,6 +21,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from host import print_header  # noqa: E402
 from node_process import default_model, node_process, percentile  # noqa: E402
 
 
@@ -72,6 +74,7 @@ def main() -> int:
     parser.add_argument("--hits", type=int, default=300)
     parser.add_argument("--model", help="GGUF path (default: the offline gemma3-270m)")
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     with node_process(args.model or default_model()) as url:
         asyncio.run(run(url, args.misses, args.hits))
     return 0

@@ -26,6 +26,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from host import print_header  # noqa: E402
 from node_process import default_model, node_process, percentile  # noqa: E402
 
 TOPICS = ["rivers", "colors", "fruits", "planets", "tools", "birds", "cities", "metals", "trees", "games",
@@ -112,6 +114,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=int, default=60)
     parser.add_argument("--model", help="GGUF path (default: the offline gemma3-270m)")
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     with node_process(args.model or default_model()) as url:
         baseline = asyncio.run(run(url, mix(args.baseline, seed=1), 1))
         report("baseline (1 client)", baseline)

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from arca.launch import spawn_arca  # noqa: E402  (after the checkout is on the path)
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
 BLOCK_TOKENS = 32
@@ -173,6 +174,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path)
     parser.add_argument("--arca-port", type=int)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     if args.phase:
         print(json.dumps(asyncio.run(run_phase(args))))
         return

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
 PROMPT = "The old lighthouse keeper looked out over the water and"
@@ -39,6 +40,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
 
     import llama_cpp as ll
 

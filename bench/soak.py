@@ -47,6 +47,8 @@ import aiohttp
 import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from host import print_header  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from node_process import default_model, node_server  # noqa: E402
 
@@ -407,6 +409,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=3, help="concurrent HTTP clients")
     parser.add_argument("--model", type=Path, help="GGUF path (default: the offline gemma3-270m)")
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     model = args.model or default_model()
     return asyncio.run(soak(args, model))
 

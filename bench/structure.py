@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
 DOCUMENT = (
@@ -327,6 +328,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--llama-server", default=None)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     model = args.model or default_model()
     engine, controller = make_engine(model)
     print(f"bench/structure.py on {model.name}; the machine is shared: {load()} at start "

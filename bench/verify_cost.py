@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch  # noqa: E402
 
@@ -31,6 +32,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {args.threads} threads")
     model = LlamaModel(default_model())
     ctx = LlamaContext(model, n_ctx=2048, n_batch=512, n_ubatch=512, n_seq_max=1, n_threads=args.threads,

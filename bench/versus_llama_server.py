@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.host import print_header  # noqa: E402
 from bench.node_process import free_port, node_server, wait_healthy  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 from bench.speculation import DOCUMENT, INSTRUCTION, PARAGRAPH, REVIEWS  # noqa: E402
@@ -144,6 +145,7 @@ def main() -> int:
     parser.add_argument("--model", default=None)
     parser.add_argument("--no-build", action="store_true")
     args = parser.parse_args()
+    print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
     model = args.model or str(default_model())
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     results: dict[str, dict[str, float]] = {}
