@@ -171,9 +171,6 @@ class DraftModel:
             return None
         return self._ctx.logits(1)[0].copy()
 
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
-        pass
-
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         state = self._seqs.pop(seq.key, None)
         if state is not None:
