@@ -13,7 +13,8 @@
  * slot, 142 MiB with this layout, redis-server 120 MiB; see docs/BENCHMARKS.md):
  *
  *   entry  one PyMem allocation holding the key and value bytes themselves:
- *            varint(key_len * 2 + has_deadline)   LEB128, 7 bits a byte
+ *            varint(key_len * 8 + encoding * 2 + has_deadline)   LEB128, 7 bits a byte;
+ *                                                 encoding is OBJECT ENCODING's hint (below)
  *            varint(value_len)
  *            deadline                             int64 ms since the epoch, host order,
  *                                                 present only when has_deadline
@@ -99,7 +100,12 @@ typedef struct {
     size_t out_cap;
     Due *due;            /* the active-expiry heap (see above) */
     size_t due_len, due_cap;
+    long long plain_calls[9]; /* commands run() served, indexed by PLAIN_GET ... */
 } Table;
+
+/* The commands run() serves, in the order of the `plain_calls` getter's tuple. */
+enum { PLAIN_GET, PLAIN_SET, PLAIN_PING, PLAIN_MGET, PLAIN_MSET, PLAIN_INCR, PLAIN_DECR, PLAIN_INCRBY,
+       PLAIN_DECRBY };
 
 static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET, *NAME_MSET, *NAME_INCR, *NAME_DECR, *NAME_INCRBY,
     *NAME_DECRBY;
@@ -200,7 +206,15 @@ typedef struct {
     char *key, *value;
     Py_ssize_t key_len, value_len;
     int64_t deadline; /* 0 = none */
+    int encoding;     /* ENC_SHAPE, ENC_RAW or ENC_STRING */
 } View;
+
+/* How OBJECT ENCODING names a value, as Redis's object would be encoded: by its shape
+ * (int / embstr / raw, what SET, INCR and the like store: every write starts here), raw
+ * (APPEND, SETRANGE and SETBIT modify a string in place), or a string that is never int
+ * (INCRBYFLOAT stores its result as a string even when it reads as an integer). RAM only:
+ * a restart reads every value back by its shape, as Redis does after loading. */
+enum { ENC_SHAPE = 0, ENC_RAW = 1, ENC_STRING = 2 };
 
 static inline const unsigned char *
 varint_get(const unsigned char *p, size_t *out)
@@ -246,21 +260,23 @@ entry_view(const unsigned char *e, View *v)
     const unsigned char *p = varint_get(e, &first);
     p = varint_get(p, &value_len);
     v->deadline = 0;
+    v->encoding = (int)((first >> 1) & 3);
     if (first & 1) {
         memcpy(&v->deadline, p, sizeof(int64_t));
         p += sizeof(int64_t);
     }
     v->key = (char *)p;
-    v->key_len = (Py_ssize_t)(first >> 1);
+    v->key_len = (Py_ssize_t)(first >> 3);
     v->value = v->key + v->key_len;
     v->value_len = (Py_ssize_t)value_len;
 }
 
 /* A new entry holding copies of key and value (which may point into another entry). */
 static unsigned char *
-entry_new(const char *key, Py_ssize_t key_len, const char *value, Py_ssize_t value_len, int64_t deadline)
+entry_new(const char *key, Py_ssize_t key_len, const char *value, Py_ssize_t value_len, int64_t deadline,
+          int encoding)
 {
-    size_t first = (size_t)key_len * 2 + (deadline != 0);
+    size_t first = (size_t)key_len * 8 + (size_t)encoding * 2 + (deadline != 0);
     size_t size = varint_len(first) + varint_len((size_t)value_len) + (deadline ? sizeof(int64_t) : 0)
                   + (size_t)key_len + (size_t)value_len;
     unsigned char *e = PyMem_Malloc(size), *p;
@@ -534,7 +550,7 @@ slot_set_deadline(Table *t, int32_t s, int64_t deadline)
         if (deadline)
             memcpy(v.key - sizeof(int64_t), &deadline, sizeof(int64_t));
     } else {
-        unsigned char *e = entry_new(v.key, v.key_len, v.value, v.value_len, deadline);
+        unsigned char *e = entry_new(v.key, v.key_len, v.value, v.value_len, deadline, v.encoding);
         if (e == NULL)
             return -1;
         PyMem_Free(slot->entry);
@@ -682,12 +698,12 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObjec
             return -1;
         View v;
         entry_view(slot->entry, &v);
-        if (v.value_len == value_len && (v.deadline != 0) == (deadline != 0)) {
+        if (v.value_len == value_len && (v.deadline != 0) == (deadline != 0) && v.encoding == ENC_SHAPE) {
             memmove(v.value, value, (size_t)value_len);
             if (deadline)
                 memcpy(v.key - sizeof(int64_t), &deadline, sizeof(int64_t));
         } else {
-            unsigned char *e = entry_new(v.key, v.key_len, value, value_len, deadline);
+            unsigned char *e = entry_new(v.key, v.key_len, value, value_len, deadline, ENC_SHAPE);
             if (e == NULL)
                 return -1;
             PyMem_Free(slot->entry);
@@ -704,7 +720,7 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObjec
             return -1;
         if (rebuilt)
             pos = probe(t, key_data, key_len, hash, &s);
-        unsigned char *e = entry_new(key_data, key_len, value, value_len, deadline);
+        unsigned char *e = entry_new(key_data, key_len, value, value_len, deadline, ENC_SHAPE);
         if (e == NULL)
             return -1;
         s = insert_new(t, pos, e, hash);
@@ -861,13 +877,60 @@ Table_deadline(Table *t, PyObject *key)
     return PyLong_FromLongLong(deadline);
 }
 
+/* The slot of a live entry for a key object (lazy expiry applied), NIL without one, -2 on
+ * an error (set). */
+static int32_t
+live_key_slot(Table *t, PyObject *key)
+{
+    if (check_bytes(key, "key") < 0)
+        return -2;
+    int64_t now = 0;
+    return live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+}
+
+/* encoding(key) -> the entry's ENC_* hint, or None without a live entry; no side effects
+ * beyond lazy expiry. */
+static PyObject *
+Table_encoding(Table *t, PyObject *key)
+{
+    int32_t s = live_key_slot(t, key);
+    if (s < 0)
+        return s == NIL ? Py_NewRef(Py_None) : NULL;
+    View v;
+    entry_view(t->slots[s].entry, &v);
+    return PyLong_FromLong(v.encoding);
+}
+
+/* set_encoding(key, hint) -> bool: give a live entry an ENC_* hint. Only the low bits of
+ * the entry's first varint change, so it keeps its length and is rewritten in place; the
+ * hint is not a change of the value (nothing is marked dirty). */
+static PyObject *
+Table_set_encoding(Table *t, PyObject *args)
+{
+    PyObject *key;
+    int encoding;
+    if (!PyArg_ParseTuple(args, "Oi", &key, &encoding))
+        return NULL;
+    if (encoding < ENC_SHAPE || encoding > ENC_STRING) {
+        PyErr_SetString(PyExc_ValueError, "encoding must be 0, 1 or 2");
+        return NULL;
+    }
+    int32_t s = live_key_slot(t, key);
+    if (s == -2)
+        return NULL;
+    if (s == NIL)
+        Py_RETURN_FALSE;
+    unsigned char *e = t->slots[s].entry;
+    size_t first;
+    varint_get(e, &first);
+    varint_put(e, (first & ~(size_t)6) | ((size_t)encoding << 1));
+    Py_RETURN_TRUE;
+}
+
 static PyObject *
 Table_contains(Table *t, PyObject *key)
 {
-    if (check_bytes(key, "key") < 0)
-        return NULL;
-    int64_t now = 0;
-    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+    int32_t s = live_key_slot(t, key);
     if (s == -2)
         return NULL;
     return PyBool_FromLong(s != NIL);
@@ -1306,6 +1369,7 @@ Table_run(Table *t, PyObject *args)
                 p += p[4] == '\n' ? 5 : 6;
                 count++;
                 last = NAME_PING;
+                t->plain_calls[PLAIN_PING]++;
                 continue;
             }
             break;
@@ -1319,6 +1383,7 @@ Table_run(Table *t, PyObject *args)
             if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
                 goto error;
             last = NAME_PING;
+            t->plain_calls[PLAIN_PING]++;
         } else if (argc == 2 && name_is(name, name_len, "GET")) {
             if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
                 break;
@@ -1326,6 +1391,7 @@ Table_run(Table *t, PyObject *args)
             if (s == -2 || reply_value(t, &len, s, null_reply, null_len) < 0)
                 goto error;
             last = NAME_GET;
+            t->plain_calls[PLAIN_GET]++;
         } else if (argc == 3 && name_is(name, name_len, "SET")) {
             if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL
                     || (q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL)
@@ -1336,6 +1402,7 @@ Table_run(Table *t, PyObject *args)
                     || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_SET;
+            t->plain_calls[PLAIN_SET]++;
         } else if ((argc == 2 && (name_is(name, name_len, "INCR") || name_is(name, name_len, "DECR")))
                    || (argc == 3 && (name_is(name, name_len, "INCRBY") || name_is(name, name_len, "DECRBY")))) {
             long long delta = (name[0] & 0xdf) == 'I' ? 1 : -1, result;
@@ -1373,7 +1440,11 @@ Table_run(Table *t, PyObject *args)
                     || out_reserve(t, &len, 32) < 0)
                 goto error;
             len += format_line(t->out + len, ':', result);
-            last = (name[0] & 0xdf) == 'I' ? (argc == 2 ? NAME_INCR : NAME_INCRBY) : (argc == 2 ? NAME_DECR : NAME_DECRBY);
+            int which = (name[0] & 0xdf) == 'I' ? (argc == 2 ? PLAIN_INCR : PLAIN_INCRBY)
+                                                 : (argc == 2 ? PLAIN_DECR : PLAIN_DECRBY);
+            last = which == PLAIN_INCR ? NAME_INCR : which == PLAIN_INCRBY ? NAME_INCRBY
+                 : which == PLAIN_DECR ? NAME_DECR : NAME_DECRBY;
+            t->plain_calls[which]++;
         } else if (argc >= 3 && argc % 2 == 1 && name_is(name, name_len, "MSET")) {
             /* All or nothing: the whole command is there and every pair fits the budget. */
             const char *pairs = q;
@@ -1394,6 +1465,7 @@ Table_run(Table *t, PyObject *args)
             if (reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_MSET;
+            t->plain_calls[PLAIN_MSET]++;
         } else if (argc >= 2 && name_is(name, name_len, "MGET")) {
             /* The whole command must be there before any key is read. */
             const char *keys = q;
@@ -1411,6 +1483,7 @@ Table_run(Table *t, PyObject *args)
                     goto error;
             }
             last = NAME_MGET;
+            t->plain_calls[PLAIN_MGET]++;
         } else {
             break;
         }
@@ -1622,6 +1695,13 @@ Table_get_dirty(Table *t, void *unused)
     return Py_NewRef(t->dirty);
 }
 
+static PyObject *
+Table_get_plain_calls(Table *t, void *unused)
+{
+    long long *c = t->plain_calls;
+    return Py_BuildValue("(LLLLLLLLL)", c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]);
+}
+
 static PyGetSetDef Table_getset[] = {
     {"max_bytes", (getter)Table_get_max_bytes, (setter)Table_set_max_bytes, "the byte budget", NULL},
     {"used_bytes", (getter)Table_get_used_bytes, NULL, "key + value + overhead bytes of every entry", NULL},
@@ -1633,6 +1713,8 @@ static PyGetSetDef Table_getset[] = {
     {"ttl_count", (getter)Table_get_ttl_count, NULL, "entries with a deadline", NULL},
     {"dirty", (getter)Table_get_dirty, NULL, "keys changed since clear_dirty() (a key may repeat)", NULL},
     {"_epoch", (getter)Table_get_epoch, (setter)Table_set_epoch, "the dirty epoch (setting it empties dirty)", NULL},
+    {"plain_calls", (getter)Table_get_plain_calls, NULL,
+     "commands run() served: (get, set, ping, mget, mset, incr, decr, incrby, decrby)", NULL},
     {NULL},
 };
 
@@ -1641,6 +1723,8 @@ static PyMethodDef Table_methods[] = {
     {"get_with_deadline", (PyCFunction)Table_get_with_deadline, METH_O, "get(key) plus the deadline"},
     {"deadline", (PyCFunction)Table_deadline, METH_O, "deadline(key) -> ms or None, no side effects"},
     {"contains", (PyCFunction)Table_contains, METH_O, "contains(key) -> bool with lazy expiry"},
+    {"encoding", (PyCFunction)Table_encoding, METH_O, "encoding(key) -> OBJECT ENCODING hint (0 shape, 1 raw, 2 string) or None"},
+    {"set_encoding", (PyCFunction)Table_set_encoding, METH_VARARGS, "set_encoding(key, hint) -> bool"},
     {"put", (PyCFunction)(void (*)(void))Table_put, METH_VARARGS | METH_KEYWORDS,
      "put(key, value, deadline=None): store, most recently used, evict to fit"},
     {"set_deadline", (PyCFunction)Table_set_deadline, METH_VARARGS, "set_deadline(key, ms or None) -> bool"},

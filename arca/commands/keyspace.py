@@ -7,6 +7,7 @@ and answers Redis's out-of-range error for any other index.
 
 from __future__ import annotations
 
+from arca.archive.archive import ENCODING_SHAPE
 from arca.commands.args import SYNTAX, parse_int
 from arca.commands.registry import CommandContext, CommandError, command
 from arca.protocol import OK
@@ -38,6 +39,7 @@ def copy(ctx: CommandContext, argv: list[bytes]):
     if found is None or (not replace and archive.exists(destination)):
         return 0
     archive.put(destination, found[0], found[1])
+    archive.set_encoding(destination, archive.encoding(source) or ENCODING_SHAPE)  # a copy of the object
     return 1
 
 
@@ -52,6 +54,7 @@ def _rename(ctx: CommandContext, argv: list[bytes], only_new: bool):
     if only_new and archive.exists(destination):
         return 0
     archive.put(destination, found[0], found[1])  # first: an OOM refusal changes nothing
+    archive.set_encoding(destination, archive.encoding(source) or ENCODING_SHAPE)  # the same object
     archive.delete(source)
     return 1 if only_new else OK
 

@@ -11,6 +11,7 @@ per-entry overhead). Missing keys answer nil.
 
 from __future__ import annotations
 
+from arca.archive.archive import ENCODING_RAW, ENCODING_SHAPE
 from arca.archive.config import ENTRY_OVERHEAD
 from arca.commands.args import SYNTAX, parse_int
 from arca.commands.registry import CommandContext, CommandError, command
@@ -21,9 +22,11 @@ NO_LFU = ("ERR An LFU maxmemory policy is not selected, access frequency not tra
           "that when switching between policies at runtime LRU and LFU data will take some time to adjust.")
 
 
-def encoding_of(value: bytes) -> bytes:
-    """The encoding Redis would report for a string value."""
-    if len(value) <= 20:
+def encoding_of(value: bytes, hint: int = ENCODING_SHAPE) -> bytes:
+    """The encoding Redis would report for a string value with this archive hint."""
+    if hint == ENCODING_RAW:
+        return b"raw"
+    if len(value) <= 20 and hint == ENCODING_SHAPE:
         try:
             number = int(value)
         except ValueError:
@@ -41,7 +44,7 @@ def _value(ctx: CommandContext, key: bytes) -> bytes | None:
 @command("OBJECT|ENCODING", arity=3, flags=("readonly",), group="generic", summary="How a key's value is encoded", args="key", since="2.2.3", keys=_KEY)
 def object_encoding(ctx: CommandContext, argv: list[bytes]):
     value = _value(ctx, argv[2])
-    return None if value is None else encoding_of(value)
+    return None if value is None else encoding_of(value, ctx.archive.encoding(argv[2]) or ENCODING_SHAPE)
 
 
 @command("OBJECT|REFCOUNT", arity=3, flags=("readonly",), group="generic", summary="References to a key's value", args="key", since="2.2.3", keys=_KEY)
