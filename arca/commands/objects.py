@@ -1,8 +1,10 @@
 """OBJECT (ENCODING REFCOUNT IDLETIME FREQ) and MEMORY USAGE: how a key is held.
 
-ARCA keeps every value as a plain byte string, so OBJECT answers what Redis answers for a
-string of that shape: `int` for the canonical spelling of a 64-bit integer (at most 20
-bytes), `embstr` up to 44 bytes, `raw` beyond. REFCOUNT is 1 (no shared objects under an
+ARCA keeps every value as a plain byte string, so OBJECT ENCODING answers what Redis answers
+for a string of that shape (`int` for the canonical spelling of a 64-bit integer, at most 20
+bytes, `embstr` up to 44 bytes, `raw` beyond) unless the archive's encoding hint says how
+Redis would hold it after the commands that wrote it: `raw` after APPEND, SETRANGE or SETBIT
+modified it, never `int` after INCRBYFLOAT. REFCOUNT is 1 (no shared objects under an
 LRU budget, as in Redis). IDLETIME is 0: the L1 table keeps an exact LRU order, not access
 times. FREQ needs an LFU policy, which ARCA does not have: it answers Redis's error.
 MEMORY USAGE answers what the key costs against the L1 budget (key + value + the fixed
