@@ -822,21 +822,36 @@ Table_len(Table *t)
     return t->count;
 }
 
-/* get(key) and get_with_deadline(key): a read with lazy expiry, LRU move and hit/miss. */
+/* The slot of a live entry for a key object (lazy expiry applied), NIL without one, -2 on
+ * an error (set). */
 static int32_t
-read_key(Table *t, PyObject *key)
+live_key_slot(Table *t, PyObject *key)
 {
     if (check_bytes(key, "key") < 0)
         return -2;
     int64_t now = 0;
-    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+    return live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+}
+
+/* get(key) and get_with_deadline(key): a read with lazy expiry, LRU move and hit/miss. */
+static int32_t
+read_key_as(Table *t, PyObject *key, int touch)
+{
+    int32_t s = live_key_slot(t, key);
     if (s == NIL)
         t->misses++;
     else if (s >= 0) {
         t->hits++;
-        lru_touch(t, s);
+        if (touch)
+            lru_touch(t, s);
     }
     return s;
+}
+
+static int32_t
+read_key(Table *t, PyObject *key)
+{
+    return read_key_as(t, key, 1);
 }
 
 static PyObject *
@@ -851,9 +866,9 @@ Table_get(Table *t, PyObject *key)
 }
 
 static PyObject *
-Table_get_with_deadline(Table *t, PyObject *key)
+value_and_deadline(Table *t, PyObject *key, int touch)
 {
-    int32_t s = read_key(t, key);
+    int32_t s = read_key_as(t, key, touch);
     if (s == -2)
         return NULL;
     if (s == NIL)
@@ -866,6 +881,21 @@ Table_get_with_deadline(Table *t, PyObject *key)
 }
 
 static PyObject *
+Table_get_with_deadline(Table *t, PyObject *key)
+{
+    return value_and_deadline(t, key, 1);
+}
+
+/* peek_with_deadline(key): get_with_deadline (a read, counted as a hit or miss) that
+ * leaves the key where it is in the LRU order, as Redis's TTL, TYPE, EXISTS and OBJECT
+ * leave a key's LRU clock. */
+static PyObject *
+Table_peek_with_deadline(Table *t, PyObject *key)
+{
+    return value_and_deadline(t, key, 0);
+}
+
+static PyObject *
 Table_deadline(Table *t, PyObject *key)
 {
     if (check_bytes(key, "key") < 0)
@@ -875,17 +905,6 @@ Table_deadline(Table *t, PyObject *key)
     if (!deadline)
         Py_RETURN_NONE;
     return PyLong_FromLongLong(deadline);
-}
-
-/* The slot of a live entry for a key object (lazy expiry applied), NIL without one, -2 on
- * an error (set). */
-static int32_t
-live_key_slot(Table *t, PyObject *key)
-{
-    if (check_bytes(key, "key") < 0)
-        return -2;
-    int64_t now = 0;
-    return live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
 }
 
 /* encoding(key) -> the entry's ENC_* hint, or None without a live entry; no side effects
@@ -1721,6 +1740,8 @@ static PyGetSetDef Table_getset[] = {
 static PyMethodDef Table_methods[] = {
     {"get", (PyCFunction)Table_get, METH_O, "get(key) -> value or None: a read (lazy expiry, LRU, hits)"},
     {"get_with_deadline", (PyCFunction)Table_get_with_deadline, METH_O, "get(key) plus the deadline"},
+    {"peek_with_deadline", (PyCFunction)Table_peek_with_deadline, METH_O,
+     "get_with_deadline(key) without moving the key in the LRU order"},
     {"deadline", (PyCFunction)Table_deadline, METH_O, "deadline(key) -> ms or None, no side effects"},
     {"contains", (PyCFunction)Table_contains, METH_O, "contains(key) -> bool with lazy expiry"},
     {"encoding", (PyCFunction)Table_encoding, METH_O, "encoding(key) -> OBJECT ENCODING hint (0 shape, 1 raw, 2 string) or None"},

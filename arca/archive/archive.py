@@ -71,10 +71,18 @@ class Archive:
         """(value, expire_at_ms or None) or None; get_entry without building an Entry."""
         return self._entries.get_with_deadline(key)
 
-    def get_for_update(self, key: bytes) -> tuple[bytes, int | None] | None:
+    def peek(self, key: bytes) -> tuple[bytes, int | None] | None:
+        """get_with_deadline that leaves the key's place in the LRU order: a read counted as
+        a keyspace hit or miss, as Redis counts TTL, TYPE, EXISTS and OBJECT, without the
+        touch those leave out."""
+        return self._entries.table.peek_with_deadline(key)
+
+    def get_for_update(self, key: bytes, *, touch: bool = True) -> tuple[bytes, int | None] | None:
         """get_with_deadline for a command about to write the key (SETRANGE, EXPIRE, ...):
-        not counted as a keyspace hit or miss, as Redis counts only reads."""
-        found = self._entries.table.get_with_deadline(key)
+        not counted as a keyspace hit or miss, as Redis counts only reads. `touch=False`
+        also leaves the key's LRU place (MEMORY USAGE)."""
+        table = self._entries.table
+        found = table.get_with_deadline(key) if touch else table.peek_with_deadline(key)
         self._counters_base["hits" if found is not None else "misses"] += 1
         return found
 

@@ -81,10 +81,10 @@ def touch(ctx: CommandContext, argv: list[bytes]):
 
 
 def _expire_time(ctx: CommandContext, key: bytes) -> int:
-    entry = ctx.archive.get_entry(key)
-    if entry is None:
+    found = ctx.archive.peek(key)  # leaves the key's LRU place, as in Redis
+    if found is None:
         return -2
-    return -1 if entry.expire_at_ms is None else entry.expire_at_ms
+    return -1 if found[1] is None else found[1]
 
 
 @command("EXPIRETIME", arity=2, flags=("readonly", "fast"), group="generic", summary="A key's expiry as a unix time in seconds", args="key", since="7.0.0", keys=_KEY)

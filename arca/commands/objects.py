@@ -39,7 +39,7 @@ def encoding_of(value: bytes, hint: int = ENCODING_SHAPE) -> bytes:
 
 
 def _value(ctx: CommandContext, key: bytes) -> bytes | None:
-    found = ctx.archive.get_with_deadline(key)
+    found = ctx.archive.peek(key)  # OBJECT leaves the key's LRU place, as in Redis
     return None if found is None else found[0]
 
 
@@ -75,5 +75,5 @@ def memory_usage(ctx: CommandContext, argv: list[bytes]):
             i += 2
         else:
             raise CommandError(SYNTAX)
-    found = ctx.archive.get_for_update(argv[2])  # not counted as a read, as in Redis
+    found = ctx.archive.get_for_update(argv[2], touch=False)  # not a read, as in Redis
     return None if found is None else len(argv[2]) + len(found[0]) + ENTRY_OVERHEAD
