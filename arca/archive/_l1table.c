@@ -28,6 +28,9 @@
  *          least recently used; a free slot uses next for the free list) and the 32-bit
  *          dirty epoch. The array grows by doubling with realloc; the part beyond the
  *          high-water mark is never touched, so it costs address space, not RSS.
+ *   clock  4 bytes per slot in the parallel `clocks` array (grown with `slots`): the
+ *          table's clock (whole seconds, monotonic) when the entry was last read or written,
+ *          for OBJECT IDLETIME; peeks (TTL, OBJECT, ...) leave it.
  *   index  an open-addressing array of int32 slot numbers (-1 = empty), linear probing,
  *          power-of-two size, load <= 1/2: 4 to 8 bytes per entry. Deletion shifts the
  *          following run back, so there are no tombstones.
@@ -101,6 +104,8 @@ typedef struct {
     Due *due;            /* the active-expiry heap (see above) */
     size_t due_len, due_cap;
     long long plain_calls[9]; /* commands run() served, indexed by PLAIN_GET ... */
+    uint32_t *clocks;    /* per slot: when its entry was last used (clock_now then) */
+    uint32_t clock_now;  /* seconds on a monotonic clock, read once per call from Python */
 } Table;
 
 /* The commands run() serves, in the order of the `plain_calls` getter's tuple. */
@@ -428,9 +433,24 @@ lru_append(Table *t, int32_t s)
     t->lru_tail = s;
 }
 
+/* The table's clock (OBJECT IDLETIME's): whole seconds of a monotonic clock, read once per
+ * call from Python or per run(), so a GET costs no clock read of its own. */
+static inline void
+clock_tick(Table *t)
+{
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC_COARSE
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#endif
+    t->clock_now = (uint32_t)ts.tv_sec;
+}
+
 static inline void
 lru_touch(Table *t, int32_t s)
 {
+    t->clocks[s] = t->clock_now;
     if (t->lru_tail != s) {
         lru_unlink(t, s);
         lru_append(t, s);
@@ -583,6 +603,13 @@ reserve_one(Table *t)
             return -1;
         }
         t->slots = slots;
+        uint32_t *clocks = array_grow(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t),
+                                      (size_t)cap * sizeof(uint32_t));
+        if (clocks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->clocks = clocks;
         t->slots_cap = cap;
     }
     return rebuilt;
@@ -608,6 +635,7 @@ insert_new(Table *t, size_t pos, unsigned char *e, uint32_t hash)
     slot->dirty_epoch = t->epoch - 1;
     t->index[pos] = s;
     lru_append(t, s);
+    t->clocks[s] = t->clock_now;
     t->count++;
     if (v.deadline)
         t->ttl_count++;
@@ -808,6 +836,7 @@ Table_dealloc(Table *t)
     if (t->slots != NULL)
         drop_all(t);
     array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
+    array_free(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t));
     if (t->index != NULL)
         array_free(t->index, (t->index_mask + 1) * sizeof(int32_t));
     PyMem_Free(t->out);
@@ -837,6 +866,7 @@ live_key_slot(Table *t, PyObject *key)
 static int32_t
 read_key_as(Table *t, PyObject *key, int touch)
 {
+    clock_tick(t);
     int32_t s = live_key_slot(t, key);
     if (s == NIL)
         t->misses++;
@@ -920,6 +950,18 @@ Table_encoding(Table *t, PyObject *key)
     return PyLong_FromLong(v.encoding);
 }
 
+/* idle(key) -> seconds since the key was last read or written (OBJECT IDLETIME), or None
+ * without a live entry; the key keeps its place and its clock. */
+static PyObject *
+Table_idle(Table *t, PyObject *key)
+{
+    int32_t s = live_key_slot(t, key);
+    if (s < 0)
+        return s == NIL ? Py_NewRef(Py_None) : NULL;
+    clock_tick(t);
+    return PyLong_FromUnsignedLong(t->clock_now - t->clocks[s]);
+}
+
 /* set_encoding(key, hint) -> bool: give a live entry an ENC_* hint. Only the low bits of
  * the entry's first varint change, so it keeps its length and is rewritten in place; the
  * hint is not a change of the value (nothing is marked dirty). */
@@ -965,6 +1007,7 @@ Table_put(Table *t, PyObject *args, PyObject *kwds)
         return NULL;
     if (check_bytes(key, "key") < 0 || check_bytes(value, "value") < 0 || parse_deadline(deadline_obj, &deadline) < 0)
         return NULL;
+    clock_tick(t);
     if (store(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), key,
               PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), deadline) < 0)
         return NULL;
@@ -1104,7 +1147,9 @@ Table_clear(Table *t, PyObject *unused)
     drop_all(t);
     due_clear(t);
     array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
+    array_free(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t));
     t->slots = NULL;
+    t->clocks = NULL;
     t->slots_cap = 0;
     if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
         return NULL;
@@ -1374,6 +1419,7 @@ Table_run(Table *t, PyObject *args)
     Py_ssize_t count = 0;
     PyObject *last = Py_None;
     int64_t now = 0;
+    clock_tick(t);
 
     while (p < end && len <= (size_t)cap) {
         long long argc;
@@ -1746,6 +1792,7 @@ static PyMethodDef Table_methods[] = {
     {"contains", (PyCFunction)Table_contains, METH_O, "contains(key) -> bool with lazy expiry"},
     {"encoding", (PyCFunction)Table_encoding, METH_O, "encoding(key) -> OBJECT ENCODING hint (0 shape, 1 raw, 2 string) or None"},
     {"set_encoding", (PyCFunction)Table_set_encoding, METH_VARARGS, "set_encoding(key, hint) -> bool"},
+    {"idle", (PyCFunction)Table_idle, METH_O, "idle(key) -> seconds since last use, or None"},
     {"put", (PyCFunction)(void (*)(void))Table_put, METH_VARARGS | METH_KEYWORDS,
      "put(key, value, deadline=None): store, most recently used, evict to fit"},
     {"set_deadline", (PyCFunction)Table_set_deadline, METH_VARARGS, "set_deadline(key, ms or None) -> bool"},

@@ -253,6 +253,11 @@ class Archive:
         ENCODING_RAW or ENCODING_STRING (never int); None without the key. No side effects."""
         return self._entries.table.encoding(key)
 
+    def idle_seconds(self, key: bytes) -> int | None:
+        """Seconds since the key was last read or written (not counting TTL, TYPE, EXISTS,
+        OBJECT, MEMORY USAGE), from when it was loaded after a restart; None without it."""
+        return self._entries.table.idle(key)
+
     def set_encoding(self, key: bytes, hint: int) -> bool:
         """Give the key's value an encoding hint (kept in RAM only, until its next write)."""
         return self._entries.table.set_encoding(key, hint)

@@ -5,8 +5,8 @@ for a string of that shape (`int` for the canonical spelling of a 64-bit integer
 bytes, `embstr` up to 44 bytes, `raw` beyond) unless the archive's encoding hint says how
 Redis would hold it after the commands that wrote it: `raw` after APPEND, SETRANGE or SETBIT
 modified it, never `int` after INCRBYFLOAT. REFCOUNT is 1 (no shared objects under an
-LRU budget, as in Redis). IDLETIME is 0: the L1 table keeps an exact LRU order, not access
-times. FREQ needs an LFU policy, which ARCA does not have: it answers Redis's error.
+LRU budget, as in Redis). IDLETIME counts the seconds since the key was last read or
+written, by the L1 table's clock (TTL, TYPE, EXISTS and OBJECT do not count as uses). FREQ needs an LFU policy, which ARCA does not have: it answers Redis's error.
 MEMORY USAGE answers what the key costs against the L1 budget (key + value + the fixed
 per-entry overhead). Missing keys answer nil.
 """
@@ -54,9 +54,9 @@ def object_refcount(ctx: CommandContext, argv: list[bytes]):
     return None if _value(ctx, argv[2]) is None else 1
 
 
-@command("OBJECT|IDLETIME", arity=3, flags=("readonly",), group="generic", summary="Seconds since a key was used (always 0: no access times are kept)", args="key", since="2.2.3", keys=_KEY)
+@command("OBJECT|IDLETIME", arity=3, flags=("readonly",), group="generic", summary="Seconds since a key was last read or written", args="key", since="2.2.3", keys=_KEY)
 def object_idletime(ctx: CommandContext, argv: list[bytes]):
-    return None if _value(ctx, argv[2]) is None else 0
+    return None if _value(ctx, argv[2]) is None else ctx.archive.idle_seconds(argv[2])
 
 
 @command("OBJECT|FREQ", arity=3, flags=("readonly",), group="generic", summary="A key's access frequency (needs an LFU policy)", args="key", since="4.0.0", keys=_KEY)

@@ -322,3 +322,29 @@ def test_memory_usage_after_a_big_value_is_replaced(arca, redis_port):
             assert 33000 < usage < 42000
         finally:
             client.close()
+
+
+@pytest.mark.timeout(60)
+def test_object_idletime_counts_uses_not_ttl_type_exists_as_redis_does(arca, redis_port):
+    """Redis's "TTL, TYPE and EXISTS do not alter the last access time of a key" and "TOUCH
+    alters the last access time of a key", on both servers at once."""
+    clients = [RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)]
+    try:
+        for client in clients:
+            client.call("SET", "foo", "bar")
+            client.call("SET", "other", "x")
+            assert client.call("OBJECT", "IDLETIME", "foo") == b":0\r\n"
+        time.sleep(2.2)
+        for client in clients:
+            for argv in (("TTL", "foo"), ("PTTL", "foo"), ("TYPE", "foo"), ("EXISTS", "foo"),
+                         ("OBJECT", "ENCODING", "foo"), ("EXPIRETIME", "foo")):
+                client.call(*argv)
+            assert int(client.call("OBJECT", "IDLETIME", "foo")[1:-2]) >= 2
+            client.call("TOUCH", "foo")
+            client.call("GET", "other")
+            assert client.call("OBJECT", "IDLETIME", "foo") == b":0\r\n"
+            assert client.call("OBJECT", "IDLETIME", "other") == b":0\r\n"
+            assert client.call("OBJECT", "IDLETIME", "nokey") == b"$-1\r\n"
+    finally:
+        for client in clients:
+            client.close()
