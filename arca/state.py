@@ -97,9 +97,13 @@ class ServerStats:
         return counters
 
     def error(self, message: str) -> None:
-        """One error reply, counted under its prefix."""
+        """One error reply, counted under its prefix (at most MAX_ERROR_PREFIXES of them,
+        as Redis bounds errorstats)."""
         prefix = message.split(" ", 1)[0]
-        self.errors[prefix] = self.errors.get(prefix, 0) + 1
+        if prefix in self.errors or len(self.errors) < self.MAX_ERROR_PREFIXES:
+            self.errors[prefix] = self.errors.get(prefix, 0) + 1
+
+    MAX_ERROR_PREFIXES: ClassVar[int] = 128
 
     def sample_ops(self, now: float) -> None:
         self.ops_samples.append((now, self.commands_processed))
