@@ -292,7 +292,7 @@ class CompletionService:
         prepare = getattr(self.engine, "prepare_grammar", None)
         if spec is None or prepare is None:
             return
-        param = output.param if output is not None else "grammar"
+        param = structure.CHECKED_FIELD.get(output.param, output.param) if output is not None else "grammar"
         warm = getattr(self.engine, "warm_grammars", None)
         if warm is not None:  # the vocabulary's view is built once, outside any grammar's budget
             await asyncio.get_running_loop().run_in_executor(None, warm)
