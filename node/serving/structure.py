@@ -43,6 +43,8 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 ANY_OBJECT_TEXT = json.dumps(ANY_OBJECT, separators=(",", ":"))
 MAX_DIGITS = 16  # digits before the point of a generated integer or number, as llama.cpp's grammars bound them
 DIGIT_BOUND = 10**MAX_DIGITS - 1
+MAX_DECIMALS = 10  # digits after it (the finest `multipleOf` llguidance takes exactly is 1e-10)
+DECIMAL_STEP = 10.0**-MAX_DECIMALS
 CHECKED_FIELD = {"response_format": "response_format.json_schema.schema"}  # Output.param -> the checked field
 
 
@@ -71,9 +73,10 @@ def gbnf_spec(text: Any, param: str) -> GrammarSpec:
 
 def bound_numbers(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of the schema whose integers and numbers have at most `MAX_DIGITS` digits before
-    the point (JSON bounds neither; a model can write digits until max_tokens): every integer or
-    number schema gets `minimum`/`maximum` of -/+ (10**MAX_DIGITS - 1), or keeps its own
-    where they are tighter."""
+    the point and `MAX_DECIMALS` after it (JSON bounds neither; a model can write digits until
+    max_tokens): every integer or number schema gets `minimum`/`maximum` of -/+
+    (10**MAX_DIGITS - 1), or keeps its own where they are tighter, and a number without a
+    `multipleOf` gets `multipleOf` 10**-MAX_DECIMALS."""
     copy: dict[str, Any] = json.loads(json.dumps(schema))
     stack: list[Any] = [copy]
     while stack:
@@ -88,6 +91,8 @@ def bound_numbers(schema: dict[str, Any]) -> dict[str, Any]:
         kinds = kind if isinstance(kind, list) else [kind]
         if "integer" not in kinds and "number" not in kinds:
             continue
+        if "number" in kinds and "multipleOf" not in node:
+            node["multipleOf"] = DECIMAL_STEP
         for key, exclusive, bound, tighter in (("minimum", "exclusiveMinimum", -DIGIT_BOUND, max),
                                                ("maximum", "exclusiveMaximum", DIGIT_BOUND, min)):
             own = node.get(key)

@@ -356,8 +356,8 @@ SET_PRICE = {"type": "function", "function": {"name": "set_price"}}
 
 
 def test_a_forced_call_with_a_number_cannot_run_away_in_digits(client):
-    """A number's digits were unbounded: the model wrote `1000000000…` until max_tokens, and the
-    answer came back as raw JSON in `content` with no tool call."""
+    """A number's digits were unbounded: the model wrote `1000000000…` (or `0.35000000…`) until
+    max_tokens, and the answer came back as raw JSON in `content` with no tool call."""
     reply = client.chat.completions.create(
         model="gemma3-270m", messages=[{"role": "user", "content": "Bread costs 3 euros."}],
         tools=[PRICE], tool_choice=SET_PRICE, max_tokens=80, temperature=0)
@@ -365,8 +365,9 @@ def test_a_forced_call_with_a_number_cannot_run_away_in_digits(client):
     assert choice.message.content is None and choice.message.tool_calls is not None
     call = choice.message.tool_calls[0]
     assert call.function.name == "set_price"
-    digits = call.function.arguments.split('"euros":')[-1].lstrip("-").split(".")[0]
-    assert len(digits.rstrip("}")) <= 16, call.function.arguments
+    number = call.function.arguments.split('"euros":')[-1].rstrip("}").lstrip("-")
+    whole, _, decimals = number.partition(".")
+    assert len(whole) <= 16 and len(decimals) <= 10, call.function.arguments
     if choice.finish_reason == "tool_calls":
         jsonschema.validate(json.loads(call.function.arguments), PRICE["function"]["parameters"])
     else:

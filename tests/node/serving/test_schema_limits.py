@@ -146,15 +146,15 @@ def test_grammar_shape_limits(rules, param_words):
     assert caught.value.param == "grammar" and param_words in caught.value.message
 
 
-def test_integers_and_numbers_are_bounded_to_sixteen_digits():
+def test_integers_and_numbers_are_bounded_to_sixteen_digits_and_ten_decimals():
     bound = 10**structure.MAX_DIGITS - 1
     spec = structure.schema_spec({"type": "object", "properties": {
         "n": {"type": "number"}, "i": {"type": ["integer", "null"], "minimum": 0},
         "tight": {"type": "integer", "minimum": -5, "maximum": 5},
         "x": {"type": "number", "exclusiveMaximum": 10}}}, "format")
     props = json.loads(spec.text)["properties"]
-    assert (props["n"]["minimum"], props["n"]["maximum"]) == (-bound, bound)
-    assert (props["i"]["minimum"], props["i"]["maximum"]) == (0, bound)
+    assert (props["n"]["minimum"], props["n"]["maximum"], props["n"]["multipleOf"]) == (-bound, bound, 1e-10)
+    assert (props["i"]["minimum"], props["i"]["maximum"]) == (0, bound) and "multipleOf" not in props["i"]
     assert (props["tight"]["minimum"], props["tight"]["maximum"]) == (-5, 5)
     assert "maximum" not in props["x"] and props["x"]["minimum"] == -bound
 
