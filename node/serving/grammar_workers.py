@@ -37,21 +37,29 @@ _Job = tuple[Callable[..., Any], tuple[Any, ...], "concurrent.futures.Future[Any
 class GrammarWorkers:
     def __init__(self, *, threads: int = THREADS, budget_s: float = BUDGET_S, stack_bytes: int = STACK_BYTES) -> None:
         self.budget_s = budget_s
+        self._count = max(1, threads)
+        self._stack_bytes = stack_bytes
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
+
+    def _start(self) -> None:
+        """The threads, on first use (a node that never sees a schema starts none); under _start_lock."""
         with _STACK_SIZE_LOCK:
-            previous = threading.stack_size(stack_bytes)
+            previous = threading.stack_size(self._stack_bytes)
             try:
-                for number in range(max(1, threads)):
-                    thread = threading.Thread(target=self._main, name=f"reame-grammar-{number}", daemon=True)
+                for number in range(self._count):
+                    thread = threading.Thread(target=self._main, args=(self._jobs,), name=f"reame-grammar-{number}",
+                                              daemon=True)
                     thread.start()
                     self._threads.append(thread)
             finally:
                 threading.stack_size(previous)
 
-    def _main(self) -> None:
+    @staticmethod
+    def _main(jobs: queue.SimpleQueue[_Job | None]) -> None:
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
             if job is None:
                 return
             fn, args, future = job
@@ -64,7 +72,10 @@ class GrammarWorkers:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((fn, args, future))
+        with self._start_lock:
+            if not self._threads:
+                self._start()
+            self._jobs.put((fn, args, future))
         return future
 
     def _over_budget(self, future: concurrent.futures.Future[Any], param: str | None) -> Exception:
@@ -92,5 +103,9 @@ class GrammarWorkers:
             raise self._over_budget(future, param) from None
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
+        """Stop the threads once the work handed to them is done (work still queued is done first)."""
+        with self._start_lock:
+            for _ in self._threads:
+                self._jobs.put(None)
+            self._threads = []
+            self._jobs = queue.SimpleQueue()  # threads started later take their work from a queue of their own

@@ -169,3 +169,22 @@ def test_grammar_work_has_a_time_budget():
         workers.call("json_schema", time.sleep, 1.0)
     assert caught.value.param == "json_schema" and "longer than 0.3 s" in caught.value.message
     workers.close()
+
+
+MARGIN = """
+import json
+from node.engine.types import GrammarSpec
+from node.serving import structure
+from node.serving.grammar_workers import GrammarWorkers
+from tests.node.serving.test_schema_limits import ref_chain
+spec = GrammarSpec("json_schema", json.dumps(ref_chain(1000)))  # past the limits: only the stack stands between
+GrammarWorkers(threads=1, budget_s=60).call("json_schema", structure.verify, spec, "json_schema")
+print("alive")
+"""
+
+
+def test_the_grammar_threads_stacks_hold_what_a_default_stack_cannot():
+    """The limits keep the recursion far below even a default thread's stack; the grammar
+    threads' 64 MiB stacks are the margin: the chain that overflowed a default stack compiles."""
+    done = subprocess.run([sys.executable, "-c", MARGIN], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-500:])
