@@ -47,7 +47,7 @@ from node.archive.client import ArchiveClient
 from node.cache.fleet import FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.engine import errors as engine_errors
-from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest
+from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest, GrammarSpec
 from node.engine.grammar_limits import short_error
 from node.serving import structure
 from node.serving.answer import Answer
@@ -99,21 +99,28 @@ class CompletionService:
         self._writes: set[asyncio.Task[None]] = set()
         self.ledger = Ledger()  # what was served (node/serving/ledger.py)
         self.grammar_workers = GrammarWorkers()  # schema checks and grammar compiles, off the loop
+        self.verified = structure.Verified()
 
     # ---- structure --------------------------------------------------------------------
 
     async def verify(self, options: GenerationOptions) -> None:
         """The request's schemas and grammar pass the checks that cost time (node/serving/
         structure.py), on a grammar thread within its budget; raises a 400 naming the field."""
-        pairs = structure.checks(options)
+        pairs = self.verified.pending(structure.checks(options))
         if pairs:
-            await self.grammar_workers.run(pairs[0][0], structure.verify_all, pairs)
+            await self.grammar_workers.run(pairs[0][0], self._verify, pairs)
 
     def verify_blocking(self, options: GenerationOptions) -> None:
         """`verify` for a thread that may block (batch validation)."""
-        pairs = structure.checks(options)
+        pairs = self.verified.pending(structure.checks(options))
         if pairs:
-            self.grammar_workers.call(pairs[0][0], structure.verify_all, pairs)
+            self.grammar_workers.call(pairs[0][0], self._verify, pairs)
+
+    def _verify(self, pairs: list[tuple[str, GrammarSpec]]) -> None:
+        """On a grammar thread: what passes is remembered even when its waiter gave up (over
+        budget), so the same request sent again passes at once."""
+        structure.verify_all(pairs)
+        self.verified.add(pairs)
 
     # ---- planning -------------------------------------------------------------------
 

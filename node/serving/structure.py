@@ -25,9 +25,12 @@ markers the node can find (`ToolMarkers`: Qwen 2.5 / Hermes style `<tool_call>{.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -172,6 +175,41 @@ def checks(options: GenerationOptions) -> list[tuple[str, GrammarSpec]]:
 def verify_all(pairs: list[tuple[str, GrammarSpec]]) -> None:
     for param, spec in pairs:
         verify(spec, param)
+
+
+class Verified:
+    """The (field, spec) pairs that passed `verify` lately, by digest, at most `capacity` of
+    them: a schema sent again and again is checked once. Failures are never remembered."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(pair: tuple[str, GrammarSpec]) -> str:
+        param, spec = pair
+        return hashlib.sha256(f"{param}\x00{spec.kind}\x00{spec.text}".encode()).hexdigest()
+
+    def pending(self, pairs: list[tuple[str, GrammarSpec]]) -> list[tuple[str, GrammarSpec]]:
+        """The pairs not verified lately (the others count as used now)."""
+        left = []
+        with self._lock:
+            for pair in pairs:
+                key = self._key(pair)
+                if key in self._seen:
+                    self._seen.move_to_end(key)
+                else:
+                    left.append(pair)
+        return left
+
+    def add(self, pairs: list[tuple[str, GrammarSpec]]) -> None:
+        with self._lock:
+            for pair in pairs:
+                self._seen[self._key(pair)] = None
+                self._seen.move_to_end(self._key(pair))
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
 
 
 # ---- tool calls ---------------------------------------------------------------------------

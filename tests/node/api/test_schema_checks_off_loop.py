@@ -4,7 +4,7 @@ jsonschema's meta-schema check and llguidance's compile ran on the event loop: a
 10,000 optional properties stopped another user's stream for seconds, and a 6.3 MB one with
 200,000 properties froze `/health` for 36 s. Now the size limits refuse the huge one at once,
 and the rest is checked on a grammar thread: `/health` answers within a fraction of a second
-while a 5,000-property schema (about 3 s of checking here) is checked. The real app on a real
+while a 2,000-property schema (over a second of checking here) is checked. The real app on a real
 socket, on the fake engine (tests/node/fake_engine.py: the checks need no model).
 """
 
@@ -63,11 +63,15 @@ def while_checking(node, body: dict) -> tuple[int, dict, float, list[float]]:
 
 
 def test_health_answers_while_a_heavy_schema_is_checked(node):
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "json_schema": schema(5000)}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "json_schema": schema(2000)}
     status, reply, took, latencies = while_checking(node, body)
     assert status == 200, reply
     assert took > 0.5, "the schema should take a while to check, or this test proves nothing"
-    assert max(latencies) < 0.5, f"/health waited {max(latencies):.2f} s while the schema was checked"
+    # on the loop, /health waited as long as the check took; bounds relative to it hold on a busy host too
+    assert max(latencies) < max(0.5, took / 4), f"/health waited {max(latencies):.2f} s of a {took:.2f} s check"
+    started = time.monotonic()
+    status, _, _ = http_json("POST", f"{node.url}/v1/chat/completions", body)
+    assert status == 200 and time.monotonic() - started < took / 2  # checked once: the same schema again is not
 
 
 def test_a_huge_schema_is_refused_at_once(node):
@@ -75,4 +79,4 @@ def test_a_huge_schema_is_refused_at_once(node):
     status, reply, took, latencies = while_checking(node, body)
     assert status == 400 and reply["error"]["param"] == "json_schema"
     assert "5000 object properties" in reply["error"]["message"]
-    assert took < 5 and max(latencies) < 0.5
+    assert took < 5 and max(latencies) < 2  # the body itself (6 MB of JSON) is read on the loop

@@ -188,3 +188,17 @@ def test_the_grammar_threads_stacks_hold_what_a_default_stack_cannot():
     threads' 64 MiB stacks are the margin: the chain that overflowed a default stack compiles."""
     done = subprocess.run([sys.executable, "-c", MARGIN], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-500:])
+
+
+def test_verified_pairs_are_remembered_and_failures_never():
+    verified = structure.Verified(capacity=2)
+    good = [("json_schema", structure.schema_spec({"type": "string"}, "json_schema"))]
+    assert verified.pending(good) == good
+    verified.add(good)
+    assert verified.pending(good) == []
+    bad = [("json_schema", structure.schema_spec({"type": "nope"}, "json_schema"))]
+    with pytest.raises(InvalidRequest):
+        structure.verify_all(verified.pending(bad))
+    assert verified.pending(bad) == bad  # only what passed is added, by the caller, after it passed
+    verified.add([("a", good[0][1]), ("b", good[0][1])])
+    assert verified.pending(good) == good  # the oldest went when the third came
