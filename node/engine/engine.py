@@ -30,7 +30,7 @@ from node.engine.grammar import CompiledGrammar, GrammarCompiler
 from node.engine.kernels import choose_kernels
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
-from node.engine.llama import LlamaContext, LlamaModel, system_info
+from node.engine.llama import LlamaContext, LlamaModel, cpu_variant, system_info
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
@@ -130,7 +130,7 @@ class Engine:
     def kernel_report(self) -> dict:
         """The kernel path: llama.cpp's CPU features, extra buffer types in use and why, the
         buffer types the weights went to (node/engine/kernels.py)."""
-        return self.kernels.report(system_info(), self._model.buffers)
+        return self.kernels.report(system_info(), self._model.buffers, cpu_variant())
 
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
         return self._model.tokenize(text, add_bos=add_bos, special=special)

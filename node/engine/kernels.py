@@ -58,12 +58,14 @@ class KernelChoice:
     line: CostLine | None = None   # the probe's cost line for the chosen way
     buffers: dict[str, float] = field(default_factory=dict)  # the chosen way's buffer types (MiB)
 
-    def report(self, system_info: str, buffers: dict[str, float] | None = None) -> dict:
-        """The kernel path as /health shows it; `buffers` from the engine's own load when known."""
+    def report(self, system_info: str, buffers: dict[str, float] | None = None, variant: str | None = None) -> dict:
+        """The kernel path as /health shows it; `buffers` from the engine's own load when known;
+        `variant` the CPU variant a runtime-dispatch build loaded (None: the backend is built in)."""
         features = [part.split("=")[0].strip() for part in system_info.replace("|", "\n").splitlines()
                     if part.strip().endswith("= 1")]
         return {
             "machine": platform.machine(),
+            "cpu_variant": variant,
             "features": [name.replace("CPU : ", "") for name in features],
             "extra_buffers": "on" if self.extra_buffers else "off",
             "setting": self.setting,
@@ -79,7 +81,8 @@ class KernelChoice:
 def describe(report: Mapping[str, Any], line_ms: Mapping[str, float] | None = None) -> str:
     """The kernel path and the cost line on one line: the start-up log and every bench header."""
     buffers = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in report.get("buffers", {}).items()) or "unknown"
-    text = (f"{report.get('machine', '?')} {' '.join(report.get('features', ())) or '(no SIMD features)'}; "
+    variant = f" (CPU variant {report['cpu_variant']})" if report.get("cpu_variant") else ""
+    text = (f"{report.get('machine', '?')}{variant} {' '.join(report.get('features', ())) or '(no SIMD features)'}; "
             f"extra buffers {report.get('extra_buffers', '?')} ({report.get('reason', '')}); weights in {buffers}")
     line = line_ms if line_ms is not None else report.get("probe_line_ms")
     if line:

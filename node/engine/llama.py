@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 import llama_cpp as ll
+from llama_cpp import llama_cpp as lib_module
 
 from node.engine.config import KV_TYPE_NAMES
 from node.engine.errors import ModelLoadError
@@ -53,7 +54,6 @@ class _Backend:
     A thread may also `capture()` the lines it causes (a model load's buffer lines)."""
 
     def __init__(self) -> None:
-        ll.llama_backend_init()
         self._local = threading.local()
 
         @ll.llama_log_callback
@@ -66,7 +66,9 @@ class _Backend:
                     captured.append(line)
 
         self._callback = forward  # keep the C callback alive as long as the process
-        ll.llama_log_set(forward, ctypes.c_void_p(0))
+        ll.llama_log_set(forward, ctypes.c_void_p(0))  # first: the backend loader's lines go to the log too
+        load_cpu_backends()
+        ll.llama_backend_init()
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[list[str]]:
@@ -76,6 +78,32 @@ class _Backend:
             yield lines
         finally:
             self._local.lines = None
+
+
+def load_cpu_backends() -> None:
+    """A build with runtime CPU dispatch (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS: the portable
+    image, docs/FLEET.md) links no CPU backend in: load the best variant this CPU can run from
+    llama_cpp/lib, as llama.cpp's own programs do from their directory. A build with the
+    backend linked in (the default, native build) has it registered already: nothing to do."""
+    lib = lib_module._lib  # libllama, loaded with RTLD_GLOBAL: ggml's symbols resolve through it
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    if lib.ggml_backend_reg_count():
+        return
+    lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_load_all_from_path.restype = None
+    lib.ggml_backend_load_all_from_path(os.fsencode(str(lib_module._base_path)))
+    if not lib.ggml_backend_reg_count():
+        raise ModelLoadError(f"no llama.cpp CPU backend loads from {lib_module._base_path}")
+
+
+def cpu_variant() -> str | None:
+    """The CPU variant a runtime-dispatch build loaded (e.g. "haswell", "armv8.2_2"); None when
+    the backend is linked in."""
+    try:
+        match = re.search(r"libggml-cpu-([^/\s]+)\.so", Path("/proc/self/maps").read_text())
+    except OSError:
+        return None
+    return match.group(1) if match else None
 
 
 def system_info() -> str:
