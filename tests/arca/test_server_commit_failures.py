@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-import arca.server as server_module
+import arca.commit as commit_module
 from arca.archive import ArchiveError
 
 
@@ -39,7 +39,7 @@ def read_reply(sock: socket.socket, timeout: float) -> bytes:
 
 @pytest.mark.parametrize("durability", ["commit", "everysec"])
 def test_failed_commits_refuse_writes_serve_reads_and_recover(arca_factory, monkeypatch, caplog, durability):
-    monkeypatch.setattr(server_module, "COMMIT_RETRY_SECONDS", 0.1)
+    monkeypatch.setattr(commit_module, "COMMIT_RETRY_SECONDS", 0.1)
     arca = arca_factory(durability=durability)
     with arca.connect() as sock:
         sock.sendall(b"SET kept before\r\n")
@@ -47,7 +47,7 @@ def test_failed_commits_refuse_writes_serve_reads_and_recover(arca_factory, monk
     time.sleep(1.2 if durability == "everysec" else 0)  # everysec: let the timer commit it
     disk = FlakyDisk(arca.archive)
     arca.archive.commit = disk
-    caplog.set_level(logging.INFO, logger="arca.server")
+    caplog.set_level(logging.INFO, logger="arca.commit")
     with arca.connect() as writer, arca.connect() as reader:
         writer.sendall(b"SET lost-or-late value\r\n")
         if durability == "commit":
@@ -86,15 +86,15 @@ def test_failed_commits_refuse_writes_serve_reads_and_recover(arca_factory, monk
         while replies.count(b"\r\n") < 3:
             replies += read_reply(reader, 5)
         assert replies == b"+OK\r\n$5\r\nvalue\r\n"
-    failures = [r for r in caplog.records if r.name == "arca.server" and "commit failed" in r.getMessage()]
+    failures = [r for r in caplog.records if r.name == "arca.commit" and "commit failed" in r.getMessage()]
     recoveries = [r for r in caplog.records if "commits succeed again" in r.getMessage()]
     assert len(failures) == 1 and len(recoveries) == 1
     assert not failures[0].exc_info  # no traceback for a full disk
 
 
 def test_replies_stalled_too_long_close_their_connection(arca, monkeypatch):
-    monkeypatch.setattr(server_module, "COMMIT_RETRY_SECONDS", 0.05)
-    monkeypatch.setattr(server_module, "STALLED_REPLY_SECONDS", 0.3)
+    monkeypatch.setattr(commit_module, "COMMIT_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(commit_module, "STALLED_REPLY_SECONDS", 0.3)
     arca.archive.commit = FlakyDisk(arca.archive)
     with arca.connect() as writer:
         writer.sendall(b"SET k v\r\n")
