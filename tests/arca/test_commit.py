@@ -1,6 +1,7 @@
-"""A commit that fails (a full disk): reads go on, writes get -MISCONF, the writes of the
-failed commit are never acknowledged until a retry commits them, the condition is logged
-once, and the server recovers by itself."""
+"""Group commit: acknowledged writes are committed, one commit per event-loop tick (everysec:
+acknowledged first, committed within a second or two). A commit that fails (a full disk):
+reads go on, writes get -MISCONF, the writes of the failed commit are never acknowledged
+until a retry commits them, the condition is logged once, and the server recovers by itself."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 import arca.commit as commit_module
 from arca.archive import ArchiveError
+from arca_harness import recv_exactly
 
 
 class FlakyDisk:
@@ -103,3 +105,29 @@ def test_replies_stalled_too_long_close_their_connection(arca, monkeypatch):
             assert writer.recv(64) == b""  # closed, never told +OK
         except ConnectionResetError:
             pass
+
+
+def test_acknowledged_writes_are_committed_in_groups(arca):
+    commits_before = arca.state.stats.commits
+    with arca.connect() as sock:
+        sock.sendall(b"SET a 1\r\n")
+        assert recv_exactly(sock, b"+OK\r\n") == b"+OK\r\n"
+        assert arca.call(lambda: arca.archive.pending_writes) == 0  # committed before the ack
+        burst = b"".join(b"SET k%d v\r\n" % i for i in range(200))
+        sock.sendall(burst)
+        assert recv_exactly(sock, b"+OK\r\n" * 200) == b"+OK\r\n" * 200
+        assert arca.call(lambda: arca.archive.pending_writes) == 0
+    commits = arca.state.stats.commits - commits_before
+    assert 2 <= commits < 20  # one per event-loop tick, not one per write
+
+
+def test_everysec_acknowledges_first_and_commits_within_a_second_or_two(arca_factory):
+    server = arca_factory(durability="everysec")
+    with server.connect() as sock:
+        sock.sendall(b"SET a 1\r\n")
+        assert recv_exactly(sock, b"+OK\r\n") == b"+OK\r\n"
+    deadline = time.monotonic() + 5
+    while server.call(lambda: server.archive.pending_writes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.call(lambda: server.archive.pending_writes) == 0
+    assert server.state.stats.commits >= 1
