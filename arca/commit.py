@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from arca.archive.errors import ArchiveError
-from arca.connection import Connection
 from arca.state import ServerOptions, ServerState
 
 log = logging.getLogger(__name__)
@@ -32,6 +31,19 @@ log = logging.getLogger(__name__)
 # failed commit are held before their connection is closed instead.
 COMMIT_RETRY_SECONDS = 1.0
 STALLED_REPLY_SECONDS = 10.0
+
+
+class Waiting(Protocol):
+    """A connection as the group commit sees it (arca/connection.py's Connection is one)."""
+
+    held: list[bytes] | None  # replies waiting for the next commit, None when none wait
+    transport: asyncio.Transport | None  # None once the connection is lost
+
+    def send(self, out: list[bytes]) -> None:
+        """Write out now (and close if the connection is closing)."""
+
+    def release(self) -> None:
+        """The commit its held replies waited for is done: send them."""
 
 
 class GroupCommit:
@@ -45,9 +57,9 @@ class GroupCommit:
         # In commit and fsync modes replies wait for the commit of the writes before them.
         self.hold_replies = options.durability != "everysec"
         self.pending_queues = archive.pending_queues
-        self._waiting: list[Connection] = []
+        self._waiting: list[Waiting] = []
         # While commits fail: connections whose replies wait for a retry, and until when.
-        self._stalled: list[tuple[Connection, float]] = []
+        self._stalled: list[tuple[Waiting, float]] = []
         self._retry_timer: asyncio.TimerHandle | None = None
         self._commit_scheduled = False
         self.loop: asyncio.AbstractEventLoop  # the running loop, from start() on
@@ -65,7 +77,7 @@ class GroupCommit:
             if timer is not None:
                 timer.cancel()
 
-    def deliver(self, conn: Connection, out: list[bytes]) -> None:
+    def deliver(self, conn: Waiting, out: list[bytes]) -> None:
         if conn.held is not None:
             conn.held += out
         elif self.hold_replies and any(self.pending_queues):
