@@ -11,7 +11,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml setup.py arca/archive/_l1table.c
+$(STAMP): $(PY) pyproject.toml setup.py arca/archive/_l1table.c arca/archive/_resp.h
 	$(PIP) install --quiet -e '.[node,dev]'
 	touch $(STAMP)
 

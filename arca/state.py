@@ -1,6 +1,6 @@
 """Connection and server state that commands read and change (CLIENT, HELLO, AUTH, CONFIG, INFO).
 
-The network layer (arca.server) owns the objects; commands see them through the
+The network layer (arca.server, arca.connection) owns the objects; commands see them through the
 CommandContext. Nothing here touches a socket.
 """
 

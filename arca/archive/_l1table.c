@@ -6,7 +6,8 @@
  * (get, set, move_to_end, the dirty set), each a cache miss, plus the interpreter's work per
  * command; profiles showed dict lookups alone at a quarter of the daemon's CPU. Here an
  * entry is one 24-byte slot found with one probe of an index array, the LRU list links
- * slots by number, and `run` parses RESP straight from the read buffer.
+ * slots by number, and `run` parses RESP straight from the read buffer (the wire format
+ * itself, parsing and the reply buffer, is in _resp.h).
  *
  * Memory layout (what one entry costs; 1M keys of 13 bytes with 15-byte values measured
  * 221-224 MiB of daemon RSS when key and value were two Python bytes objects in a 48-byte
@@ -66,6 +67,8 @@
 #include <limits.h>
 #include <time.h>
 
+#include "_resp.h" /* the RESP the plain path reads and writes */
+
 #define NIL (-1)
 #define MIN_INDEX 16
 
@@ -99,8 +102,7 @@ typedef struct {
     uint32_t epoch;      /* never 0 (see next_epoch) */
     int initialised;
     PyObject *dirty;     /* list of keys */
-    char *out;           /* reply buffer reused by run() */
-    size_t out_cap;
+    RespOut out;         /* reply buffer reused by run() */
     Due *due;            /* the active-expiry heap (see above) */
     size_t due_len, due_cap;
     long long plain_calls[9]; /* commands run() served, indexed by PLAIN_GET ... */
@@ -839,7 +841,7 @@ Table_dealloc(Table *t)
     array_free(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t));
     if (t->index != NULL)
         array_free(t->index, (t->index_mask + 1) * sizeof(int32_t));
-    PyMem_Free(t->out);
+    PyMem_Free(t->out.data);
     due_clear(t);
     Py_XDECREF(t->dirty);
     Py_TYPE(t)->tp_free((PyObject *)t);
@@ -1168,39 +1170,6 @@ Table_clear_dirty(Table *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* ---------------------------------------------------------------- the reply buffer */
-
-static int
-out_reserve(Table *t, size_t *len, size_t extra)
-{
-    if (*len + extra <= t->out_cap)
-        return 0;
-    size_t cap = t->out_cap ? t->out_cap : 4096;
-    while (cap < *len + extra)
-        cap *= 2;
-    char *out = PyMem_Realloc(t->out, cap);
-    if (out == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    t->out = out;
-    t->out_cap = cap;
-    return 0;
-}
-
-/* A reply or batch bigger than this is not kept for reuse (the next one reallocates). */
-#define OUT_KEEP (1 << 20)
-
-static void
-out_trim(Table *t)
-{
-    if (t->out_cap > OUT_KEEP) {
-        PyMem_Free(t->out);
-        t->out = NULL;
-        t->out_cap = 0;
-    }
-}
-
 /* ---------------------------------------------------------------- encode */
 
 static void
@@ -1229,9 +1198,9 @@ Table_encode(Table *t, PyObject *keys)
         if (s != NIL)
             entry_view(t->slots[s].entry, &v);
         Py_ssize_t value_len = v.value_len;
-        if (out_reserve(t, &len, 16 + (size_t)key_len + (size_t)value_len) < 0)
+        if (out_reserve(&t->out, &len, 16 + (size_t)key_len + (size_t)value_len) < 0)
             goto error;
-        char *p = t->out + len;
+        char *p = t->out.data + len;
         put_le(p, (uint64_t)key_len, 4);
         put_le(p + 4, s == NIL ? 0xffffffffu : (uint64_t)value_len, 4);
         put_le(p + 8, (uint64_t)v.deadline, 8);
@@ -1241,12 +1210,12 @@ Table_encode(Table *t, PyObject *keys)
         len += 16 + (size_t)key_len + (size_t)value_len;
     }
     Py_DECREF(seq);
-    PyObject *blob = PyBytes_FromStringAndSize(t->out, (Py_ssize_t)len);
-    out_trim(t);
+    PyObject *blob = PyBytes_FromStringAndSize(t->out.data, (Py_ssize_t)len);
+    out_trim(&t->out);
     return blob;
 error:
     Py_DECREF(seq);
-    out_trim(t);
+    out_trim(&t->out);
     return NULL;
 }
 
@@ -1258,117 +1227,15 @@ error:
  * non-integer, an overflow, a value over the budget) or is anything else ends the run,
  * and the general path takes over from that command. */
 
-/* A canonical RESP length ("0" or digits without a leading zero, at most 18 of them) ending
- * in CRLF, starting at p; returns the position after the CRLF or NULL. */
-static const char *
-parse_length(const char *p, const char *end, long long *value)
-{
-    const char *start = p;
-    long long v = 0;
-    while (p < end && *p >= '0' && *p <= '9') {
-        if (p - start == 18)
-            return NULL; /* a 19th digit: refused before it could overflow */
-        v = v * 10 + (*p - '0');
-        p++;
-    }
-    if (p == start || (*start == '0' && p - start > 1) || end - p < 2 || p[0] != '\r' || p[1] != '\n')
-        return NULL;
-    *value = v;
-    return p + 2;
-}
-
-/* One `$len\r\n<bytes>\r\n` item; returns the position after it or NULL. */
-static const char *
-parse_bulk(const char *p, const char *end, long long max_bulk, const char **data, Py_ssize_t *len)
-{
-    long long n;
-    if (p >= end || *p != '$' || (p = parse_length(p + 1, end, &n)) == NULL || n > max_bulk)
-        return NULL;
-    if (end - p < n + 2 || p[n] != '\r' || p[n + 1] != '\n')
-        return NULL;
-    *data = p;
-    *len = (Py_ssize_t)n;
-    return p + n + 2;
-}
-
-/* Whether data[0:len] is the command name `upper` (upper case, ASCII letters), any case. */
-static inline int
-name_is(const char *data, Py_ssize_t len, const char *upper)
-{
-    Py_ssize_t i = 0;
-    for (; upper[i]; i++)
-        if (i >= len || (data[i] & 0xdf) != upper[i])
-            return 0;
-    return i == len;
-}
-
-/* A signed 64-bit integer written as Redis's string2ll accepts it (optional '-', digits, no
- * leading zero, no "-0", in range); 0 when it is not one. */
-static int
-parse_ll(const char *data, Py_ssize_t len, long long *out)
-{
-    if (len < 1 || len > 20)
-        return 0;
-    Py_ssize_t i = data[0] == '-' && len > 1;
-    if (data[i] == '0' && len > 1)
-        return 0;
-    unsigned long long v = 0;
-    for (Py_ssize_t j = i; j < len; j++) {
-        if (data[j] < '0' || data[j] > '9' || v > (ULLONG_MAX - 9) / 10)
-            return 0;
-        v = v * 10 + (unsigned long long)(data[j] - '0');
-    }
-    if (i) {
-        if (v > (unsigned long long)LLONG_MAX + 1)
-            return 0;
-        *out = v == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)v;
-    } else {
-        if (v > (unsigned long long)LLONG_MAX)
-            return 0;
-        *out = (long long)v;
-    }
-    return 1;
-}
-
-/* The decimal digits of v at out (no terminator); returns how many. sprintf cost about 15%
- * of the server's CPU on pipelined GETs. */
-static size_t
-format_ll(char *out, long long v)
-{
-    char digits[20];
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    size_t n = 0, len = 0;
-    do {
-        digits[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        out[len++] = '-';
-    while (n)
-        out[len++] = digits[--n];
-    return len;
-}
-
-/* `<prefix><v>\r\n` at out (at most 23 bytes); returns its length. */
-static size_t
-format_line(char *out, char prefix, long long v)
-{
-    out[0] = prefix;
-    size_t len = 1 + format_ll(out + 1, v);
-    out[len++] = '\r';
-    out[len++] = '\n';
-    return len;
-}
-
 /* Append the reply to a read of slot s (NIL: a miss) to the reply buffer. */
 static int
 reply_value(Table *t, size_t *len, int32_t s, const char *null_reply, size_t null_len)
 {
     if (s == NIL) {
         t->misses++;
-        if (out_reserve(t, len, null_len) < 0)
+        if (out_reserve(&t->out, len, null_len) < 0)
             return -1;
-        memcpy(t->out + *len, null_reply, null_len);
+        memcpy(t->out.data + *len, null_reply, null_len);
         *len += null_len;
         return 0;
     }
@@ -1376,25 +1243,7 @@ reply_value(Table *t, size_t *len, int32_t s, const char *null_reply, size_t nul
     lru_touch(t, s);
     View v;
     entry_view(t->slots[s].entry, &v);
-    Py_ssize_t n = v.value_len;
-    if (out_reserve(t, len, (size_t)n + 32) < 0)
-        return -1;
-    *len += format_line(t->out + *len, '$', n);
-    memcpy(t->out + *len, v.value, (size_t)n);
-    *len += (size_t)n;
-    t->out[(*len)++] = '\r';
-    t->out[(*len)++] = '\n';
-    return 0;
-}
-
-static int
-reply_bytes(Table *t, size_t *len, const char *text, size_t n)
-{
-    if (out_reserve(t, len, n) < 0)
-        return -1;
-    memcpy(t->out + *len, text, n);
-    *len += n;
-    return 0;
+    return reply_bulk(&t->out, len, v.value, v.value_len);
 }
 
 /* The plain commands run() serves; anything else ends its run. */
@@ -1429,7 +1278,7 @@ Table_run(Table *t, PyObject *args)
             /* An inline command: only a bare `PING` line (what health checks and
              * redis-benchmark send); any other inline line is left to the general parser. */
             if (end - p >= 5 && name_is(p, 4, "PING") && (p[4] == '\n' || (p[4] == '\r' && end - p >= 6 && p[5] == '\n'))) {
-                if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
+                if (reply_bytes(&t->out, &len, "+PONG\r\n", 7) < 0)
                     goto error;
                 p += p[4] == '\n' ? 5 : 6;
                 count++;
@@ -1445,7 +1294,7 @@ Table_run(Table *t, PyObject *args)
         if (argc == 1) {
             if (!name_is(name, name_len, "PING"))
                 break;
-            if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
+            if (reply_bytes(&t->out, &len, "+PONG\r\n", 7) < 0)
                 goto error;
             last = NAME_PING;
             t->plain_calls[PLAIN_PING]++;
@@ -1464,7 +1313,7 @@ Table_run(Table *t, PyObject *args)
             if ((long long)key_len + value_len + t->overhead > t->max_bytes)
                 break; /* refused with -OOM by the general path */
             if (store(t, key, key_len, hash_buffer(key, key_len), NULL, value, value_len, 0) < 0
-                    || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
+                    || reply_bytes(&t->out, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_SET;
             t->plain_calls[PLAIN_SET]++;
@@ -1502,9 +1351,9 @@ Table_run(Table *t, PyObject *args)
             char digits[24];
             size_t n = format_ll(digits, result);
             if (store(t, key, key_len, hash, NULL, digits, (Py_ssize_t)n, deadline) < 0
-                    || out_reserve(t, &len, 32) < 0)
+                    || out_reserve(&t->out, &len, 32) < 0)
                 goto error;
-            len += format_line(t->out + len, ':', result);
+            len += format_line(t->out.data + len, ':', result);
             int which = (name[0] & 0xdf) == 'I' ? (argc == 2 ? PLAIN_INCR : PLAIN_INCRBY)
                                                  : (argc == 2 ? PLAIN_DECR : PLAIN_DECRBY);
             last = which == PLAIN_INCR ? NAME_INCR : which == PLAIN_INCRBY ? NAME_INCRBY
@@ -1527,7 +1376,7 @@ Table_run(Table *t, PyObject *args)
                 if (store(t, key, key_len, hash_buffer(key, key_len), NULL, value, value_len, 0) < 0)
                     goto error;
             }
-            if (reply_bytes(t, &len, "+OK\r\n", 5) < 0)
+            if (reply_bytes(&t->out, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_MSET;
             t->plain_calls[PLAIN_MSET]++;
@@ -1538,9 +1387,9 @@ Table_run(Table *t, PyObject *args)
                 q = parse_bulk(q, end, max_bulk, &key, &key_len);
             if (q == NULL)
                 break;
-            if (out_reserve(t, &len, 24) < 0)
+            if (out_reserve(&t->out, &len, 24) < 0)
                 goto error;
-            len += format_line(t->out + len, '*', argc - 1);
+            len += format_line(t->out.data + len, '*', argc - 1);
             for (const char *k = keys; k < q;) {
                 k = parse_bulk(k, end, max_bulk, &key, &key_len);
                 int32_t s = live_slot(t, key, key_len, hash_buffer(key, key_len), &now);
@@ -1556,14 +1405,14 @@ Table_run(Table *t, PyObject *args)
         count++;
     }
     PyBuffer_Release(&view);
-    PyObject *reply = PyBytes_FromStringAndSize(t->out, (Py_ssize_t)len);
-    out_trim(t);
+    PyObject *reply = PyBytes_FromStringAndSize(t->out.data, (Py_ssize_t)len);
+    out_trim(&t->out);
     if (reply == NULL)
         return NULL;
     return Py_BuildValue("(NnnO)", reply, (Py_ssize_t)(p - begin), count, last);
 error:
     PyBuffer_Release(&view);
-    out_trim(t);
+    out_trim(&t->out);
     return NULL;
 }
 

@@ -87,3 +87,30 @@ def run(ctx, *argv):
     from arca.commands.registry import finish
 
     return finish(dispatch(ctx, [a if isinstance(a, bytes) else str(a).encode() for a in argv]))
+
+
+def recv_exactly(sock: socket.socket, expected: bytes) -> bytes:
+    """Read until as many bytes as `expected` holds have arrived, or the server closed."""
+    data = b""
+    while len(data) < len(expected):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def is_closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection (end of file or a reset within 5 s)."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def exchange(server, request: bytes, expected: bytes) -> bytes:
+    """Send request on a new connection; returns as many reply bytes as `expected` holds."""
+    with server.connect() as sock:
+        sock.sendall(request)
+        return recv_exactly(sock, expected)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import time
 
-from arca.server import Connection
+from arca.connection import Connection
 
 BULK_HEADER = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % (48 << 20)
 

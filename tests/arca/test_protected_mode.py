@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-import arca.server as server_module
+import arca.connection as connection_module
 from arca.commands.registry import ErrorReply, Status
 from arca.config import is_loopback
 from arca_harness import run
@@ -43,7 +43,7 @@ class Client:
 @pytest.fixture
 def from_afar(monkeypatch):
     """Every client counts as remote (the tests only reach 127.0.0.1)."""
-    monkeypatch.setattr(server_module, "is_loopback", lambda host: False)
+    monkeypatch.setattr(connection_module, "is_loopback", lambda host: False)
 
 
 def test_removing_the_password_keeps_remote_strangers_out(arca_factory, from_afar):

@@ -105,10 +105,10 @@ def test_client_certificates_optional_or_not_asked(tls_arca, certs):
 def test_a_client_certificate_is_not_a_password(tls_arca, certs, monkeypatch):
     """Protected mode at run time: a remote client over TLS, with a valid certificate but no
     password configured, is refused like any other."""
-    import arca.server as server_module
+    import arca.connection as connection_module
 
     server = tls_arca()
-    monkeypatch.setattr(server_module, "is_loopback", lambda host: False)
+    monkeypatch.setattr(connection_module, "is_loopback", lambda host: False)
     with pytest.raises(redis.RedisError, match="DENIED"):
         tls_redis(server.state.tls_port, certs).ping()
 

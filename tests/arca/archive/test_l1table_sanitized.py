@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _runtime(name: str) -> str | None:
@@ -51,7 +51,8 @@ def test_table_and_plain_path_are_clean_under_sanitizers(tmp_path):
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=60)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "pythonpath=.",
-         "tests/arca/test_l1table.py", "tests/arca/test_plain_path.py", "tests/arca/test_archive_entries.py"],
+         "tests/arca/archive/test_l1table.py", "tests/arca/test_connection_plain_path.py",
+         "tests/arca/archive/test_archive_entries.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert " passed" in done.stdout
