@@ -57,6 +57,7 @@ class KernelChoice:
     probe_s: float = 0.0           # wall time of the probe (0 when cached or set)
     line: CostLine | None = None   # the probe's cost line for the chosen way
     buffers: dict[str, float] = field(default_factory=dict)  # the chosen way's buffer types (MiB)
+    timed_out: bool = False        # the probe ran out of time: a busy host, not a verdict to keep
 
     def report(self, system_info: str, buffers: dict[str, float] | None = None, variant: str | None = None) -> dict:
         """The kernel path as /health shows it; `buffers` from the engine's own load when known;
@@ -150,12 +151,16 @@ def choose_kernels(model_path: Path, *, setting: str = "auto", cache_dir: Path |
                  cached.reason)
         return cached
     choice = probe_kernels(model_path, n_threads=n_threads, timeout_s=timeout_s)
-    if choice.usable is False:
+    if choice.usable is False and not choice.timed_out:
         log.warning("kernels: %s; loading without extra buffer types (AMX, CPU repack)", choice.reason)
     else:
         log.info("kernels: extra buffer types %s (%s; probe %.1f s)", "on" if choice.extra_buffers else "off",
                  choice.reason, choice.probe_s)
-    _write_verdict(path, choice)
+    if choice.timed_out:  # nothing crashed: off for this start, probed again at the next
+        log.warning("kernels: the probe timed out after %.0f s (a busy host?); without extra buffer types "
+                    "this time, probing again at the next start", timeout_s)
+    else:
+        _write_verdict(path, choice)
     return choice
 
 
@@ -187,11 +192,15 @@ def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_
         ended = f"exited with status {returncode}"
     on, off = results.get("on"), results.get("off")
     on_line, off_line = _line(on), _line(off)
+    if "on" not in modes.split(","):  # a measurement of one way (a bench's header), no verdict
+        why = "" if off_line is not None else f": {(off or {}).get('error') or ended or 'printed nothing'}"
+        return KernelChoice(False, "auto", f"measured without extra buffer types{why}", probe_s=elapsed,
+                            line=off_line, buffers=_buffers(off), timed_out=returncode is None)
     if on_line is None:
         why = (on or {}).get("error") or ended or "printed nothing"
         where = "the probe's batched decode with extra buffer types"
         return KernelChoice(False, "auto", f"{where} {why}", usable=False, probe_s=elapsed,
-                            line=off_line, buffers=_buffers(off))
+                            line=off_line, buffers=_buffers(off), timed_out=returncode is None)
     if off_line is None:  # extra buffers run; without them the probe failed: keep what runs
         return KernelChoice(True, "auto", "extra buffer types ran; the probe without them failed", usable=True,
                             probe_s=elapsed, line=on_line, buffers=_buffers(on))

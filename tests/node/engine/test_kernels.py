@@ -128,3 +128,12 @@ def test_a_node_whose_probe_traps_serves_without_extra_buffers_and_says_so(gemma
         assert metric(node.url, "reame_step_cost_seconds", part="per_token") > 0
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "SIGILL" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_a_probe_that_runs_out_of_time_is_off_for_this_start_and_not_kept(gemma_path, tmp_path, caplog):
+    """A busy host can make the probe slow; that is no verdict on the kernels."""
+    caplog.set_level(logging.WARNING, logger="node.engine.kernels")
+    choice = kernels.choose_kernels(gemma_path, cache_dir=tmp_path, n_threads=2, timeout_s=0.05)
+    assert not choice.extra_buffers and choice.timed_out and "timed out" in choice.reason
+    assert not list(tmp_path.glob("*.json"))
+    assert any("timed out" in r.getMessage() for r in caplog.records)
