@@ -36,20 +36,13 @@ import numpy as np
 import llama_cpp as ll
 
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
+from node.engine.types import EmbeddingInfo
 from node.engine.llama import POOLING_NAMES, EmbeddingContext, LlamaModel, TokenBatch, model_pooling
 
 log = logging.getLogger(__name__)
 
 BUSY_TOKENS = 64  # tokens of an embedding step while sequences are generating
 COUNTERS = ("embedding_decodes", "embedding_inputs", "embedding_tokens", "embedding_ms")
-
-
-@dataclass(frozen=True, slots=True)
-class EmbeddingInfo:
-    n_embd: int
-    pooling: str        # "mean" | "cls" | "last": how one vector is made of an input's tokens
-    pooling_source: str  # "model" (the GGUF declares it) | "default" (mean pooling, the GGUF has none)
-    max_tokens: int     # tokens one input may hold
 
 
 @dataclass(slots=True)

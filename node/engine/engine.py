@@ -31,7 +31,7 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 import numpy as np
 
 from node.engine.config import EngineConfig
-from node.engine.embedder import Embedder, EmbeddingInfo
+from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
 from node.engine.grammar import CompiledGrammar, GrammarCompiler
 from node.engine.kernels import choose_kernels
@@ -41,7 +41,7 @@ from node.engine.llama import LlamaContext, LlamaModel, system_info
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
-from node.engine.types import Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
+from node.engine.types import EmbeddingInfo, Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
 
 __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "Speculator"]
 
