@@ -44,6 +44,7 @@ KEY_VERSION = 1
 MAGIC = b"REMB"
 RECORD = struct.Struct("<4sBII")  # magic, version, n floats, crc32 of the floats
 RECORD_VERSION = 1
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit, the default of [embeddings] max_inputs
 OFF_LOOP_INPUTS = 32  # more inputs than this are tokenized on a worker thread
 
 EmbeddingInput = str | Sequence[int]
@@ -51,7 +52,7 @@ EmbeddingInput = str | Sequence[int]
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingLimits:
-    max_inputs: int = 2048
+    max_inputs: int = MAX_EMBEDDING_INPUTS
     max_request_tokens: int = 300_000
 
 
