@@ -5,7 +5,8 @@ process), llama.cpp's system info, model load with a progress callback (and the 
 types its weights went to), the vocabulary (tokenize, detokenize,
 pieces with special tokens, end-of-generation ids), GGUF metadata, one context with a
 unified KV cache shared by `n_seq_max` sequences, the KV memory operations, per-sequence
-state save/restore, and `TokenBatch`, a llama_batch whose arrays are numpy buffers so a
+state save/restore, an embeddings context on the same weights (`EmbeddingContext`: embeddings on,
+a pooling type set, one pooled vector per sequence), and `TokenBatch`, a llama_batch whose arrays are numpy buffers so a
 step fills it with slice assignments instead of per-token ctypes calls.
 
 Nothing here is thread-safe by itself: the context belongs to the engine thread; the

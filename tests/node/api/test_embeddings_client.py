@@ -99,7 +99,9 @@ def test_deterministic_across_batches_and_an_l1_repeat_computes_nothing(client, 
     tokens = engine.tokenize(text, add_bos=True, special=False)
     alone = engine.embed([tokens]).result(60)[0]  # the engine itself: no cache in between
     others = [engine.tokenize(t, add_bos=True, special=False) for t in ("Other words.", "And more, longer, words.")]
+    decodes = settled(node)["embedding_decodes"]
     beside = engine.embed([others[0], tokens, others[1]]).result(60)[1]
+    assert engine.stats()["embedding_decodes"] == decodes + 1  # three inputs, one llama_decode
     assert float(alone @ beside) / float(np.linalg.norm(alone) * np.linalg.norm(beside)) > 0.9999
 
     first = client.embeddings.with_raw_response.create(model="gemma3-270m", input=text, encoding_format="float")
