@@ -122,19 +122,20 @@ class Embedder:
         picked = self._pick(BUSY_TOKENS if busy else self._batch_tokens)
         if not picked:
             return False
+        t0 = time.perf_counter()
         try:
             ctx, batch = self._context()
-        except Exception as exc:
-            log.exception("embeddings context could not be created")
+            batch.clear()
+            for seq, (job, number) in enumerate(picked):
+                batch.add(job.inputs[number], 0, seq, logits="all")
+            rc = ctx.decode(batch)
+        except Exception as exc:  # no context, a batch that does not fit: these requests fail, nothing else
+            log.exception("embedding batch failed")
             for job, _ in picked:
                 self._fail(job, exc)
             return True
-        batch.clear()
-        for seq, (job, number) in enumerate(picked):
-            batch.add(job.inputs[number], 0, seq, logits="all")
-        t0 = time.perf_counter()
-        rc = ctx.decode(batch)
-        self.counters["embedding_ms"] += (time.perf_counter() - t0) * 1000
+        finally:
+            self.counters["embedding_ms"] += (time.perf_counter() - t0) * 1000
         if rc != 0:
             for job, _ in picked:
                 self._fail(job, RuntimeError(f"llama_decode failed (code {rc}) for an embedding batch"))
