@@ -75,6 +75,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body, size = await read_json(request)
     req = parse_completion(body)
     check_model(state, req.model)
+    await state.service.verify(req.options)
     return await answer(request, state, await make_plan(state.service.plan_completion, req, size))
 
 
@@ -85,6 +86,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if session_id is None:
         req = parse_chat(body)
         check_model(state, req.model)
+        await state.service.verify(req.options)
         return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
     turns = state.service.turns
     if turns is None:
@@ -93,6 +95,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         session = await turns.store.get(session_id)
         req = parse_chat(body, history_calls(session.messages))  # tool results may answer the history's calls
         check_model(state, req.model)
+        await state.service.verify(req.options)
         plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
         return await answer(request, state, plan, {SESSION_HEADER: session_id})
 
