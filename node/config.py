@@ -83,6 +83,12 @@ OPTIONS: tuple[Option, ...] = (
          "Batch lines in flight at once; 0 = the engine's slots minus interactive_slots."),
     _opt("batch", "interactive_slots", int, 1,
          "Engine slots batch lines leave free for live requests (0 = a batch may fill every slot)."),
+    _opt("embeddings", "batch_tokens", int, 256,
+         "Tokens of one embedding batch (one llama_decode), and so the most tokens of one input "
+         "(400 above); its buffers hold about 2 MiB per token for a 262k vocabulary, made at the first embedding."),
+    _opt("embeddings", "max_inputs", int, 2048, "Most inputs one POST /v1/embeddings may hold (400 above)."),
+    _opt("embeddings", "max_request_tokens", int, 300_000,
+         "Most tokens all inputs of one embedding request may hold together (400 above)."),
     _opt("stats", "window_minutes", int, 15, "The recent window GET /v1/reame/stats reports beside since-start."),
     _opt("stats", "sample_seconds", int, 10, "Seconds between two points of the savings trend."),
     _opt("stats", "log_minutes", int, 5,
@@ -224,6 +230,13 @@ class BatchSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddingSettings:
+    batch_tokens: int
+    max_inputs: int
+    max_request_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class StatsSettings:
     window_minutes: int
     sample_seconds: int
@@ -241,6 +254,7 @@ class NodeSettings:
     batch: BatchSettings
     stats: StatsSettings
     conclave: ConclaveSettings
+    embeddings: EmbeddingSettings
     home: Path
     config_file: Path | None = None
 
@@ -311,6 +325,9 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "batch.max_lines": _at_least(1),
     "batch.concurrency": _at_least(0),
     "batch.interactive_slots": _at_least(0),
+    "embeddings.batch_tokens": _at_least(1),
+    "embeddings.max_inputs": _at_least(1),
+    "embeddings.max_request_tokens": _at_least(1),
     "stats.window_minutes": _at_least(1),
     "stats.sample_seconds": _at_least(1),
     "stats.log_minutes": _at_least(0),
@@ -393,6 +410,7 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         batch=BatchSettings(**{**section("batch"), "directory": directory(section("batch")["directory"], "batches")}),
         stats=StatsSettings(**section("stats")),
         conclave=ConclaveSettings(**section("conclave")),
+        embeddings=EmbeddingSettings(**section("embeddings")),
         home=home,
         config_file=file,
     )

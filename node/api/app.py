@@ -37,6 +37,7 @@ from aiohttp.typedefs import Middleware
 from node.api.batch_lines import ApiLines
 from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
+from node.api.embedding_routes import setup_embedding_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
 from node.api.routes import cost_line_ms, setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
@@ -52,6 +53,7 @@ from node.serving.metrics import CacheStats, KernelSeries, LiveStats, Metrics, S
 from node.serving.model import describe_model
 from node.serving.savings import Savings, SavingsConfig
 from node.serving.conclave.runner import ConclavePolicy
+from node.serving.embeddings import EmbeddingLimits
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.archived import ArchivedSessionStore
 from node.sessions.store import Sessions, SessionStore
@@ -160,6 +162,7 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     setup_routes(app)
     setup_cache_routes(app)
     setup_batch_routes(app)
+    setup_embedding_routes(app)
     return app
 
 
@@ -200,7 +203,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         sessions = await open_sessions(settings, archive)
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
-            l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave)),
+            l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave),
+            embeddings=EmbeddingLimits(settings.embeddings.max_inputs, settings.embeddings.max_request_tokens)),
             cache=cache, fleet=fleet, sessions=sessions)
         warm_grammars = getattr(engine, "warm_grammars", None)
         if warm_grammars is not None:  # the grammar engine's vocabulary, built before the first structured request

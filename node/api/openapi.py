@@ -14,6 +14,7 @@ from typing import Any
 
 from node.api import schemas as limits
 from node.batches.lines import ENDPOINTS
+from node.serving.embeddings import MAX_EMBEDDING_INPUTS  # a node's [embeddings] max_inputs may be lower
 
 Schema = dict[str, Any]
 UINT64_MAX = 2**64 - 1
@@ -199,6 +200,26 @@ CHAT_REQUEST: Schema = {
     }, required=("messages",)),
 }
 
+EMBEDDING_REQUEST: Schema = {
+    "type": "object", "required": ["input"],
+    "properties": optional({
+        "input": {"anyOf": [
+            string("one text", minLength=1),
+            {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS,
+             "items": {"type": "string", "minLength": 1}},
+            TOKEN_IDS,
+            {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": TOKEN_IDS},
+        ], "description": "texts or token ids; each input within [embeddings] batch_tokens tokens, all of them "
+                          "within max_request_tokens, at most max_inputs of them"},
+        "model": OPTIONS["model"],
+        "encoding_format": {"enum": ["float", "base64"],
+                            "description": "float arrays, or base64 of the little-endian float32 vector"},
+        "dimensions": {"type": "integer", "minimum": 1,
+                       "description": "keep the first N components and renormalise (N at most the model's width)"},
+        "user": string("accepted and ignored"),
+    }, required=("input",)),
+}
+
 WARM_REQUEST: Schema = {
     "type": "object",
     "properties": optional({
@@ -282,6 +303,7 @@ def document(model_id: str, version: str, *, auth: bool) -> dict[str, Any]:
                  "description": f"OpenAI-compatible API of a reame node serving {model_id}"},
         "components": {"schemas": {"CompletionRequest": COMPLETION_REQUEST, "ChatRequest": CHAT_REQUEST,
                                    "WarmRequest": WARM_REQUEST, "BatchRequest": BATCH_REQUEST,
+                                   "EmbeddingRequest": EMBEDDING_REQUEST,
                                    "Error": ERROR}},
         "paths": described,
     }
@@ -301,6 +323,12 @@ def paths() -> dict[str, Any]:
         "/v1/chat/completions": {"post": {
             "summary": "Chat completion", "requestBody": json_body("ChatRequest"),
             "responses": responses(*GENERATION_STATUSES, success=completion_ok, media=GENERATION_MEDIA)}},
+        "/v1/embeddings": {"post": {
+            "summary": "Embeddings of texts or token ids (pooled by the model, L2-normalised, cached per input)",
+            "requestBody": json_body("EmbeddingRequest"),
+            "responses": responses(200, 400, 401, 404, 413, 503, success={
+                "type": "object", "required": ["object", "data", "model", "usage"],
+                "description": "OpenAI's embedding list: data[i] = {object, index, embedding}"})}},
         "/v1/models": {"get": {"summary": "The served model", "responses": responses(200, 401)}},
         "/v1/models/{model}": {"get": {
             "summary": "One model card", "responses": responses(200, 401, 404),

@@ -38,6 +38,8 @@ class EngineConfig:
     flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
     extra_buffers: str = "auto"       # AMX / repack buffer types: auto (the kernel probe), on, off (kernels.py)
     kernel_cache: Path | None = None  # where the probe's verdicts are kept; None: <home>/kernels
+    embed_batch_tokens: int = 256     # tokens of one embedding batch, and most tokens of one input (embedder.py)
+    embed_max_queue: int = 64         # embedding requests waiting beyond which embed raises EngineOverloaded
     on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
 
     def check(self) -> None:
@@ -53,5 +55,7 @@ class EngineConfig:
         if not 0 <= self.interactive_slots < self.n_parallel:
             raise InvalidRequest(f"interactive_slots must be in 0..{self.n_parallel - 1} (n_parallel - 1), "
                                  f"got {self.interactive_slots}")
+        if self.embed_batch_tokens < 1 or self.embed_max_queue < 1:
+            raise InvalidRequest("embed_batch_tokens and embed_max_queue must be positive")
         if not 0 < self.step_token_budget <= self.n_batch:
             raise InvalidRequest("step_token_budget must be in 1..n_batch")

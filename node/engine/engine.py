@@ -5,6 +5,9 @@
     async for event in handle: ...        # TextDelta ..., then one Finished
     for event in handle.iter_sync(): ...  # the same, for blocking callers (submit without a loop)
 
+`embed(token_lists)` returns a future of pooled vectors (one row per input) computed on the
+engine thread between generation steps (node/engine/embedder.py); `embedding_info` says how.
+
 `submit` validates what can be judged without the model running (empty prompt, token
 ids, prompt + max_tokens against the context, a grammar that does not compile) and raises;
 everything else that goes wrong for one request arrives as `Finished(reason="error")` on
@@ -18,13 +21,17 @@ compiles into the engine's bounded cache and is meant to run on a worker thread 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 
+import numpy as np
+
 from node.engine.config import EngineConfig
+from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
 from node.engine.grammar import CompiledGrammar, GrammarCompiler
 from node.engine.kernels import choose_kernels
@@ -34,7 +41,7 @@ from node.engine.llama import LlamaContext, LlamaModel, cpu_variant, system_info
 from node.engine.sampling import fresh_seed, validate_params
 from node.engine.scheduler import Scheduler, SchedulerLimits
 from node.engine.sequence import Channel, Sequence
-from node.engine.types import Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
+from node.engine.types import EmbeddingInfo, Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
 
 __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "Speculator"]
 
@@ -100,12 +107,14 @@ class Engine:
         except Exception:
             self._model.close()
             raise
+        self._embedder = Embedder(self._model, batch_tokens=config.embed_batch_tokens, n_threads=self._ctx_threads,
+                                  max_queue=config.embed_max_queue)
         self._scheduler = Scheduler(
             self._model, self._ctx,
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft,
                             config.interactive_slots),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
-            threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None)
+            threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None, embedder=self._embedder)
         self.grammars = GrammarCompiler(self._model.vocab, self._model.n_vocab, self._model.info.eog_tokens)
         self._closed = False
         self._ids = itertools.count(1)
@@ -223,6 +232,20 @@ class Engine:
         self._scheduler.enqueue(seqs)
         return handles
 
+    @property
+    def embedding_info(self) -> EmbeddingInfo:
+        return self._embedder.info
+
+    def embed(self, inputs: Seq[Seq[int]]) -> concurrent.futures.Future[np.ndarray]:
+        """Pooled vectors of the inputs' token ids (n_inputs x n_embd float32, not normalised),
+        computed in batches on the engine thread; raises InvalidRequest for an input that can never
+        run (empty, over `embed_batch_tokens`, ids outside the vocabulary), EngineOverloaded."""
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+        future = self._embedder.submit(inputs, self._model.n_vocab)
+        self._scheduler.wake()
+        return future
+
     def warm_grammars(self) -> None:
         """Build the grammar engine's view of the vocabulary now (seconds at 262,144 tokens), so
         the first structured request does not wait for it; blocking: call it on a worker thread."""
@@ -251,7 +274,7 @@ class Engine:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)
 
     def stats(self) -> dict[str, int]:
-        return {**self._scheduler.stats(), **self.grammars.stats()}
+        return {**self._scheduler.stats(), **self._embedder.stats(), **self.grammars.stats()}
 
     def close(self) -> None:
         if self._closed:
@@ -259,6 +282,7 @@ class Engine:
         self._closed = True
         self.grammars.close()
         self._scheduler.close()
+        self._embedder.close()
         self._ctx.close()
         self._model.close()
 

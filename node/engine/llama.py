@@ -5,7 +5,8 @@ process), llama.cpp's system info, model load with a progress callback (and the 
 types its weights went to), the vocabulary (tokenize, detokenize,
 pieces with special tokens, end-of-generation ids), GGUF metadata, one context with a
 unified KV cache shared by `n_seq_max` sequences, the KV memory operations, per-sequence
-state save/restore, and `TokenBatch`, a llama_batch whose arrays are numpy buffers so a
+state save/restore, an embeddings context on the same weights (`EmbeddingContext`: embeddings on,
+a pooling type set, one pooled vector per sequence), and `TokenBatch`, a llama_batch whose arrays are numpy buffers so a
 step fills it with slice assignments instead of per-token ctypes calls.
 
 Nothing here is thread-safe by itself: the context belongs to the engine thread; the
@@ -387,3 +388,64 @@ class TokenBatch:
         batch.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
         batch.logits = self.wants_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         return batch
+
+
+POOLING_NAMES: Mapping[int, str] = MappingProxyType({
+    ll.LLAMA_POOLING_TYPE_NONE: "none", ll.LLAMA_POOLING_TYPE_MEAN: "mean", ll.LLAMA_POOLING_TYPE_CLS: "cls",
+    ll.LLAMA_POOLING_TYPE_LAST: "last", ll.LLAMA_POOLING_TYPE_RANK: "rank",
+})
+
+
+def model_pooling(model: LlamaModel) -> int:
+    """The pooling type the GGUF declares (`<arch>.pooling_type`); LLAMA_POOLING_TYPE_NONE when
+    it declares none (a generative model)."""
+    value = model.info.metadata.get(f"{model.info.architecture}.pooling_type", "")
+    try:
+        return int(value)
+    except ValueError:
+        return ll.LLAMA_POOLING_TYPE_NONE
+
+
+class EmbeddingContext:
+    """A second context on the same weights, made for embeddings: `embeddings` on and a pooling
+    type set, so llama.cpp pools the final hidden states (result_norm) of each sequence of a
+    batch into one vector (`llama_get_embeddings_seq`). Its KV holds `n_tokens` cells, cleared
+    before every batch: each input is decoded whole within one batch, one seq id each."""
+
+    def __init__(self, model: LlamaModel, *, n_tokens: int, n_seq_max: int, n_threads: int, pooling: int) -> None:
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_tokens
+        params.n_batch = params.n_ubatch = n_tokens
+        params.n_seq_max = n_seq_max
+        params.n_outputs_max = n_tokens  # an embedding batch outputs every token
+        params.n_threads = params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.kv_unified = True
+        params.swa_full = True
+        params.no_perf = True
+        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not create an embeddings context ({n_tokens} tokens)")
+        self.memory = ll.llama_get_memory(self._ptr)
+        self.pooling = int(ll.llama_pooling_type(self._ptr))
+        self.n_embd = int(ll.llama_model_n_embd_out(model.ptr))
+        self.n_tokens = int(ll.llama_n_batch(self._ptr))
+        self.n_seq_max = int(ll.llama_n_seq_max(self._ptr))
+
+    def decode(self, batch: TokenBatch) -> int:
+        """One batch from empty memory: 0 ok, else llama_decode's failure code."""
+        ll.llama_memory_clear(self.memory, True)
+        return ll.llama_decode(self._ptr, batch.struct())
+
+    def pooled(self, seq: int) -> np.ndarray:
+        """The pooled vector of one sequence of the last decode (a copy)."""
+        ptr = ll.llama_get_embeddings_seq(self._ptr, seq)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp returned no pooled embedding for sequence {seq}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_free(self._ptr)
+            self._ptr = None

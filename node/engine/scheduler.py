@@ -32,6 +32,9 @@ Each step (all on the one thread that owns the llama context):
    `store_final_state` that finishes has its prompt + answer state saved before its slot
    is freed.
 
+Between planning and the step's decode, one batch of waiting embedding inputs runs in the
+embeddings context of its own (node/engine/embedder.py), smaller while sequences generate.
+
 A failed decode is retried on halves of the batch until the failing request is alone;
 that request ends with an error and every other one goes on. Any exception while
 handling one sequence ends that sequence only.
@@ -49,6 +52,7 @@ from typing import Any, Callable
 import numpy as np
 
 from node.engine.budget import KVBudget
+from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
@@ -93,8 +97,9 @@ class _Entry:
 class Scheduler:
     def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
                  prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None,
-                 threads: ThreadTuner | None = None) -> None:
+                 threads: ThreadTuner | None = None, embedder: Embedder | None = None) -> None:
         self._model = model
+        self._embedder = embedder  # embedding batches, run between generation steps (embedder.py)
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
@@ -128,6 +133,9 @@ class Scheduler:
             self._queue.extend(seqs)
             self._wake.notify()
 
+    def embed_waiting(self) -> bool:
+        return self._embedder is not None and self._embedder.pending()
+
     def wake(self) -> None:
         with self._lock:
             self._wake.notify()
@@ -160,11 +168,11 @@ class Scheduler:
         self._calibrate()
         while True:
             with self._lock:
-                idle = not self._closing and not self._queue and not self._active
+                idle = not self._closing and not self._queue and not self._active and not self.embed_waiting()
             if idle and self._calibration_due():
                 self._calibrate()
             with self._lock:
-                while not self._closing and not self._queue and not self._active:
+                while not self._closing and not self._queue and not self._active and not self.embed_waiting():
                     self._wake.wait()
                 if self._closing:
                     break
@@ -189,8 +197,9 @@ class Scheduler:
         self._reap_cancelled()
         self._admit()
         entries = self._plan()
+        embedded = self._embed(busy=bool(self._active))
         if not entries:
-            return False
+            return embedded
         decoding = all(e.decoding for e in entries)
         threads = self._use_threads(decoding)
         t0 = time.perf_counter()
@@ -205,6 +214,16 @@ class Scheduler:
         self.counters["steps"] += 1
         self.counters["step_ms"] += (time.perf_counter() - start) * 1000
         return True
+
+    def _embed(self, busy: bool) -> bool:
+        """One batch of waiting embedding inputs, in its own context (node/engine/embedder.py)."""
+        if self._embedder is None or not self._embedder.pending():
+            return False
+        try:
+            return self._embedder.step(busy)
+        except Exception:  # the embedder fails its own jobs; this is a bug in it: keep generating
+            log.exception("embedding step failed")
+            return True
 
     def _use_threads(self, decoding: bool) -> int:
         """Set the tuner's thread count for this step (a trial's count on decode-only steps)."""

@@ -124,6 +124,16 @@ class ModelInfo:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class EmbeddingInfo:
+    """How the engine embeds (node/engine/embedder.py)."""
+
+    n_embd: int
+    pooling: str         # "mean" | "cls" | "last" | "rank" (a reranker: no embeddings)
+    pooling_source: str  # "model" (the GGUF declares it) | "default" (mean pooling: the GGUF has none)
+    max_tokens: int      # tokens one input may hold
+
+
 class GenerationHandle(Protocol):
     """The caller's side of one submitted generation: its events, and a way to stop it.
 

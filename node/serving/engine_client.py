@@ -9,10 +9,13 @@ tested without loading a model. Only the engine's contract types are imported he
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any, Mapping, Protocol, Sequence
 
+import numpy as np
+
 from node.engine.config import EngineConfig
-from node.engine.types import GenerationHandle, GenerationRequest, ModelInfo
+from node.engine.types import EmbeddingInfo, GenerationHandle, GenerationRequest, ModelInfo
 
 
 class EngineClient(Protocol):
@@ -43,6 +46,13 @@ class EngineClient(Protocol):
                      spare: int = 0, group: int | None = None) -> Sequence[GenerationHandle]:
         """Generations of one prompt with parameters of their own sharing one prefill; `spare`
         reserves KV for that many more joining later with `group` (the Conclave)."""
+
+    @property
+    def embedding_info(self) -> EmbeddingInfo:
+        """Width, pooling and the most tokens of one input of the engine's embeddings."""
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> concurrent.futures.Future[np.ndarray]:
+        """Pooled (not normalised) vectors of token-id inputs, one row each, batched by the engine."""
 
     def stats(self) -> Mapping[str, int]: ...
 

@@ -4,7 +4,8 @@ replayed from L1, and how long the node was busy answering.
 `Answer` (node/serving/answer.py) records into the service's ledger: `enter()` and `leave()`
 around every plan (busy time is the wall time with at least one answer in flight, L1 hits
 and batch lines included) and `served()` once per job whose choices all ended (a failed or
-cancelled job served nothing). Counters only grow; node/serving/savings.py samples them.
+cancelled job served nothing); embeddings (node/serving/embeddings.py) record `embedded()`
+once per answer, their inputs as prompt tokens, the ones found in L1 as L1 tokens. Counters only grow; node/serving/savings.py samples them.
 Touched on the event loop only.
 """
 
@@ -50,6 +51,14 @@ class Ledger:
         if from_l1:
             self.l1_answers += 1
             self.l1_tokens += prompt_tokens + completion_tokens
+
+    def embedded(self, prompt_tokens: int, cached_tokens: int, *, all_cached: bool) -> None:
+        """One embedding answer: its inputs' tokens, `cached_tokens` of them answered from L1."""
+        self.answers += 1
+        self.prompt_tokens += prompt_tokens
+        self.l1_tokens += cached_tokens
+        if all_cached:
+            self.l1_answers += 1
 
     def snapshot(self) -> dict[str, float]:
         return {"answers": self.answers, "prompt_tokens": self.prompt_tokens,

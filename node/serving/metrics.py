@@ -1,7 +1,7 @@
 """Prometheus metrics of one node app, in a CollectorRegistry of its own (never the global one).
 
-Counted by the node: requests by route and status, prompt and generated tokens, time to
-first token, request latency, L1 archive hits and misses and lookup latency, Conclaves (by
+Counted by the node: requests by route and status, prompt and generated tokens, embedding
+inputs and their tokens by L1 outcome, time to first token, request latency, L1 archive hits and misses and lookup latency, Conclaves (by
 decision, candidates by outcome). Read at scrape
 time from their owners: the engine's queue depth and active sequences, the archive
 client's errors per operation, the prefix KV cache's counters per tier (`CacheStats`), and
@@ -197,6 +197,10 @@ class Metrics:
         self.conclave_candidates = Counter("reame_conclave_candidates",
                                            "Conclave candidates: finished, stopped mid-generation (cancelled) "
                                            "or never started (skipped)", ["outcome"], registry=self.registry)
+        self.embedding_inputs = Counter("reame_embedding_inputs", "Inputs embedded, by L1 outcome (hit: computed "
+                                        "nothing)", ["cache"], registry=self.registry)
+        self.embedding_tokens = Counter("reame_embedding_tokens", "Tokens of embedded inputs, by L1 outcome",
+                                        ["cache"], registry=self.registry)
         self.background_dropped = Counter("reame_archive_writes_dropped",
                                           "Archive writes skipped because too many were pending",
                                           registry=self.registry)

@@ -5,7 +5,8 @@
 engine's counters (`prefill_tokens`, `generated_tokens`, `draft_accepted`,
 `prefix_tokens_restored`) and the speculation statistics' accepted draft tokens per source
 (node/speculative/stats.py). Tokens computed are the ones the model ran a step for:
-prompt tokens prefilled plus generated tokens that were not accepted drafts. Each tier's
+prompt tokens prefilled plus generated tokens that were not accepted drafts, plus tokens of
+embedding inputs decoded (`embedding_tokens`). Each tier's
 saving is the tokens served without that work: L1 (whole answers, prompt and completion,
 replayed), prefix (prompt tokens restored from the prefix KV cache), drafts (generated
 tokens verified in another token's step).
@@ -85,7 +86,8 @@ class Savings:
     def point(self) -> Point:
         stats = self.engine_stats()
         counter: Callable[[str], int] = lambda key: int(stats.get(key, 0) or 0)  # noqa: E731
-        computed = counter("prefill_tokens") + counter("generated_tokens") - counter("draft_accepted")
+        computed = (counter("prefill_tokens") + counter("generated_tokens") - counter("draft_accepted")
+                    + counter("embedding_tokens"))
         drafts = dict(self.drafts()) if self.drafts is not None else {}
         ledger = self.ledger
         return Point(self.clock(), ledger.busy_s, ledger.answers, ledger.l1_answers, ledger.prompt_tokens,

@@ -29,6 +29,9 @@ one prefill, one answer by vote, its verdict in the answer (and in L1 with it, t
 explorer and adaptive-start settings in the key); a job with `best_of` > n runs best_of candidates on the same
 forks and answers the n with the highest mean token log-probability.
 
+`embed(inputs, dimensions=None)` answers embeddings for every API that has them
+(node/serving/embeddings.py: L1 per input, the misses batched in the engine).
+
 The engine's typed errors become the serving layer's here, at submit, and nowhere else.
 """
 
@@ -43,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Coroutine, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from node.archive.client import ArchiveClient
 from node.cache.fleet import FleetTier
 from node.cache.prefix_cache import PrefixCache
@@ -52,6 +57,7 @@ from node.engine.grammar_limits import short_error
 from node.serving import structure
 from node.serving.answer import Answer
 from node.serving.conclave.runner import SEED_SPACE, ConclavePolicy, ConclaveRun
+from node.serving.embeddings import EmbeddingInput, EmbeddingLimits, Embeddings, EmbeddingUsage
 from node.serving.engine_client import EngineClient
 from node.serving.grammar_workers import GrammarWorkers
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UnsupportedFeature
@@ -80,6 +86,7 @@ class ServiceOptions:
     max_pending_writes: int = 256
     prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
     conclave: ConclavePolicy = field(default_factory=ConclavePolicy)
+    embeddings: EmbeddingLimits = field(default_factory=EmbeddingLimits)
 
 
 class CompletionService:
@@ -98,6 +105,7 @@ class CompletionService:
                       if sessions is not None else None)
         self._writes: set[asyncio.Task[None]] = set()
         self.ledger = Ledger()  # what was served (node/serving/ledger.py)
+        self.embeddings = Embeddings(self, options.embeddings)
         self.grammar_workers = GrammarWorkers()  # schema checks and grammar compiles, off the loop
         self.verified = structure.Verified()
 
@@ -211,6 +219,15 @@ class CompletionService:
         )
         return Job(number * options.n, tokens, echo, request, options.n, key, options.conclave,
                    max(options.best_of, options.n))
+
+    # ---- embeddings -----------------------------------------------------------------
+
+    async def embed(self, inputs: Sequence[EmbeddingInput],
+                    dimensions: int | None = None) -> tuple[np.ndarray, EmbeddingUsage]:
+        """One L2-normalised float32 row per input (strings or token-id sequences), in order, cut
+        to `dimensions` and normalised again when given; raises InvalidRequest (400) for inputs or
+        dimensions out of bounds, Overloaded (503)."""
+        return await self.embeddings.embed(inputs, dimensions)
 
     # ---- answering ------------------------------------------------------------------
 

@@ -13,23 +13,28 @@ generation with an error after that many tokens), `hold` (an asyncio.Event the g
 waits on before its first token), `token_delay_s` (seconds per token, for work that must
 still be running when a test acts), `answers` (a function giving each request's answer text,
 e.g. by its seed, for Conclave tests), `logprob` (the same for the tokens' logprob). `submitted` records every request that reached it,
-`groups` the requests of each `submit_group` call.
+`groups` the requests of each `submit_group` call, `embedded` every input `embed` computed
+(a byte histogram folded onto 8 components: deterministic, similar texts alike).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 from typing import AsyncIterator, Callable, Mapping, Sequence
+
+import numpy as np
 
 from node.engine.config import EngineConfig
 from node.engine.errors import EngineError, InvalidRequest, PromptTooLong
 from node.engine.types import (
-    Event, Finished, FinishReason, GenerationRequest, ModelInfo, TextDelta, TokenLogprob,
+    EmbeddingInfo, Event, Finished, FinishReason, GenerationRequest, ModelInfo, TextDelta, TokenLogprob,
 )
 
 BOS, EOG = 256, 257
 N_VOCAB = 258
+FAKE_WIDTH = 8  # components of the fake embeddings
 
 
 class FakeHandle:
@@ -104,6 +109,7 @@ class FakeEngine:
         self.answers: Callable[[GenerationRequest], str] | None = None  # the answer per request, else the script
         self.logprob: Callable[[GenerationRequest], float] | None = None  # each token's logprob, else -0.5
         self.groups: list[list[GenerationRequest]] = []  # every submit_group call's requests
+        self.embedded: list[tuple[int, ...]] = []  # every input embed() computed
         self._group_ids = 0
         self.closed = False
 
@@ -157,8 +163,27 @@ class FakeEngine:
         self.submitted.extend(reqs)
         return [FakeHandle(self, req, group) for req in reqs]
 
+    @property
+    def embedding_info(self) -> EmbeddingInfo:
+        return EmbeddingInfo(n_embd=FAKE_WIDTH, pooling="mean", pooling_source="default", max_tokens=self.n_ctx)
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> concurrent.futures.Future[np.ndarray]:
+        """Each input's byte histogram folded onto FAKE_WIDTH components (a deterministic, not
+        normalised vector); `embedded` records every input that reached it."""
+        if self.refuse is not None:
+            raise self.refuse
+        self.embedded.extend(tuple(tokens) for tokens in inputs)
+        vectors = np.zeros((len(inputs), FAKE_WIDTH), dtype=np.float32)
+        for row, tokens in enumerate(inputs):
+            for token in tokens:
+                vectors[row, token % FAKE_WIDTH] += 1.0
+        future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+        future.set_result(vectors)
+        return future
+
     def stats(self) -> Mapping[str, int]:
-        return {"active": 0, "queued": 0, "submitted": len(self.submitted)}
+        return {"active": 0, "queued": 0, "submitted": len(self.submitted), "embedding_tokens":
+                sum(len(tokens) for tokens in self.embedded)}
 
     def kernel_report(self) -> Mapping[str, object]:
         return {"machine": "fake", "features": [], "extra_buffers": "off", "setting": "off",

@@ -146,3 +146,20 @@ def test_the_api_key_is_checked(fake, tmp_path):
         status, _, _ = post(keyed, "/v1/chat/completions", CHAT, {"Authorization": f"Bearer {KEY}"})
         assert status == 200
         assert http_json("GET", f"{keyed.url}/health")[0] == 200
+
+
+def test_embeddings_share_one_computation_per_distinct_input_and_repeat_from_l1(node, fake):
+    body = {"input": ["fake embed a", "fake embed b", "fake embed a"], "encoding_format": "float"}
+    status, headers, first = post(node, "/v1/embeddings", body)
+    assert status == 200 and headers["X-Reame-Cache"] == "miss"
+    assert fake.embedded[-2:] == [tuple(fake.tokenize(t, special=False)) for t in ("fake embed a", "fake embed b")]
+    assert first["data"][0]["embedding"] == first["data"][2]["embedding"] != first["data"][1]["embedding"]
+    assert first["usage"] == {"prompt_tokens": 3 * 13, "total_tokens": 3 * 13}
+    node.call(node.state.service.drain())
+    computed = len(fake.embedded)
+    status, headers, again = post(node, "/v1/embeddings", {**body, "input": body["input"][::-1]})
+    assert status == 200 and headers["X-Reame-Cache"] == "hit" and len(fake.embedded) == computed
+    assert [d["embedding"] for d in again["data"]] == [d["embedding"] for d in first["data"]][::-1]
+    fake.refuse = engine_errors.EngineOverloaded("full")
+    status, _, reply = post(node, "/v1/embeddings", {"input": "fake embed, not cached"})
+    assert status == 503 and reply["error"]["code"] == "overloaded"

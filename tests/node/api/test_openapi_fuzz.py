@@ -39,10 +39,12 @@ pytestmark = pytest.mark.model
 
 HOSTILE = [None, True, False, 0, -1, 1, -(2**63), 2**64, 10**30, 0.5, -0.0, 1e308, -1e308, "", "5", "ñé日本",
            "x" * 5000, [], [1], ["a"], {}, {"a": 1}, [[]], [{"role": "user"}]]
-ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatRequest"}
+ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatRequest",
+          "/v1/embeddings": "EmbeddingRequest"}
 BASE = {"/v1/completions": {"prompt": "Hi", "max_tokens": 2, "temperature": 0},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-                                 "temperature": 0}}
+                                 "temperature": 0},
+        "/v1/embeddings": {"input": "Hi", "encoding_format": "float"}}
 EXAMPLES = 6  # per operation and mode
 
 
