@@ -38,6 +38,7 @@ from node.api.batch_lines import ApiLines
 from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
+from node.api.ollama_routes import setup_ollama_routes
 from node.api.routes import cost_line_ms, setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
@@ -160,6 +161,7 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     setup_routes(app)
     setup_cache_routes(app)
     setup_batch_routes(app)
+    setup_ollama_routes(app)
     return app
 
 

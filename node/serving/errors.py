@@ -57,6 +57,13 @@ class Overloaded(ServingError):
         self.retry_after_s = retry_after_s
 
 
+class NotOffered(ServingError):
+    """A route the node has but cannot answer with what it runs (embeddings without an engine
+    that computes them): 501."""
+
+    default_code = "not_implemented"
+
+
 class GenerationFailed(ServingError):
     """The engine ended a generation with an error (it keeps serving everyone else)."""
 

@@ -51,7 +51,7 @@ from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest
 from node.serving.answer import Answer
 from node.serving.conclave.runner import SEED_SPACE, ConclavePolicy, ConclaveRun
 from node.serving.engine_client import EngineClient
-from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UnsupportedFeature
+from node.serving.errors import ContextLengthExceeded, InvalidRequest, NotOffered, Overloaded, UnsupportedFeature
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 from node.serving.ledger import Ledger
 from node.serving.metrics import Metrics
@@ -278,6 +278,15 @@ class CompletionService:
             param = output.param if output is not None else "grammar"
             raise InvalidRequest(str(exc), param=param, code="invalid_schema"
                                  if spec.kind == "json_schema" else "invalid_grammar") from None
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, from the engine's `embed(texts) -> vectors` (run on a worker
+        thread); an engine without one answers `NotOffered` (501)."""
+        compute = getattr(self.engine, "embed", None)
+        if compute is None:
+            raise NotOffered("Embeddings are not computed by this node: its engine has no embedding facility yet")
+        vectors = await asyncio.get_running_loop().run_in_executor(None, compute, list(texts))
+        return [list(vector) for vector in vectors]
 
     # ---- after a completed job --------------------------------------------------------
 
