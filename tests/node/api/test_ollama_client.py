@@ -265,7 +265,8 @@ def shots(*cities: str) -> list[dict]:
 def tools_node(gemma_path, tmp_path_factory):
     home = tmp_path_factory.mktemp("tools-home")
     model = with_chat_template(gemma_path, home / "gemma-tools.gguf", TOOLS_TEMPLATE)
-    settings = node_settings(model, home, **{"server.api_key": KEY, "model.extra_buffers": "off"})
+    settings = node_settings(model, home, **{"server.api_key": KEY, "model.extra_buffers": "off",
+                                             "server.model_id": MODEL})
     with LiveNode(settings) as live:
         yield live
 
@@ -276,7 +277,7 @@ def test_tool_calls_chosen_by_the_model(tools_node):
     messages = [*shots("Paris", "Oslo", "Lima"), {"role": "user", "content": "What is the weather in Rome?"}]
     reply = client.chat(model=MODEL, messages=messages, tools=[WEATHER], options={"temperature": 0, "num_predict": 40})
     calls = reply.message.tool_calls
-    assert calls and calls[0].function.name == "get_weather" and reply.done_reason == "stop"
+    assert calls and calls[0].function.name == "get_weather" and reply.done_reason in ("stop", "length")
     assert isinstance(calls[0].function.arguments, dict) and calls[0].function.arguments.get("city")
     parts = list(client.chat(model=MODEL, messages=messages, tools=[WEATHER], stream=True,
                              options={"temperature": 0, "num_predict": 40}))
