@@ -32,8 +32,7 @@ from aiohttp import web
 from node import __version__
 from node.api.errors import ErrorReply
 from node.api.ollama_schemas import (
-    OllamaGenerate, Window, body_fields, model_name, parse_chat, parse_embed, parse_generate, parse_model,
-    parse_window,
+    OllamaGenerate, Window, parse_chat, parse_embed, parse_generate, parse_load, parse_model, parse_window,
 )
 from node.api.ollama_shapes import OllamaReply, loaded, model_entry, model_show
 from node.api.routes import admitted, chat_turn, check_model, json_response, make_plan, read_json, streamed
@@ -83,7 +82,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body, size = await read_json(request)
     name = reply_name(state, body)
     if isinstance(body, dict) and body.get("messages") in (None, []):
-        check_model(state, model_name(body_fields(body)))
+        check_model(state, parse_load(body, state.model.n_ctx))
         return json_response(loaded(name, chat=True))
     window = parse_window(body, state.model.n_ctx)
     async with chat_turn(request, state, body, parse_chat) as (req, planner, headers):
@@ -98,12 +97,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     req = parse_generate(body)
     check_model(state, req.model)
     name = reply_name(state, body)
+    window = parse_window(body, state.model.n_ctx)
     if not req.prompt and req.context is None:
         return json_response(loaded(name, chat=False))
     if req.context is not None and max(req.context) >= state.model.n_vocab:
         raise InvalidRequest(f"'context' holds token ids outside the vocabulary of {state.model.n_vocab}",
                              param="context", code="invalid_value")
-    window = parse_window(body, state.model.n_ctx)
     service = state.service
     plan = await fitted_plan(lambda r: plan_generate(service, r), req, size, window, state.model.n_ctx)
     return await answer(request, state, plan, name, chat=False, context=not req.raw)

@@ -134,9 +134,8 @@ def parse_window(body: Any, n_ctx: int) -> Window:
 def parse_generation(fields: Fields, *, chat: bool) -> GenerationOptions:
     options = option_fields(fields)
     predict = options.integer("num_predict", None, -2, MAX_TOKENS_LIMIT)
-    logprobs = None
-    if fields.boolean("logprobs", False):
-        logprobs = fields.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    top = fields.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    logprobs = top if fields.boolean("logprobs", False) else None
     asked = ("format", "tools") if chat else ("format",)  # /api/generate has no tools
     grammar, output = parse_output(Fields({key: fields.body.get(key) for key in asked}), chat=chat)
     return GenerationOptions(
@@ -194,6 +193,14 @@ def parse_message(message: Fields, number: int, pending: list[ToolCall]) -> Chat
         pending.remove(call)
         return ChatMessage("tool", content, tool_call_id=call.id, name=call.name)
     return ChatMessage(role, content)
+
+
+def parse_load(body: Any, n_ctx: int) -> str | None:
+    """A chat with no messages (Ollama's way to load a model), every other field checked: its model."""
+    fields = body_fields(body)
+    parse_window(body, n_ctx)
+    parse_generation(fields, chat=True)
+    return model_name(fields)
 
 
 def parse_chat(body: Any, earlier_calls: Mapping[str, str] | None = None) -> ChatRequest:

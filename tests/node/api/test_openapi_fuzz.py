@@ -30,7 +30,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import positive_data_acceptance
+from schemathesis.checks import not_a_server_error, positive_data_acceptance
 
 from node.models.loader import open_engine
 from tests.node.api.live import LiveNode, node_settings
@@ -44,6 +44,7 @@ BASE = {"/v1/completions": {"prompt": "Hi", "max_tokens": 2, "temperature": 0},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                                  "temperature": 0}}
 EXAMPLES = 6  # per operation and mode
+EMBED_ROUTES = ("/api/embed", "/api/embeddings")
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,10 @@ def test_generated_requests_get_documented_answers(node, description, mode):
         if body_size(case.body) > BODY_LIMIT:  # refused before it is read: a 413, not a 400
             assert case.call(base_url=node.url, timeout=120).status_code == 413
             return
-        case.call_and_validate(base_url=node.url, timeout=120, excluded_checks=[positive_data_acceptance])
+        excluded = [positive_data_acceptance]
+        if case.path in EMBED_ROUTES and not hasattr(node.state.engine, "embed"):
+            excluded.append(not_a_server_error)  # their documented 501 until the engine embeds
+        case.call_and_validate(base_url=node.url, timeout=120, excluded_checks=excluded)
 
     check()
 
