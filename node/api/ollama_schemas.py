@@ -220,6 +220,8 @@ def parse_chat(body: Any, earlier_calls: Mapping[str, str] | None = None) -> Cha
 def parse_generate(body: Any) -> OllamaGenerate:
     fields = body_fields(body)
     refuse_images(fields)
+    if fields.body.get("tools"):
+        raise UnsupportedFeature("'tools' are a chat feature: send them to /api/chat", param="tools")
     for key, feature in (("template", "a prompt template per request"), ("suffix", "insertion (suffix)")):
         if fields.body.get(key):
             raise UnsupportedFeature(f"{feature.capitalize()} ('{key}') is not supported by this node", param=key)

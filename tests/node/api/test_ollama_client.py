@@ -307,3 +307,14 @@ def test_langchain_bind_tools(tools_node):
                     AIMessage(f"It is 18 C and sunny in {city}.")]
     reply = chat.invoke([*history, HumanMessage("What is the weather in Rome?")])
     assert reply.tool_calls and reply.tool_calls[0]["name"] == "get_weather"
+
+
+def test_a_session_continues_through_api_chat(node):
+    status, _, created = http_json("POST", f"{node.url}/v1/sessions", headers=AUTH)
+    assert status == 200
+    session = ollama.Client(host=node.url, headers={**AUTH, "X-Reame-Session": created["id"]}, timeout=300)
+    first = session.chat(model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], options=GREEDY)
+    second = session.chat(model=MODEL, messages=[{"role": "user", "content": "And a color?"}], options=GREEDY)
+    assert second.prompt_eval_count > first.prompt_eval_count + first.eval_count  # the first turn is in it
+    status, _, held = http_json("GET", f"{node.url}/v1/sessions/{created['id']}", headers=AUTH)
+    assert status == 200 and [m["role"] for m in held["messages"]] == ["user", "assistant"] * 2
