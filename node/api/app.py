@@ -15,6 +15,7 @@ and runs its lines through the same service at batch priority; the savings sampl
 (node/serving/savings.py) feeds /v1/reame/stats and the periodic savings log line. Shutdown
 order: batch lines in flight (left unfinished for the next start), sampler, pending writes,
 batch store, mirror, fleet pushes, engine, cache, archive.
+Ollama's API (node/api/ollama_routes.py) is set up beside OpenAI's, under /api/.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
 Content-Length over it is a 413 before any body is read), Bearer auth.

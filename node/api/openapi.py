@@ -107,8 +107,8 @@ STRUCTURE: dict[str, Schema] = {
     },
     "grammar": string("llama.cpp extension: a GBNF grammar the output must match", minLength=1),
     "json_schema": {**JSON_SCHEMA, "description": "llama.cpp extension: a JSON Schema the output must match"},
-    "format": {"anyOf": [{"enum": ["json"]}, JSON_SCHEMA],
-               "description": "Ollama extension: \"json\" (any JSON object) or a JSON Schema"},
+    "format": {"anyOf": [{"enum": ["json", ""]}, JSON_SCHEMA],
+               "description": "Ollama extension: \"json\" (any JSON object) or a JSON Schema; \"\" = none"},
 }
 TOOL: Schema = {
     "type": "object", "required": ["type", "function"],
