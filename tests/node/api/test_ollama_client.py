@@ -317,4 +317,4 @@ def test_a_session_continues_through_api_chat(node):
     second = session.chat(model=MODEL, messages=[{"role": "user", "content": "And a color?"}], options=GREEDY)
     assert second.prompt_eval_count > first.prompt_eval_count + first.eval_count  # the first turn is in it
     status, _, held = http_json("GET", f"{node.url}/v1/sessions/{created['id']}", headers=AUTH)
-    assert status == 200 and [m["role"] for m in held["messages"]] == ["user", "assistant"] * 2
+    assert status == 200 and [m["role"] for m in held["history"]] == ["user", "assistant"] * 2
