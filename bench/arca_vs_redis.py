@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from arca.launch import free_port, spawn_arca, wait_for_pong  # noqa: E402  (after the checkout is on the path)
+from arca.launch import free_port, spawn_arca, stop, wait_for_pong  # noqa: E402  (after the checkout is on the path)
 from bench.host import host_line  # noqa: E402
 
 TESTS = ("ping", "set", "get", "incr", "mset")
@@ -62,15 +62,6 @@ def start_redis(directory: Path, appendonly: bool) -> tuple[subprocess.Popen, in
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     wait_for_pong(port, proc)
     return proc, port
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def benchmark(port: int, test: str, pipeline: int, requests: int) -> dict[str, float]:

@@ -27,3 +27,14 @@ def gemma_path() -> Path:
     from node.models.catalog import resolve_model  # assembles into .part, then renames
 
     return resolve_model("gemma3-270m", reame_home(), progress=False).path
+
+
+MODEL_FIXTURES = {"gemma_path", "engine"}  # every fixture that loads or assembles the real model
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that reaches the real model through a fixture carries the `model` marker, so
+    `-m "not model"` (make test-fast) never loads it, whatever the test file forgot to say."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("model") is None:
+            item.add_marker(pytest.mark.model)

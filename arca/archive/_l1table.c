@@ -13,7 +13,8 @@
  * slot, 142 MiB with this layout, redis-server 120 MiB; see docs/BENCHMARKS.md):
  *
  *   entry  one PyMem allocation holding the key and value bytes themselves:
- *            varint(key_len * 2 + has_deadline)   LEB128, 7 bits a byte
+ *            varint(key_len * 8 + encoding * 2 + has_deadline)   LEB128, 7 bits a byte;
+ *                                                 encoding is OBJECT ENCODING's hint (below)
  *            varint(value_len)
  *            deadline                             int64 ms since the epoch, host order,
  *                                                 present only when has_deadline
@@ -27,6 +28,9 @@
  *          least recently used; a free slot uses next for the free list) and the 32-bit
  *          dirty epoch. The array grows by doubling with realloc; the part beyond the
  *          high-water mark is never touched, so it costs address space, not RSS.
+ *   clock  4 bytes per slot in the parallel `clocks` array (grown with `slots`): the
+ *          table's clock (whole seconds, monotonic) when the entry was last read or written,
+ *          for OBJECT IDLETIME; peeks (TTL, OBJECT, ...) leave it.
  *   index  an open-addressing array of int32 slot numbers (-1 = empty), linear probing,
  *          power-of-two size, load <= 1/2: 4 to 8 bytes per entry. Deletion shifts the
  *          following run back, so there are no tombstones.
@@ -99,7 +103,14 @@ typedef struct {
     size_t out_cap;
     Due *due;            /* the active-expiry heap (see above) */
     size_t due_len, due_cap;
+    long long plain_calls[9]; /* commands run() served, indexed by PLAIN_GET ... */
+    uint32_t *clocks;    /* per slot: when its entry was last used (clock_now then) */
+    uint32_t clock_now;  /* seconds on a monotonic clock, read once per call from Python */
 } Table;
+
+/* The commands run() serves, in the order of the `plain_calls` getter's tuple. */
+enum { PLAIN_GET, PLAIN_SET, PLAIN_PING, PLAIN_MGET, PLAIN_MSET, PLAIN_INCR, PLAIN_DECR, PLAIN_INCRBY,
+       PLAIN_DECRBY };
 
 static PyObject *NAME_GET, *NAME_SET, *NAME_PING, *NAME_MGET, *NAME_MSET, *NAME_INCR, *NAME_DECR, *NAME_INCRBY,
     *NAME_DECRBY;
@@ -200,7 +211,15 @@ typedef struct {
     char *key, *value;
     Py_ssize_t key_len, value_len;
     int64_t deadline; /* 0 = none */
+    int encoding;     /* ENC_SHAPE, ENC_RAW or ENC_STRING */
 } View;
+
+/* How OBJECT ENCODING names a value, as Redis's object would be encoded: by its shape
+ * (int / embstr / raw, what SET, INCR and the like store: every write starts here), raw
+ * (APPEND, SETRANGE and SETBIT modify a string in place), or a string that is never int
+ * (INCRBYFLOAT stores its result as a string even when it reads as an integer). RAM only:
+ * a restart reads every value back by its shape, as Redis does after loading. */
+enum { ENC_SHAPE = 0, ENC_RAW = 1, ENC_STRING = 2 };
 
 static inline const unsigned char *
 varint_get(const unsigned char *p, size_t *out)
@@ -246,21 +265,23 @@ entry_view(const unsigned char *e, View *v)
     const unsigned char *p = varint_get(e, &first);
     p = varint_get(p, &value_len);
     v->deadline = 0;
+    v->encoding = (int)((first >> 1) & 3);
     if (first & 1) {
         memcpy(&v->deadline, p, sizeof(int64_t));
         p += sizeof(int64_t);
     }
     v->key = (char *)p;
-    v->key_len = (Py_ssize_t)(first >> 1);
+    v->key_len = (Py_ssize_t)(first >> 3);
     v->value = v->key + v->key_len;
     v->value_len = (Py_ssize_t)value_len;
 }
 
 /* A new entry holding copies of key and value (which may point into another entry). */
 static unsigned char *
-entry_new(const char *key, Py_ssize_t key_len, const char *value, Py_ssize_t value_len, int64_t deadline)
+entry_new(const char *key, Py_ssize_t key_len, const char *value, Py_ssize_t value_len, int64_t deadline,
+          int encoding)
 {
-    size_t first = (size_t)key_len * 2 + (deadline != 0);
+    size_t first = (size_t)key_len * 8 + (size_t)encoding * 2 + (deadline != 0);
     size_t size = varint_len(first) + varint_len((size_t)value_len) + (deadline ? sizeof(int64_t) : 0)
                   + (size_t)key_len + (size_t)value_len;
     unsigned char *e = PyMem_Malloc(size), *p;
@@ -412,9 +433,24 @@ lru_append(Table *t, int32_t s)
     t->lru_tail = s;
 }
 
+/* The table's clock (OBJECT IDLETIME's): whole seconds of a monotonic clock, read once per
+ * call from Python or per run(), so a GET costs no clock read of its own. */
+static inline void
+clock_tick(Table *t)
+{
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC_COARSE
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#endif
+    t->clock_now = (uint32_t)ts.tv_sec;
+}
+
 static inline void
 lru_touch(Table *t, int32_t s)
 {
+    t->clocks[s] = t->clock_now;
     if (t->lru_tail != s) {
         lru_unlink(t, s);
         lru_append(t, s);
@@ -534,7 +570,7 @@ slot_set_deadline(Table *t, int32_t s, int64_t deadline)
         if (deadline)
             memcpy(v.key - sizeof(int64_t), &deadline, sizeof(int64_t));
     } else {
-        unsigned char *e = entry_new(v.key, v.key_len, v.value, v.value_len, deadline);
+        unsigned char *e = entry_new(v.key, v.key_len, v.value, v.value_len, deadline, v.encoding);
         if (e == NULL)
             return -1;
         PyMem_Free(slot->entry);
@@ -567,6 +603,13 @@ reserve_one(Table *t)
             return -1;
         }
         t->slots = slots;
+        uint32_t *clocks = array_grow(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t),
+                                      (size_t)cap * sizeof(uint32_t));
+        if (clocks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->clocks = clocks;
         t->slots_cap = cap;
     }
     return rebuilt;
@@ -592,6 +635,7 @@ insert_new(Table *t, size_t pos, unsigned char *e, uint32_t hash)
     slot->dirty_epoch = t->epoch - 1;
     t->index[pos] = s;
     lru_append(t, s);
+    t->clocks[s] = t->clock_now;
     t->count++;
     if (v.deadline)
         t->ttl_count++;
@@ -682,12 +726,12 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObjec
             return -1;
         View v;
         entry_view(slot->entry, &v);
-        if (v.value_len == value_len && (v.deadline != 0) == (deadline != 0)) {
+        if (v.value_len == value_len && (v.deadline != 0) == (deadline != 0) && v.encoding == ENC_SHAPE) {
             memmove(v.value, value, (size_t)value_len);
             if (deadline)
                 memcpy(v.key - sizeof(int64_t), &deadline, sizeof(int64_t));
         } else {
-            unsigned char *e = entry_new(v.key, v.key_len, value, value_len, deadline);
+            unsigned char *e = entry_new(v.key, v.key_len, value, value_len, deadline, ENC_SHAPE);
             if (e == NULL)
                 return -1;
             PyMem_Free(slot->entry);
@@ -704,7 +748,7 @@ store(Table *t, const char *key_data, Py_ssize_t key_len, uint32_t hash, PyObjec
             return -1;
         if (rebuilt)
             pos = probe(t, key_data, key_len, hash, &s);
-        unsigned char *e = entry_new(key_data, key_len, value, value_len, deadline);
+        unsigned char *e = entry_new(key_data, key_len, value, value_len, deadline, ENC_SHAPE);
         if (e == NULL)
             return -1;
         s = insert_new(t, pos, e, hash);
@@ -792,6 +836,7 @@ Table_dealloc(Table *t)
     if (t->slots != NULL)
         drop_all(t);
     array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
+    array_free(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t));
     if (t->index != NULL)
         array_free(t->index, (t->index_mask + 1) * sizeof(int32_t));
     PyMem_Free(t->out);
@@ -806,21 +851,37 @@ Table_len(Table *t)
     return t->count;
 }
 
-/* get(key) and get_with_deadline(key): a read with lazy expiry, LRU move and hit/miss. */
+/* The slot of a live entry for a key object (lazy expiry applied), NIL without one, -2 on
+ * an error (set). */
 static int32_t
-read_key(Table *t, PyObject *key)
+live_key_slot(Table *t, PyObject *key)
 {
     if (check_bytes(key, "key") < 0)
         return -2;
     int64_t now = 0;
-    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+    return live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+}
+
+/* get(key) and get_with_deadline(key): a read with lazy expiry, LRU move and hit/miss. */
+static int32_t
+read_key_as(Table *t, PyObject *key, int touch)
+{
+    clock_tick(t);
+    int32_t s = live_key_slot(t, key);
     if (s == NIL)
         t->misses++;
     else if (s >= 0) {
         t->hits++;
-        lru_touch(t, s);
+        if (touch)
+            lru_touch(t, s);
     }
     return s;
+}
+
+static int32_t
+read_key(Table *t, PyObject *key)
+{
+    return read_key_as(t, key, 1);
 }
 
 static PyObject *
@@ -835,9 +896,9 @@ Table_get(Table *t, PyObject *key)
 }
 
 static PyObject *
-Table_get_with_deadline(Table *t, PyObject *key)
+value_and_deadline(Table *t, PyObject *key, int touch)
 {
-    int32_t s = read_key(t, key);
+    int32_t s = read_key_as(t, key, touch);
     if (s == -2)
         return NULL;
     if (s == NIL)
@@ -847,6 +908,21 @@ Table_get_with_deadline(Table *t, PyObject *key)
     if (v.deadline)
         return Py_BuildValue("(y#L)", v.value, v.value_len, (long long)v.deadline);
     return Py_BuildValue("(y#O)", v.value, v.value_len, Py_None);
+}
+
+static PyObject *
+Table_get_with_deadline(Table *t, PyObject *key)
+{
+    return value_and_deadline(t, key, 1);
+}
+
+/* peek_with_deadline(key): get_with_deadline (a read, counted as a hit or miss) that
+ * leaves the key where it is in the LRU order, as Redis's TTL, TYPE, EXISTS and OBJECT
+ * leave a key's LRU clock. */
+static PyObject *
+Table_peek_with_deadline(Table *t, PyObject *key)
+{
+    return value_and_deadline(t, key, 0);
 }
 
 static PyObject *
@@ -861,13 +937,61 @@ Table_deadline(Table *t, PyObject *key)
     return PyLong_FromLongLong(deadline);
 }
 
+/* encoding(key) -> the entry's ENC_* hint, or None without a live entry; no side effects
+ * beyond lazy expiry. */
+static PyObject *
+Table_encoding(Table *t, PyObject *key)
+{
+    int32_t s = live_key_slot(t, key);
+    if (s < 0)
+        return s == NIL ? Py_NewRef(Py_None) : NULL;
+    View v;
+    entry_view(t->slots[s].entry, &v);
+    return PyLong_FromLong(v.encoding);
+}
+
+/* idle(key) -> seconds since the key was last read or written (OBJECT IDLETIME), or None
+ * without a live entry; the key keeps its place and its clock. */
+static PyObject *
+Table_idle(Table *t, PyObject *key)
+{
+    int32_t s = live_key_slot(t, key);
+    if (s < 0)
+        return s == NIL ? Py_NewRef(Py_None) : NULL;
+    clock_tick(t);
+    return PyLong_FromUnsignedLong(t->clock_now - t->clocks[s]);
+}
+
+/* set_encoding(key, hint) -> bool: give a live entry an ENC_* hint. Only the low bits of
+ * the entry's first varint change, so it keeps its length and is rewritten in place; the
+ * hint is not a change of the value (nothing is marked dirty). */
+static PyObject *
+Table_set_encoding(Table *t, PyObject *args)
+{
+    PyObject *key;
+    int encoding;
+    if (!PyArg_ParseTuple(args, "Oi", &key, &encoding))
+        return NULL;
+    if (encoding < ENC_SHAPE || encoding > ENC_STRING) {
+        PyErr_SetString(PyExc_ValueError, "encoding must be 0, 1 or 2");
+        return NULL;
+    }
+    int32_t s = live_key_slot(t, key);
+    if (s == -2)
+        return NULL;
+    if (s == NIL)
+        Py_RETURN_FALSE;
+    unsigned char *e = t->slots[s].entry;
+    size_t first;
+    varint_get(e, &first);
+    varint_put(e, (first & ~(size_t)6) | ((size_t)encoding << 1));
+    Py_RETURN_TRUE;
+}
+
 static PyObject *
 Table_contains(Table *t, PyObject *key)
 {
-    if (check_bytes(key, "key") < 0)
-        return NULL;
-    int64_t now = 0;
-    int32_t s = live_slot(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), &now);
+    int32_t s = live_key_slot(t, key);
     if (s == -2)
         return NULL;
     return PyBool_FromLong(s != NIL);
@@ -883,6 +1007,7 @@ Table_put(Table *t, PyObject *args, PyObject *kwds)
         return NULL;
     if (check_bytes(key, "key") < 0 || check_bytes(value, "value") < 0 || parse_deadline(deadline_obj, &deadline) < 0)
         return NULL;
+    clock_tick(t);
     if (store(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), hash_object(key), key,
               PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), deadline) < 0)
         return NULL;
@@ -1022,7 +1147,9 @@ Table_clear(Table *t, PyObject *unused)
     drop_all(t);
     due_clear(t);
     array_free(t->slots, (size_t)t->slots_cap * sizeof(Slot));
+    array_free(t->clocks, (size_t)t->slots_cap * sizeof(uint32_t));
     t->slots = NULL;
+    t->clocks = NULL;
     t->slots_cap = 0;
     if (PyList_SetSlice(t->dirty, 0, PyList_GET_SIZE(t->dirty), NULL) < 0)
         return NULL;
@@ -1292,6 +1419,7 @@ Table_run(Table *t, PyObject *args)
     Py_ssize_t count = 0;
     PyObject *last = Py_None;
     int64_t now = 0;
+    clock_tick(t);
 
     while (p < end && len <= (size_t)cap) {
         long long argc;
@@ -1306,6 +1434,7 @@ Table_run(Table *t, PyObject *args)
                 p += p[4] == '\n' ? 5 : 6;
                 count++;
                 last = NAME_PING;
+                t->plain_calls[PLAIN_PING]++;
                 continue;
             }
             break;
@@ -1319,6 +1448,7 @@ Table_run(Table *t, PyObject *args)
             if (reply_bytes(t, &len, "+PONG\r\n", 7) < 0)
                 goto error;
             last = NAME_PING;
+            t->plain_calls[PLAIN_PING]++;
         } else if (argc == 2 && name_is(name, name_len, "GET")) {
             if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL)
                 break;
@@ -1326,6 +1456,7 @@ Table_run(Table *t, PyObject *args)
             if (s == -2 || reply_value(t, &len, s, null_reply, null_len) < 0)
                 goto error;
             last = NAME_GET;
+            t->plain_calls[PLAIN_GET]++;
         } else if (argc == 3 && name_is(name, name_len, "SET")) {
             if ((q = parse_bulk(q, end, max_bulk, &key, &key_len)) == NULL
                     || (q = parse_bulk(q, end, max_bulk, &value, &value_len)) == NULL)
@@ -1336,6 +1467,7 @@ Table_run(Table *t, PyObject *args)
                     || reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_SET;
+            t->plain_calls[PLAIN_SET]++;
         } else if ((argc == 2 && (name_is(name, name_len, "INCR") || name_is(name, name_len, "DECR")))
                    || (argc == 3 && (name_is(name, name_len, "INCRBY") || name_is(name, name_len, "DECRBY")))) {
             long long delta = (name[0] & 0xdf) == 'I' ? 1 : -1, result;
@@ -1373,7 +1505,11 @@ Table_run(Table *t, PyObject *args)
                     || out_reserve(t, &len, 32) < 0)
                 goto error;
             len += format_line(t->out + len, ':', result);
-            last = (name[0] & 0xdf) == 'I' ? (argc == 2 ? NAME_INCR : NAME_INCRBY) : (argc == 2 ? NAME_DECR : NAME_DECRBY);
+            int which = (name[0] & 0xdf) == 'I' ? (argc == 2 ? PLAIN_INCR : PLAIN_INCRBY)
+                                                 : (argc == 2 ? PLAIN_DECR : PLAIN_DECRBY);
+            last = which == PLAIN_INCR ? NAME_INCR : which == PLAIN_INCRBY ? NAME_INCRBY
+                 : which == PLAIN_DECR ? NAME_DECR : NAME_DECRBY;
+            t->plain_calls[which]++;
         } else if (argc >= 3 && argc % 2 == 1 && name_is(name, name_len, "MSET")) {
             /* All or nothing: the whole command is there and every pair fits the budget. */
             const char *pairs = q;
@@ -1394,6 +1530,7 @@ Table_run(Table *t, PyObject *args)
             if (reply_bytes(t, &len, "+OK\r\n", 5) < 0)
                 goto error;
             last = NAME_MSET;
+            t->plain_calls[PLAIN_MSET]++;
         } else if (argc >= 2 && name_is(name, name_len, "MGET")) {
             /* The whole command must be there before any key is read. */
             const char *keys = q;
@@ -1411,6 +1548,7 @@ Table_run(Table *t, PyObject *args)
                     goto error;
             }
             last = NAME_MGET;
+            t->plain_calls[PLAIN_MGET]++;
         } else {
             break;
         }
@@ -1622,6 +1760,13 @@ Table_get_dirty(Table *t, void *unused)
     return Py_NewRef(t->dirty);
 }
 
+static PyObject *
+Table_get_plain_calls(Table *t, void *unused)
+{
+    long long *c = t->plain_calls;
+    return Py_BuildValue("(LLLLLLLLL)", c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]);
+}
+
 static PyGetSetDef Table_getset[] = {
     {"max_bytes", (getter)Table_get_max_bytes, (setter)Table_set_max_bytes, "the byte budget", NULL},
     {"used_bytes", (getter)Table_get_used_bytes, NULL, "key + value + overhead bytes of every entry", NULL},
@@ -1633,14 +1778,21 @@ static PyGetSetDef Table_getset[] = {
     {"ttl_count", (getter)Table_get_ttl_count, NULL, "entries with a deadline", NULL},
     {"dirty", (getter)Table_get_dirty, NULL, "keys changed since clear_dirty() (a key may repeat)", NULL},
     {"_epoch", (getter)Table_get_epoch, (setter)Table_set_epoch, "the dirty epoch (setting it empties dirty)", NULL},
+    {"plain_calls", (getter)Table_get_plain_calls, NULL,
+     "commands run() served: (get, set, ping, mget, mset, incr, decr, incrby, decrby)", NULL},
     {NULL},
 };
 
 static PyMethodDef Table_methods[] = {
     {"get", (PyCFunction)Table_get, METH_O, "get(key) -> value or None: a read (lazy expiry, LRU, hits)"},
     {"get_with_deadline", (PyCFunction)Table_get_with_deadline, METH_O, "get(key) plus the deadline"},
+    {"peek_with_deadline", (PyCFunction)Table_peek_with_deadline, METH_O,
+     "get_with_deadline(key) without moving the key in the LRU order"},
     {"deadline", (PyCFunction)Table_deadline, METH_O, "deadline(key) -> ms or None, no side effects"},
     {"contains", (PyCFunction)Table_contains, METH_O, "contains(key) -> bool with lazy expiry"},
+    {"encoding", (PyCFunction)Table_encoding, METH_O, "encoding(key) -> OBJECT ENCODING hint (0 shape, 1 raw, 2 string) or None"},
+    {"set_encoding", (PyCFunction)Table_set_encoding, METH_VARARGS, "set_encoding(key, hint) -> bool"},
+    {"idle", (PyCFunction)Table_idle, METH_O, "idle(key) -> seconds since last use, or None"},
     {"put", (PyCFunction)(void (*)(void))Table_put, METH_VARARGS | METH_KEYWORDS,
      "put(key, value, deadline=None): store, most recently used, evict to fit"},
     {"set_deadline", (PyCFunction)Table_set_deadline, METH_VARARGS, "set_deadline(key, ms or None) -> bool"},

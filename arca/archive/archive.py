@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 InfoSections = dict[str, dict[str, "int | float | str"]]
 _COUNTERS = ("hits", "misses", "evicted", "expired")  # L1 table counters CONFIG RESETSTAT zeroes
+# OBJECT ENCODING hints (the L1 table's): a value named by its bytes (what every write
+# stores), raw (modified in place by APPEND, SETRANGE, SETBIT), a string never int (INCRBYFLOAT).
+ENCODING_SHAPE, ENCODING_RAW, ENCODING_STRING = 0, 1, 2
 
 
 class Archive:
@@ -68,10 +71,18 @@ class Archive:
         """(value, expire_at_ms or None) or None; get_entry without building an Entry."""
         return self._entries.get_with_deadline(key)
 
-    def get_for_update(self, key: bytes) -> tuple[bytes, int | None] | None:
+    def peek(self, key: bytes) -> tuple[bytes, int | None] | None:
+        """get_with_deadline that leaves the key's place in the LRU order: a read counted as
+        a keyspace hit or miss, as Redis counts TTL, TYPE, EXISTS and OBJECT, without the
+        touch those leave out."""
+        return self._entries.table.peek_with_deadline(key)
+
+    def get_for_update(self, key: bytes, *, touch: bool = True) -> tuple[bytes, int | None] | None:
         """get_with_deadline for a command about to write the key (SETRANGE, EXPIRE, ...):
-        not counted as a keyspace hit or miss, as Redis counts only reads."""
-        found = self._entries.table.get_with_deadline(key)
+        not counted as a keyspace hit or miss, as Redis counts only reads. `touch=False`
+        also leaves the key's LRU place (MEMORY USAGE)."""
+        table = self._entries.table
+        found = table.get_with_deadline(key) if touch else table.peek_with_deadline(key)
         self._counters_base["hits" if found is not None else "misses"] += 1
         return found
 
@@ -225,6 +236,36 @@ class Archive:
         self.close()
 
     # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def max_bytes(self) -> int:
+        """The L1 budget in bytes (key + value + ENTRY_OVERHEAD per entry)."""
+        return self._entries.table.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, budget: int) -> None:
+        """A new L1 budget; entries past it are evicted, least recently used first, as the
+        next writes need room (a smaller budget frees nothing until then)."""
+        self._entries.table.max_bytes = budget
+
+    def encoding(self, key: bytes) -> int | None:
+        """How OBJECT ENCODING names the key's value: ENCODING_SHAPE (by its bytes),
+        ENCODING_RAW or ENCODING_STRING (never int); None without the key. No side effects."""
+        return self._entries.table.encoding(key)
+
+    def idle_seconds(self, key: bytes) -> int | None:
+        """Seconds since the key was last read or written (not counting TTL, TYPE, EXISTS,
+        OBJECT, MEMORY USAGE), from when it was loaded after a restart; None without it."""
+        return self._entries.table.idle(key)
+
+    def set_encoding(self, key: bytes, hint: int) -> bool:
+        """Give the key's value an encoding hint (kept in RAM only, until its next write)."""
+        return self._entries.table.set_encoding(key, hint)
+
+    def plain_calls(self) -> tuple[int, ...]:
+        """How many GET, SET, PING, MGET, MSET, INCR, DECR, INCRBY, DECRBY run_plain has
+        answered, in that order."""
+        return self._entries.table.plain_calls
 
     def reset_stats(self) -> None:
         """Start the L1 counters INFO reports (hits, misses, evicted, expired) from zero."""

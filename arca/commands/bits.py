@@ -9,6 +9,7 @@ counting and searching run in C over the bytes.
 
 from __future__ import annotations
 
+from arca.archive.archive import ENCODING_RAW
 from arca.commands.args import NOT_INTEGER, SYNTAX, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 
@@ -40,6 +41,7 @@ def setbit(ctx: CommandContext, argv: list[bytes]):
     if grown or old != on:  # setting a bit to what it is changes nothing (WATCH sees no change)
         new = (byte | mask) if on else (byte & ~mask)
         ctx.archive.put(argv[1], value[:index] + bytes((new,)) + value[index + 1:], deadline)
+        ctx.archive.set_encoding(argv[1], ENCODING_RAW)  # Redis modifies (or builds) a raw string
     return old
 
 

@@ -118,23 +118,23 @@ def _set_name(ctx: CommandContext, name: bytes) -> None:
     ctx.client.name = name
 
 
-@command("CLIENT|SETNAME", arity=3, flags=("fast",), group="connection", summary="Set the connection name", args="connection-name", since="2.6.9")
+@command("CLIENT|SETNAME", arity=3, flags=("noscript", "loading", "stale"), group="connection", summary="Set the connection name", args="connection-name", since="2.6.9")
 def client_setname(ctx: CommandContext, argv: list[bytes]):
     _set_name(ctx, argv[2])
     return OK
 
 
-@command("CLIENT|GETNAME", arity=2, flags=("fast",), group="connection", summary="Get the connection name", since="2.6.9")
+@command("CLIENT|GETNAME", arity=2, flags=("noscript", "loading", "stale"), group="connection", summary="Get the connection name", since="2.6.9")
 def client_getname(ctx: CommandContext, argv: list[bytes]):
     return ctx.client.name or None
 
 
-@command("CLIENT|ID", arity=2, flags=("fast",), group="connection", summary="Return the connection id", since="5.0.0")
+@command("CLIENT|ID", arity=2, flags=("noscript", "loading", "stale"), group="connection", summary="Return the connection id", since="5.0.0")
 def client_id(ctx: CommandContext, argv: list[bytes]):
     return ctx.client.id
 
 
-@command("CLIENT|SETINFO", arity=4, flags=("fast",), group="connection", summary="Set client library name or version", args="LIB-NAME libname | LIB-VER libver", since="7.2.0")
+@command("CLIENT|SETINFO", arity=4, flags=("noscript", "loading", "stale"), group="connection", summary="Set client library name or version", args="LIB-NAME libname | LIB-VER libver", since="7.2.0")
 def client_setinfo(ctx: CommandContext, argv: list[bytes]):
     attribute, value = argv[2].upper(), argv[3]
     if attribute not in (b"LIB-NAME", b"LIB-VER"):
@@ -148,12 +148,12 @@ def client_setinfo(ctx: CommandContext, argv: list[bytes]):
     return OK
 
 
-@command("CLIENT|INFO", arity=2, flags=("fast",), group="connection", summary="This connection's information", since="6.2.0")
+@command("CLIENT|INFO", arity=2, flags=("noscript", "loading", "stale"), group="connection", summary="This connection's information", since="6.2.0")
 def client_info(ctx: CommandContext, argv: list[bytes]):
     return (ctx.client.info_line() + "\n").encode()
 
 
-@command("CLIENT|LIST", arity=-2, group="connection", summary="List client connections", args="[TYPE NORMAL] [ID id [id ...]]", since="2.4.0")
+@command("CLIENT|LIST", arity=-2, flags=("admin", "noscript", "loading", "stale"), group="connection", summary="List client connections", args="[TYPE NORMAL] [ID id [id ...]]", since="2.4.0")
 def client_list(ctx: CommandContext, argv: list[bytes]):
     clients = list(ctx.server.clients.values())
     i = 2

@@ -82,12 +82,12 @@ def pexpireat(ctx: CommandContext, argv: list[bytes]):
 
 
 def _ttl_ms(ctx: CommandContext, key: bytes) -> int:
-    entry = ctx.archive.get_entry(key)
-    if entry is None:
+    found = ctx.archive.peek(key)  # TTL leaves the key's LRU place, as in Redis
+    if found is None:
         return -2
-    if entry.expire_at_ms is None:
+    if found[1] is None:
         return -1
-    return max(entry.expire_at_ms - now_ms(), 0)
+    return max(found[1] - now_ms(), 0)
 
 
 @command("TTL", arity=2, flags=("readonly", "fast"), group="generic", summary="A key's remaining TTL in seconds", args="key", keys=_KEY)

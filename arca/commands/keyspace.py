@@ -7,6 +7,7 @@ and answers Redis's out-of-range error for any other index.
 
 from __future__ import annotations
 
+from arca.archive.archive import ENCODING_SHAPE
 from arca.commands.args import SYNTAX, parse_int
 from arca.commands.registry import CommandContext, CommandError, command
 from arca.protocol import OK
@@ -38,6 +39,7 @@ def copy(ctx: CommandContext, argv: list[bytes]):
     if found is None or (not replace and archive.exists(destination)):
         return 0
     archive.put(destination, found[0], found[1])
+    archive.set_encoding(destination, archive.encoding(source) or ENCODING_SHAPE)  # a copy of the object
     return 1
 
 
@@ -52,6 +54,7 @@ def _rename(ctx: CommandContext, argv: list[bytes], only_new: bool):
     if only_new and archive.exists(destination):
         return 0
     archive.put(destination, found[0], found[1])  # first: an OOM refusal changes nothing
+    archive.set_encoding(destination, archive.encoding(source) or ENCODING_SHAPE)  # the same object
     archive.delete(source)
     return 1 if only_new else OK
 
@@ -78,10 +81,10 @@ def touch(ctx: CommandContext, argv: list[bytes]):
 
 
 def _expire_time(ctx: CommandContext, key: bytes) -> int:
-    entry = ctx.archive.get_entry(key)
-    if entry is None:
+    found = ctx.archive.peek(key)  # leaves the key's LRU place, as in Redis
+    if found is None:
         return -2
-    return -1 if entry.expire_at_ms is None else entry.expire_at_ms
+    return -1 if found[1] is None else found[1]
 
 
 @command("EXPIRETIME", arity=2, flags=("readonly", "fast"), group="generic", summary="A key's expiry as a unix time in seconds", args="key", since="7.0.0", keys=_KEY)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from arca.archive.archive import ENCODING_RAW
 from arca.commands.args import NOT_INTEGER, SYNTAX, TOO_LONG, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 
@@ -63,6 +64,7 @@ def setrange(ctx: CommandContext, argv: list[bytes]):
         old += bytes(offset - len(old))
     value = old[:offset] + piece + old[offset + len(piece):]
     archive.put(argv[1], value, deadline)
+    archive.set_encoding(argv[1], ENCODING_RAW)  # Redis modifies (or builds) a raw string
     return len(value)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any, Callable, Generator
 
+from arca.archive.config import ENTRY_OVERHEAD
 from arca.archive.errors import ArchiveError, ArchiveOOMError
 from arca.protocol import ErrorReply, Status
 from arca.state import ClientState, ServerState
@@ -34,7 +35,9 @@ __all__ = [
     "command",
     "dispatch",
     "finish",
+    "fits_budget",
     "Incremental",
+    "key_positions",
     "lookup",
 ]
 
@@ -248,7 +251,7 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
         return _dispatch_checked(ctx, argv)
     arity = spec.arity
     if (len(argv) != arity) if arity > 0 else (len(argv) < -arity):
-        return _wrong_arity(spec)
+        return _refuse(ctx, spec, _wrong_arity(spec))
     handler = spec.handler
     assert handler is not None  # only a parent of subcommands has none, and it took the checked path
     started = perf_counter_ns()
@@ -258,10 +261,7 @@ def dispatch(ctx: CommandContext, argv: list[bytes]) -> Reply:
         reply = ErrorReply(exc.message)
     except Exception as exc:  # the rare path: typed archive errors and bugs
         reply = _failure(spec, exc)
-    elapsed_ns = perf_counter_ns() - started
-    slowlog = ctx.server.slowlog
-    if 0 <= slowlog.log_slower_than_us * 1000 <= elapsed_ns:
-        slowlog.record(argv, elapsed_ns // 1000, client)
+    _account(ctx, spec, argv, reply, perf_counter_ns() - started)
     return reply
 
 
@@ -270,19 +270,19 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
     client = ctx.client
     spec = lookup(argv[0])
     if spec is None:
-        return _refuse(client, _unknown(argv))
+        return _refuse(ctx, None, _unknown(argv))
     if spec.subcommands and (len(argv) > 1 or spec.handler is None):
         if len(argv) < 2:
-            return _refuse(client, _wrong_arity(spec))
+            return _refuse(ctx, spec, _wrong_arity(spec))
         found = _subcommand(spec, argv)
         if isinstance(found, ErrorReply):
-            return _refuse(client, found)
+            return _refuse(ctx, None, found)
         spec = found
     if not _arity_ok(spec.arity, len(argv)):
-        return _refuse(client, _wrong_arity(spec))
+        return _refuse(ctx, spec, _wrong_arity(spec))
     if not client.authenticated and not spec.no_auth:
         if ctx.server.requirepass is not None:
-            return _refuse(client, NOAUTH)
+            return _refuse(ctx, spec, NOAUTH)
         if ctx.server.refuses(client):  # the password was removed: protected mode holds
             client.close_after_reply = True
             return DENIED
@@ -290,13 +290,37 @@ def _dispatch_checked(ctx: CommandContext, argv: list[bytes]) -> Reply:
     if ctx.server.persistence_error is not None and _writes(spec, client):
         if spec.name == "EXEC":
             client.end_transaction()
-        return _refuse(client, MISCONF)
+        return _refuse(ctx, spec, MISCONF)
     if client.multi is not None and spec.name not in _TRANSACTION_CONTROL:
         if "no_multi" in spec.flags:
-            return _refuse(client, NOT_IN_MULTI)
+            return _refuse(ctx, spec, NOT_IN_MULTI)
+        if ctx.archive.max_bytes < ENTRY_OVERHEAD or not fits_budget(ctx, spec, argv):
+            # Nothing fits at all: Redis, out of memory, refuses queueing any command.
+            return _refuse(ctx, spec, ErrorReply(OOM))
         client.multi.append((spec, argv))
         return QUEUED
     return call(spec, ctx, argv)
+
+
+def key_positions(spec: CommandSpec, argv: list[bytes]) -> list[int]:
+    """Where the keys are in `argv`, from the spec's (first, last, step); last < 0 counts
+    from the end (MSET's -1)."""
+    first, last, step = spec.keys
+    if first == 0:
+        return []
+    end = last if last >= 0 else len(argv) + last
+    return list(range(first, min(end, len(argv) - 1) + 1, step))
+
+
+def fits_budget(ctx: CommandContext, spec: CommandSpec, argv: list[bytes]) -> bool:
+    """False when a command that uses memory (flag `denyoom`) cannot fit the L1 budget
+    whatever it writes: even its smallest entry, a key with no value, would be larger than
+    the whole budget (after CONFIG SET maxmemory 1, say). Checked where Redis checks for
+    OOM ahead of running a command: while queueing it in MULTI and at EXEC."""
+    if "denyoom" not in spec.flags:
+        return True
+    budget = ctx.archive.max_bytes
+    return all(len(argv[i]) + ENTRY_OVERHEAD <= budget for i in key_positions(spec, argv))
 
 
 def _writes(spec: CommandSpec, client: ClientState) -> bool:
@@ -307,9 +331,16 @@ def _writes(spec: CommandSpec, client: ClientState) -> bool:
     return spec.writes
 
 
-def _refuse(client: ClientState, error: ErrorReply) -> ErrorReply:
+def _refuse(ctx: CommandContext, spec: CommandSpec | None, error: ErrorReply) -> ErrorReply:
+    """A command refused before it ran: a rejected call of `spec` (when known) in
+    commandstats, an error in errorstats, and inside MULTI a transaction EXEC will discard."""
+    client = ctx.client
     if client.multi is not None:
         client.multi_failed = True  # EXEC will discard the transaction, as Redis does
+    stats = ctx.server.stats
+    if spec is not None:
+        stats.command(spec.fullname)[2] += 1
+    stats.error(error)
     return error
 
 
@@ -325,11 +356,23 @@ def call(spec: CommandSpec, ctx: CommandContext, argv: list[bytes]) -> Reply:
         reply = ErrorReply(exc.message)
     except Exception as exc:
         reply = _failure(spec, exc)
-    elapsed_ns = perf_counter_ns() - started
-    slowlog = ctx.server.slowlog
+    _account(ctx, spec, argv, reply, perf_counter_ns() - started)
+    return reply
+
+
+def _account(ctx: CommandContext, spec: CommandSpec, argv: list[bytes], reply: Reply, elapsed_ns: int) -> None:
+    """A command that ran: its call, time and failure in commandstats (its error in
+    errorstats), and the slow log when it took long enough."""
+    server = ctx.server
+    counters = server.stats.command(spec.fullname)
+    counters[0] += 1
+    counters[1] += elapsed_ns
+    if type(reply) is ErrorReply:
+        counters[3] += 1
+        server.stats.error(reply)
+    slowlog = server.slowlog
     if 0 <= slowlog.log_slower_than_us * 1000 <= elapsed_ns and "skip_slowlog" not in spec.flags:
         slowlog.record(argv, elapsed_ns // 1000, ctx.client)
-    return reply
 
 
 def _failure(spec: CommandSpec, exc: Exception) -> ErrorReply:

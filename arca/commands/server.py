@@ -108,6 +108,7 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "used_memory_rss": _rss_bytes(),
             "maxmemory": options.max_bytes,
             "maxmemory_policy": "allkeys-lru",
+            "mem_allocator": "libc",
             **archive.get("memory", {}),
         },
         "persistence": {"durability": options.durability, **archive.get("persistence", {})},
@@ -122,18 +123,63 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "total_commits": stats.commits,
             "commit_seconds_total": round(stats.commit_seconds, 6),
         },
+        "replication": {
+            # No replicas and no replication backlog: a master on its own.
+            "role": "master",
+            "connected_slaves": 0,
+            "master_failover_state": "no-failover",
+            "master_replid": server.replid,
+            "master_replid2": "0" * 40,
+            "master_repl_offset": 0,
+            "second_repl_offset": -1,
+            "repl_backlog_active": 0,
+            "repl_backlog_size": 0,
+            "repl_backlog_first_byte_offset": 0,
+            "repl_backlog_histlen": 0,
+        },
         "cpu": _cpu(),
+        "commandstats": _commandstats(ctx),
+        "errorstats": {f"errorstat_{prefix}": f"count={count}" for prefix, count in stats.errors.items()},
+        "cluster": {"cluster_enabled": 0},
         "keyspace": keyspace,
         "arca": archive.get("arca", {}),
     }
 
 
+# The commands the L1 table answers itself (its plain_calls order): counted, not timed.
+_PLAIN_COMMANDS = ("get", "set", "ping", "mget", "mset", "incr", "decr", "incrby", "decrby")
+_NOT_DEFAULT = frozenset({"commandstats"})  # left out of INFO and INFO default, as in Redis
+
+
+def _commandstats(ctx: CommandContext) -> dict[str, str]:
+    stats = ctx.server.stats
+    counters = {name: list(values) for name, values in stats.commands.items()}
+    plain = ctx.archive.plain_calls()
+    base = stats.plain_base or (0,) * len(plain)
+    for name, calls, before in zip(_PLAIN_COMMANDS, plain, base):
+        counters.setdefault(name, [0, 0, 0, 0])[0] += calls - before
+    fields = {}
+    for name, (calls, nanoseconds, rejected, failed) in counters.items():
+        if calls or rejected:
+            usec = nanoseconds // 1000
+            per_call = usec / calls if calls else 0.0
+            fields[f"cmdstat_{name}"] = (f"calls={calls},usec={usec},usec_per_call={per_call:.2f},"
+                                         f"rejected_calls={rejected},failed_calls={failed}")
+    return fields
+
+
 @command("INFO", arity=-1, flags=("loading", "stale"), group="server", summary="Information and statistics about the server", args="[section [section ...]]")
 def info(ctx: CommandContext, argv: list[bytes]):
     sections = _info_sections(ctx)
-    wanted = {arg.decode("utf-8", "replace").lower() for arg in argv[1:]}
-    if not wanted or wanted & {"all", "everything", "default"}:
-        wanted = set(sections)
+    wanted: set[str] = set()
+    for arg in argv[1:] or [b"default"]:
+        name = arg.decode("utf-8", "replace").lower()
+        if name in ("all", "everything"):
+            wanted.update(sections)
+        elif name == "default":
+            wanted.update(set(sections) - _NOT_DEFAULT)
+        else:
+            wanted.add(name)  # an unknown section adds nothing
     blocks = []
     for name, fields in sections.items():
         if name in wanted:
@@ -143,7 +189,7 @@ def info(ctx: CommandContext, argv: list[bytes]):
     return "\r\n".join(blocks).encode()
 
 
-def _config_view(server: ServerState) -> dict[str, str]:
+def _config_view(server: ServerState, budget: int) -> dict[str, str]:
     options = server.options
     limits = options.limits
     view = {
@@ -157,7 +203,7 @@ def _config_view(server: ServerState) -> dict[str, str]:
         "save": "",
         "appendonly": "yes",  # every write goes to the archive on disk
         "appendfsync": _APPENDFSYNC.get(options.durability, "no"),
-        "maxmemory": str(options.max_bytes),
+        "maxmemory": str(budget),
         "maxmemory-policy": "allkeys-lru",
         "maxclients": str(server.maxclients),
         "databases": "1",
@@ -172,9 +218,9 @@ def _config_view(server: ServerState) -> dict[str, str]:
     return view
 
 
-@command("CONFIG|GET", arity=-3, flags=("loading", "stale"), group="server", summary="Read configuration parameters", args="parameter [parameter ...]", since="2.0.0")
+@command("CONFIG|GET", arity=-3, flags=("admin", "noscript", "loading", "stale"), group="server", summary="Read configuration parameters", args="parameter [parameter ...]", since="2.0.0")
 def config_get(ctx: CommandContext, argv: list[bytes]):
-    view = _config_view(ctx.server)
+    view = _config_view(ctx.server, ctx.archive.max_bytes)
     found: dict[bytes, bytes] = {}
     for pattern in argv[2:]:
         matches = compile_glob(pattern.lower())
@@ -206,11 +252,11 @@ def _maxclients(text: bytes) -> int:
     return _integer_setting("maxclients", text, *MAXCLIENTS_RANGE)
 
 
-@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients, slowlog-log-slower-than, slowlog-max-len)", args="parameter value [parameter value ...]", since="2.0.0")
+@command("CONFIG|SET", arity=-4, flags=("admin", "loading", "stale"), group="server", summary="Set configuration parameters (requirepass, maxclients, maxmemory, slowlog-log-slower-than, slowlog-max-len)", args="parameter value [parameter value ...]", since="2.0.0")
 def config_set(ctx: CommandContext, argv: list[bytes]):
     if len(argv) % 2:
         raise CommandError("ERR wrong number of arguments for 'config|set' command")
-    view = _config_view(ctx.server)
+    view = _config_view(ctx.server, ctx.archive.max_bytes)
     changes: dict[str, bytes] = {}
     for i in range(2, len(argv), 2):
         name = argv[i].decode("utf-8", "replace").lower()
@@ -222,8 +268,11 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
     slowlog = ctx.server.slowlog
     slowlog_changes = {name: _slowlog_setting(name, changes.pop(name)) for name in _SLOWLOG_SETTINGS
                        if name in changes}
+    budget = _memory_setting("maxmemory", changes["maxmemory"]) if "maxmemory" in changes else None
     if "maxclients" in changes:
         ctx.server.maxclients = _maxclients(changes["maxclients"])
+    if budget is not None:
+        ctx.archive.max_bytes = budget or ctx.server.options.max_bytes  # 0: the configured budget
     if "requirepass" in changes:
         password = changes["requirepass"].decode("utf-8", "surrogateescape")
         ctx.server.requirepass = password or None
@@ -236,7 +285,18 @@ def config_set(ctx: CommandContext, argv: list[bytes]):
 
 
 _SLOWLOG_SETTINGS = {"slowlog-log-slower-than": -1, "slowlog-max-len": 0}  # name: lowest value
-_SETTABLE = frozenset({"requirepass", "maxclients", *_SLOWLOG_SETTINGS})
+_SETTABLE = frozenset({"requirepass", "maxclients", "maxmemory", *_SLOWLOG_SETTINGS})
+_MEMORY_UNITS = {b"": 1, b"b": 1, b"k": 1000, b"kb": 1024, b"m": 1000**2, b"mb": 1024**2,
+                 b"g": 1000**3, b"gb": 1024**3}
+
+
+def _memory_setting(name: str, text: bytes) -> int:
+    """A CONFIG SET memory amount as Redis reads one: bytes, or a number with k/kb/m/mb/g/gb."""
+    digits = text.rstrip(b"bkmgBKMG")
+    unit = _MEMORY_UNITS.get(text[len(digits):].lower())
+    if unit is None or not digits.isdigit() or not 0 <= int(digits) * unit <= 2**63 - 1:
+        raise _set_failed(name, "argument must be a memory value")
+    return int(digits) * unit
 
 
 def _slowlog_setting(name: str, text: bytes) -> int:
@@ -264,5 +324,6 @@ def save(ctx: CommandContext, argv: list[bytes]):
 @command("CONFIG|RESETSTAT", arity=2, flags=("admin", "loading", "stale"), group="server", summary="Reset the counters INFO reports", since="2.0.0")
 def config_resetstat(ctx: CommandContext, argv: list[bytes]):
     ctx.server.stats.reset()
+    ctx.server.stats.plain_base = ctx.archive.plain_calls()
     ctx.archive.reset_stats()
     return OK

@@ -6,6 +6,7 @@ Every value is a string; a write keeps or replaces the key's TTL exactly as Redi
 
 from __future__ import annotations
 
+from arca.archive.archive import ENCODING_RAW
 from arca.commands.args import INT_MAX, INT_MIN, SYNTAX, TOO_LONG, expire_at_ms, parse_int, value_size_limit
 from arca.commands.registry import CommandContext, CommandError, command
 from arca.protocol import OK
@@ -155,6 +156,7 @@ def append(ctx: CommandContext, argv: list[bytes]):
         raise CommandError(TOO_LONG)
     value = found[0] + argv[2]
     ctx.archive.put(argv[1], value, found[1])
+    ctx.archive.set_encoding(argv[1], ENCODING_RAW)  # appended to in place (a new key: by its shape)
     return len(value)
 
 

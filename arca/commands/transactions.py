@@ -12,7 +12,7 @@ queueing, which aborts the transaction, as in Redis.
 from __future__ import annotations
 
 from arca.archive.watch import Watcher
-from arca.commands.registry import CommandContext, CommandError, call, command, finish
+from arca.commands.registry import OOM, CommandContext, CommandError, call, command, finish, fits_budget
 from arca.protocol import NULL_ARRAY, OK
 
 
@@ -41,6 +41,8 @@ def exec_(ctx: CommandContext, argv: list[bytes]):
     release_watch(ctx)
     failed = ctx.client.multi_failed
     ctx.client.end_transaction()  # hands back `queued`
+    if not all(fits_budget(ctx, spec, queued_argv) for spec, queued_argv in queued):
+        raise CommandError(f"EXECABORT Transaction discarded because of: {OOM}")
     if failed:
         raise CommandError("EXECABORT Transaction discarded because of previous errors.")
     if changed:

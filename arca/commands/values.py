@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 
+from arca.archive.archive import ENCODING_STRING
 from arca.commands.args import SYNTAX, expire_at_ms, now_ms, parse_int
 from arca.commands.registry import CommandContext, CommandError, command
 
@@ -120,5 +121,6 @@ def incrbyfloat(ctx: CommandContext, argv: list[bytes]):
         raise CommandError("ERR increment would produce NaN or Infinity")
     text = format_long_double(result)
     archive.put(argv[1], text, None if found is None else found[1])
+    archive.set_encoding(argv[1], ENCODING_STRING)  # Redis stores the result as a string, never int
     return text
 

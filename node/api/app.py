@@ -222,6 +222,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         if batches is not None:
             await batches.close()
         await service.drain()
+        service.grammar_workers.close()
     finally:
         if sampler is not None:
             sampler.cancel()

@@ -48,7 +48,8 @@ class ApiLines:
         return req
 
     def check(self, url: str, body: Any) -> None:
-        self.parse(url, body)
+        """Blocking (the store's thread): the parse, then the schema checks on a grammar thread."""
+        self.state.service.verify_blocking(self.parse(url, body).options)
 
     def plan(self, req: ChatRequest | CompletionRequest) -> Plan:
         service = self.state.service

@@ -96,6 +96,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body, size = await read_json(request)
     req = parse_generate(body)
     check_model(state, req.model)
+    await state.service.verify(req.options)
     name = reply_name(state, body)
     window = parse_window(body, state.model.n_ctx)
     if not req.prompt and req.context is None:

@@ -78,6 +78,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body, size = await read_json(request)
     req = parse_completion(body)
     check_model(state, req.model)
+    await state.service.verify(req.options)
     return await answer(request, state, await make_plan(state.service.plan_completion, req, size))
 
 
@@ -91,13 +92,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 @contextlib.asynccontextmanager
 async def chat_turn(request: web.Request, state: NodeState, body: object, parse: ChatParser,
                     ) -> AsyncIterator[tuple[ChatRequest, Callable[[ChatRequest], Plan], dict[str, str]]]:
-    """A chat request parsed, its model checked, the planner that answers it and the response
+    """A chat request parsed, its model checked, its schemas verified, the planner that answers it and the response
     headers; inside a session (the `session` field or X-Reame-Session) the session's lock is
     held until the caller has answered, so each turn continues the last."""
     session_id = session_of(request, body)
     if session_id is None:
         req = parse(body, None)
         check_model(state, req.model)
+        await state.service.verify(req.options)
         yield req, state.service.plan_chat, {}
         return
     turns = state.service.turns
@@ -107,6 +109,7 @@ async def chat_turn(request: web.Request, state: NodeState, body: object, parse:
         session = await turns.store.get(session_id)
         req = parse(body, history_calls(session.messages))  # tool results may answer the history's calls
         check_model(state, req.model)
+        await state.service.verify(req.options)
         yield req, partial(state.service.plan_chat, session=session), {SESSION_HEADER: session_id}
 
 

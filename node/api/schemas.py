@@ -279,7 +279,9 @@ def parse_tools(fields: Fields) -> tuple[Tool, ...]:
             parameters = {"type": "object", "properties": {}}
         structure.schema_spec(parameters, function.name("parameters"))
         tools[name] = Tool(name, function.string("description") or "", structure.canonical_json(parameters))
-    return tuple(tools.values())
+    offered = tuple(tools.values())
+    structure.schema_spec(structure.tool_call_schema(offered, None), "tools")  # the limits hold for all of them
+    return offered
 
 
 def parse_tool_choice(fields: Fields, tools: tuple[Tool, ...]) -> tuple[str, str | None]:

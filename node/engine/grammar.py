@@ -7,10 +7,12 @@ drafts of Il Suggeritore, node/speculative/format.py). llama.cpp's own grammar s
 judges every token it is handed and costs milliseconds over the whole vocabulary.
 
 - `GrammarCompiler` (one per engine): the model's vocabulary as llguidance sees it, built on
-  first use (about 5 s at 262,144 tokens, never on the engine thread), and a bounded LRU of
-  compiled grammars keyed by the sha256 of the spec, so each distinct schema compiles once.
-  A spec that does not compile raises `InvalidRequest` with llguidance's reason (an
-  unsupported JSON Schema keyword is named there).
+  first use (about 5 s at 262,144 tokens, never on the engine thread), and an LRU of compiled
+  grammars keyed by the sha256 of the spec, bounded by count and by bytes (each grammar's
+  memory measured as it compiles), so each distinct schema compiles once. A spec that does
+  not compile, or fails within its first masks (`_probe`), raises `InvalidRequest` with
+  llguidance's reason cut short (an unsupported JSON Schema keyword is named there), and is
+  never cached. Every compile runs under node/engine/grammar_limits.py's limits.
 - `Matcher` (one per sequence, a copy of the compiled grammar's initial state): `allows`
   checks one token, `masked` applies the whole mask to a row of logits, `accept` advances,
   `forced` lists the tokens the grammar admits no alternative to.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -33,12 +36,16 @@ import numpy as np
 import llama_cpp as ll
 
 from node.engine.errors import InvalidRequest
+from node.engine.grammar_limits import parser_limits, short_error
 from node.engine.types import GrammarSpec
 
 CACHE_SIZE = 64  # compiled grammars kept per engine
+CACHE_BYTES = 256 * 2**20  # and the memory they may hold (estimated per grammar: `_footprint`)
+PROBE_STEPS = 4  # masks computed at compile time along one path, so a grammar that fails as generation starts fails here
 # Compact JSON (no free whitespace): the output is what a client parses either way, and the
 # fewer choices the grammar leaves, the more of it is forced (and drafted).
 JSON_OPTIONS: Any = {"whitespace_flexible": False}
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def spec_key(spec: GrammarSpec) -> str:
@@ -63,20 +70,22 @@ def to_llguidance(spec: GrammarSpec) -> str:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # the converters raise ValueError with the reason; a library panic too
-        raise InvalidRequest(f"the {spec.kind} grammar does not compile: {exc}") from None
+        raise InvalidRequest(f"the {spec.kind} grammar does not compile: {short_error(exc)}") from None
     raise InvalidRequest(f"unknown grammar kind {spec.kind!r}")
 
 
 class CompiledGrammar:
-    """One compiled grammar: its initial parse state, copied for every sequence."""
+    """One compiled grammar: its initial parse state, copied for every sequence, and the bytes
+    it is estimated to hold (what the cache's budget counts)."""
 
-    __slots__ = ("key", "_template", "_n_vocab", "compile_s")
+    __slots__ = ("key", "_template", "_n_vocab", "compile_s", "nbytes")
 
-    def __init__(self, key: str, template: Any, n_vocab: int, compile_s: float) -> None:
+    def __init__(self, key: str, template: Any, n_vocab: int, compile_s: float, nbytes: int = 0) -> None:
         self.key = key
         self._template = template
         self._n_vocab = n_vocab
         self.compile_s = compile_s
+        self.nbytes = nbytes
 
     def matcher(self) -> Matcher:
         return Matcher(self._template.deep_copy(), self._n_vocab)
@@ -111,12 +120,12 @@ class Matcher:
         """A copy of the logits with every token the grammar forbids at -inf."""
         allowed = self.allowed_mask()
         if not allowed.any():
-            raise InvalidRequest(f"the grammar allows no token here: {self._m.get_error() or 'no continuation'}")
+            raise InvalidRequest(f"the grammar allows no token here: {short_error(self._m.get_error() or 'no continuation')}")
         return np.where(allowed, logits, np.float32(-np.inf))
 
     def accept(self, token: int) -> None:
         if not self._m.consume_token(int(token)):
-            raise InvalidRequest(f"token {token} does not fit the grammar: {self._m.get_error()}")
+            raise InvalidRequest(f"token {token} does not fit the grammar: {short_error(self._m.get_error())}")
 
     def forced(self) -> Sequence[int]:
         """Tokens the grammar forces next, in its own (canonical) tokenization; [] when free."""
@@ -136,11 +145,15 @@ class Matcher:
 class GrammarCompiler:
     """The model's vocabulary for llguidance (built once) and a bounded cache of compiled grammars."""
 
-    def __init__(self, vocab: ll.llama_vocab_p, n_vocab: int, eog: Iterable[int], capacity: int = CACHE_SIZE) -> None:
+    def __init__(self, vocab: ll.llama_vocab_p, n_vocab: int, eog: Iterable[int], capacity: int = CACHE_SIZE,
+                 capacity_bytes: int = CACHE_BYTES) -> None:
         self._vocab = vocab
         self._n_vocab = n_vocab
         self._eog = sorted(eog)
         self._capacity = capacity
+        self.capacity_bytes = capacity_bytes
+        self.cached_bytes = 0
+        self._compile_lock = threading.Lock()  # one new grammar at a time: its memory is measured alone
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._closing = False
@@ -183,34 +196,73 @@ class GrammarCompiler:
             return compiled
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """The compiled grammar (from the cache when seen before); raises InvalidRequest."""
+        """The compiled grammar (from the cache when seen before); raises InvalidRequest.
+
+        A new grammar is compiled against the vocabulary and probed (`_probe`: its first masks
+        computed) before it is cached, so a grammar that fails as generation starts fails here
+        and nothing of it is kept; its memory is measured around both (`_footprint`), and the
+        cache evicts the least recently used grammars to stay within `capacity` grammars and
+        `capacity_bytes` (a grammar larger than the whole budget is used, never kept)."""
         compiled = self.cached(spec)
         if compiled is not None:
             return compiled
         import llguidance
 
-        started = time.perf_counter()
-        text = to_llguidance(spec)
         tokenizer = self.tokenizer()
-        error = llguidance.LLMatcher.validate_grammar(text, tokenizer)
-        if error:
-            raise InvalidRequest(f"the {spec.kind} grammar does not compile: {_short(error)}")
-        template = llguidance.LLMatcher(tokenizer, text, log_level=0)
-        if template.is_error():
-            raise InvalidRequest(f"the {spec.kind} grammar does not compile: {_short(template.get_error())}")
-        compiled = CompiledGrammar(spec_key(spec), template, self._n_vocab, time.perf_counter() - started)
+        with self._compile_lock:
+            compiled = self.cached(spec)
+            if compiled is not None:
+                return compiled
+            started, before = time.perf_counter(), _rss()
+            text = to_llguidance(spec)
+            limits = parser_limits()
+            error = llguidance.LLMatcher.validate_grammar(text, tokenizer, limits=limits)
+            if error:
+                raise InvalidRequest(f"the {spec.kind} grammar does not compile: {short_error(error)}")
+            template = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=limits)
+            if template.is_error():
+                raise InvalidRequest(f"the {spec.kind} grammar does not compile: {short_error(template.get_error())}")
+            self._probe(template, spec)
+            nbytes = _footprint(before, _rss(), text)
+            compiled = CompiledGrammar(spec_key(spec), template, self._n_vocab, time.perf_counter() - started, nbytes)
         with self._lock:
-            self._cache[compiled.key] = compiled
-            self._cache.move_to_end(compiled.key)
-            while len(self._cache) > self._capacity:
-                self._cache.popitem(last=False)
             self.compiled += 1
+            if nbytes > self.capacity_bytes:
+                return compiled
+            self._cache[compiled.key] = compiled
+            self.cached_bytes += nbytes
+            while len(self._cache) > self._capacity or self.cached_bytes > self.capacity_bytes:
+                _, evicted = self._cache.popitem(last=False)
+                self.cached_bytes -= evicted.nbytes
         return compiled
+
+    def _probe(self, template: Any, spec: GrammarSpec) -> None:
+        """Walk `PROBE_STEPS` steps of one path through the grammar (forced tokens, then the
+        lowest allowed token), computing each mask as generation would; raise where it fails."""
+        probe = template.deep_copy()
+        words = np.zeros((self._n_vocab + 31) // 32, dtype=np.int32)
+        for _ in range(PROBE_STEPS):
+            if probe.is_stopped():
+                return
+            forced = probe.compute_ff_tokens()
+            if forced:
+                probe.consume_tokens(forced)
+            if not probe.is_error():
+                probe.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            if probe.is_error():
+                raise InvalidRequest(f"the {spec.kind} grammar fails as generation starts: "
+                                     f"{short_error(probe.get_error())}")
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:self._n_vocab]
+            allowed = np.flatnonzero(bits)
+            if allowed.size == 0:
+                raise InvalidRequest(f"the {spec.kind} grammar allows no token as generation starts")
+            if not probe.consume_token(int(allowed[0])):
+                return
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"grammars_cached": len(self._cache), "grammars_compiled": self.compiled,
-                    "grammar_cache_hits": self.hits}
+                    "grammar_cache_hits": self.hits, "grammar_cache_bytes": self.cached_bytes}
 
 
 def _piece(vocab: ll.llama_vocab_p, token: int, buffer: Any) -> bytes:
@@ -222,8 +274,17 @@ def _piece(vocab: ll.llama_vocab_p, token: int, buffer: Any) -> bytes:
     return piece
 
 
-def _short(message: str) -> str:
-    """llguidance's messages can carry a whole grammar dump: keep the first lines."""
-    lines = [line for line in str(message).splitlines() if line.strip()]
-    return " ".join(lines[:3])[:500]
+def _rss() -> int:
+    """The process's resident memory in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
 
+
+def _footprint(before: int, after: int, text: str) -> int:
+    """What one compiled grammar holds, estimated: the resident memory its compile and probe
+    added (measured alone, under the compile lock), and at least 64 bytes per character of its
+    grammar text (its parse tables), with a floor of 64 KiB."""
+    return max(after - before, 64 * len(text), 64 * 1024)

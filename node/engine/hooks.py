@@ -58,6 +58,7 @@ class DraftSeq:
     sampled: bool              # False: greedy
     sampling: SamplingParams | None = None
     grammar: Forcing | None = None  # the sequence's parse state, when its output is constrained
+    seed: int | None = None    # the sequence's sampling seed (a draft model derives its own from it)
 
 
 @dataclass(frozen=True, slots=True)

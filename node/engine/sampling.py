@@ -1,6 +1,8 @@
 """Choosing the next token from one row of logits, in numpy, with llama.cpp's semantics.
 
-One `TokenSampler` per request (its own seeded RNG). The row is a float32 view straight
+One `TokenSampler` per request, with its seed; the random number it uses at a position is a
+hash of (seed, position, purpose) (`uniform`), so a seeded sequence draws the same token at
+the same position however its drafts went. The row is a float32 view straight
 into llama.cpp's logits buffer; it is never written (forked sequences sample from the
 same row), so adjustments work on a copy, made only when there is an adjustment.
 
@@ -29,7 +31,9 @@ microseconds); only when the grammar rejects it is the whole-vocabulary mask com
 the choice made again from the masked row (the same chain, a second draw). Greedy is
 therefore exactly the argmax over the allowed tokens; sampling draws from the allowed tokens
 by the same chain. Asking for logprobs never changes the choice: the reported numbers are
-those of the masked row.
+those of the masked row. Rejection sampling of a draft model's tokens (`choose_against`)
+targets exactly this two-stage distribution (`target`), so a sampled constrained sequence
+draws from one distribution with or without a draft model.
 
 The check and the mask can disagree: where the grammar forces the next bytes, llguidance's
 mask holds only their canonical token (`":"`), while the check admits any token that spells
@@ -106,7 +110,7 @@ def fresh_seed() -> int:
 class TokenSampler:
     """Per-request sampler: adjustments, truncation, temperature and its own RNG."""
 
-    __slots__ = ("params", "seed", "n_logprobs", "constraint", "_rng", "_bias_ids", "_bias_values", "_penalised")
+    __slots__ = ("params", "seed", "n_logprobs", "constraint", "_bias_ids", "_bias_values", "_penalised")
 
     def __init__(self, params: SamplingParams, n_vocab: int, *, logprobs: int | None = None,
                  seed: int | None = None, constraint: Constraint | None = None) -> None:
@@ -115,7 +119,6 @@ class TokenSampler:
         self.seed = seed if seed is not None else (params.seed if params.seed is not None else fresh_seed())
         self.n_logprobs = logprobs
         self.constraint = constraint
-        self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
         self._bias_values = np.fromiter(params.logit_bias.values(), dtype=np.float32,
                                         count=len(params.logit_bias))
@@ -123,10 +126,15 @@ class TokenSampler:
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         )
 
+    def uniform(self, position: int, purpose: int) -> float:
+        """The random number in [0, 1) this sequence uses at `position` for `purpose`."""
+        return uniform(self.seed, position, purpose)
+
     def choose(self, row: np.ndarray, history: Sequence[int]) -> Choice:
         """Pick the next token from one logits row; `history` is the sequence so far."""
         logits = self._adjusted(row, history)
-        token = self._pick(logits)
+        position = len(history)
+        token = self._pick(logits, self.uniform(position, DRAW))
         constraint = self.constraint
         if constraint is not None:
             if constraint.allows(token):
@@ -134,14 +142,14 @@ class TokenSampler:
                     logits = _masked_keeping(constraint, logits, token)
             else:
                 logits = constraint.masked(logits)
-                token = self._pick(logits)
+                token = self._pick(logits, self.uniform(position, REDRAW))
             constraint.accept(token)
         if self.n_logprobs is None:
             return Choice(token)
         return _with_logprobs(logits, token, self.n_logprobs)
 
-    def _pick(self, logits: np.ndarray) -> int:
-        return int(np.argmax(logits)) if self.params.greedy else self._draw(logits)
+    def _pick(self, logits: np.ndarray, u: float) -> int:
+        return int(np.argmax(logits)) if self.params.greedy else self._draw(logits, u)
 
     def _adjusted(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
         if not self._bias_ids.size and not self._penalised:
@@ -159,36 +167,70 @@ class TokenSampler:
                        draft: tuple[np.ndarray, np.ndarray]) -> tuple[Choice, bool]:
         """Rejection sampling of a draft `token` drawn from `draft` = (ids, probabilities):
         kept with probability min(1, p(token) / q(token)), otherwise a token drawn from the
-        residual max(0, p - q) renormalised. The result is distributed exactly as `choose`'s
-        draw from p (speculative sampling); returns (the choice, whether it is the draft token)."""
+        residual max(0, p - q) renormalised, where p is exactly the distribution `choose` draws
+        from (`target`). The result is distributed as `choose`'s draw (speculative sampling);
+        returns (the choice, whether it is the draft token). Where p would cost too much to
+        write down (`target` is None), the plain draw decides and the draft is kept when it
+        drew the same token: still exact, only fewer drafts kept."""
         logits = self._adjusted(row, history)
-        if self.constraint is not None:
-            logits = (_masked_keeping(self.constraint, logits, token) if self.constraint.allows(token)
-                      else self.constraint.masked(logits))
-        ids, weights = self._weights(logits)
-        p = weights / weights.sum()
-        q_ids, q_probs = draft
-        order = np.argsort(q_ids)
-        sorted_ids = q_ids[order]
-        at = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
-        q = np.where(sorted_ids[at] == ids, q_probs[order][at], 0.0)
+        target = None if self.params.greedy else self.target(logits)
+        if target is None:
+            choice = self.choose(row, history)
+            return choice, choice.token == token
+        position = len(history)
+        ids, p = target
+        q = _aligned(draft, ids)
         where = np.flatnonzero(ids == token)
         p_token = float(p[where[0]]) if where.size else 0.0
+        q_ids, q_probs = draft
         q_token = float(q[where[0]]) if where.size else float(q_probs[q_ids == token].sum())
-        if q_token > 0 and self._rng.random() * q_token < p_token:
+        if accept_draft(self.uniform(position, ACCEPT), p_token, q_token):
             chosen, kept = token, True
         else:
-            residual = np.maximum(p - q, 0.0)
-            if residual.sum() <= 0:
-                residual = p
-            cumulative = np.cumsum(residual)
-            pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
-            chosen, kept = int(ids[min(pick, len(ids) - 1)]), False
-        if self.constraint is not None:
-            self.constraint.accept(chosen)
+            chosen, kept = _draw_from(ids, residual(p, q), self.uniform(position, RESIDUAL)), False
+        constraint = self.constraint
+        if constraint is not None:
+            if self.n_logprobs is not None:
+                logits = (_masked_keeping(constraint, logits, chosen) if constraint.allows(chosen)
+                          else constraint.masked(logits))
+            constraint.accept(chosen)
         if self.n_logprobs is None:
             return Choice(chosen), kept
         return _with_logprobs(logits, chosen, self.n_logprobs), kept
+
+    def target(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, probabilities) of `choose`'s draw from these adjusted logits, every id outside
+        having probability 0; None when a grammar would have to check more than CHECK_LIMIT
+        tokens to say it.
+
+        Without a grammar that is the truncated, tempered row. With one, `choose` draws from the
+        unconstrained row first and, when the grammar's check rejects the token, again from the
+        masked row, so p(t) = p_row(t) * allowed(t) + rejected * p_masked(t), rejected being the
+        row's mass the check refuses. Tokens the mask admits are allowed; the check is asked only
+        about the others in the row's support."""
+        ids, weights = self._weights(logits)
+        p_row = weights / weights.sum()
+        constraint = self.constraint
+        if constraint is None:
+            return ids, p_row
+        masked = constraint.masked(logits)
+        allowed = np.isfinite(masked[ids])
+        unknown = np.flatnonzero(~allowed)
+        if len(unknown) > CHECK_LIMIT:
+            return None
+        for i in unknown:
+            allowed[i] = constraint.allows(int(ids[i]))
+        rejected = float(p_row[~allowed].sum())
+        if rejected <= 0.0:
+            return ids, p_row
+        masked_ids, masked_weights = self._weights(masked)
+        all_ids = np.concatenate([ids, masked_ids])
+        mass = np.concatenate([np.where(allowed, p_row, 0.0), rejected * masked_weights / masked_weights.sum()])
+        merged, inverse = np.unique(all_ids, return_inverse=True)
+        p = np.zeros(len(merged))
+        np.add.at(p, inverse, mass)
+        keep = p > 0
+        return merged[keep], p[keep]
 
     def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ids a draw can pick (top_k, top_p, min_p applied) and their tempered weights."""
@@ -202,11 +244,9 @@ class TokenSampler:
         values = logits[ids[:keep]].astype(np.float64)
         return ids[:keep], np.exp((values - values.max()) / p.temperature)
 
-    def _draw(self, logits: np.ndarray) -> int:
+    def _draw(self, logits: np.ndarray, u: float) -> int:
         ids, tempered = self._weights(logits)
-        cumulative = np.cumsum(tempered)
-        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
-        return int(ids[min(pick, len(ids) - 1)])
+        return _draw_from(ids, tempered, u)
 
     def draft_distribution(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probabilities) a draft model's token is drawn from: these sampling settings
@@ -214,11 +254,56 @@ class TokenSampler:
         ids, weights = self._weights(self._adjusted(row, history))
         return ids, weights / weights.sum()
 
-    def draw_from(self, dist: tuple[np.ndarray, np.ndarray]) -> int:
-        ids, probs = dist
-        cumulative = np.cumsum(probs)
-        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
-        return int(ids[min(pick, len(ids) - 1)])
+    def draw_from(self, dist: tuple[np.ndarray, np.ndarray], position: int) -> int:
+        """A draft token for `position` from `dist` (a draft model's distribution)."""
+        return _draw_from(dist[0], dist[1], self.uniform(position, DRAFT))
+
+
+# What the random number of a position is for: each purpose has its own, so a draft model's
+# draw, the target's acceptance test and its residual draw are independent of each other.
+DRAW, REDRAW, ACCEPT, RESIDUAL, DRAFT = range(5)
+CHECK_LIMIT = 1024  # grammar checks one rejection-sampling step may make (see TokenSampler.target)
+
+
+def uniform(seed: int, position: int, purpose: int) -> float:
+    """A random number in [0, 1) that depends only on (seed, position, purpose).
+
+    Keyed by position rather than drawn from a running generator, a seeded sequence uses the
+    same number at the same position whatever happened before: however many drafts were
+    verified, kept or rejected, a seeded request draws the same text (up to the kernels'
+    near-ties), with speculation on or off. NumPy's SeedSequence hashes the key."""
+    words = np.random.SeedSequence([seed & (2**64 - 1), position, purpose]).generate_state(2, np.uint32)
+    return ((int(words[0]) << 21) ^ (int(words[1]) >> 11)) / float(1 << 53)
+
+
+def accept_draft(u: float, p: float, q: float) -> bool:
+    """Keep a draft token drawn with probability q that the target gives p: with probability
+    min(1, p / q), decided by the uniform number u."""
+    return q > 0.0 and u * q < p
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """What a rejected draft's replacement is drawn from: max(0, p - q) (unnormalised; p itself
+    when nothing is left, which happens only where rejection cannot)."""
+    rest = np.maximum(p - q, 0.0)
+    return rest if rest.sum() > 0 else p
+
+
+def _draw_from(ids: np.ndarray, weights: np.ndarray, u: float) -> int:
+    cumulative = np.cumsum(weights)
+    pick = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    return int(ids[min(pick, len(ids) - 1)])
+
+
+def _aligned(dist: tuple[np.ndarray, np.ndarray], ids: np.ndarray) -> np.ndarray:
+    """The probabilities of `dist` at `ids` (0 where it has none)."""
+    q_ids, q_probs = dist
+    if not len(q_ids):
+        return np.zeros(len(ids))
+    order = np.argsort(q_ids)
+    sorted_ids = q_ids[order]
+    at = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+    return np.where(sorted_ids[at] == ids, q_probs[order][at], 0.0)
 
 
 def apply_penalties(logits: np.ndarray, window: Sequence[int], params: SamplingParams) -> None:

@@ -552,7 +552,8 @@ class Scheduler:
         if self._speculator is None or not seq.request.speculation:
             return
         seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy,
-                                 seq.request.sampling, grammar=seq.constraint)
+                                 seq.request.sampling, grammar=seq.constraint,
+                                 seed=seq.sampler.seed if seq.sampler is not None else seq.seed)
         self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:

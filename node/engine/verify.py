@@ -8,8 +8,9 @@ choice at j. The first disagreement ends the walk: that choice is the recovered 
 when every draft token was kept, the choice from the last row is the bonus token.
 
 Since every choice is drawn exactly as plain decoding would draw it (same row, same
-history, one RNG draw per generated token), the output is the target's: greedy text is
-identical to plain decoding and a seeded sample consumes the same random numbers. This
+history, the random number of that position), the output is the target's: greedy text is
+identical to plain decoding and a seeded sample draws the same tokens, up to the kernels'
+near-ties (a row computed in a batch of another shape can differ in its last bits). This
 holds for every deterministic draft (lookup, the Palimpsest, a greedy draft model).
 
 A sampled sequence's draft that carries the distributions its tokens were drawn from (a
@@ -17,8 +18,11 @@ draft model sampling) is verified by rejection sampling instead (`choose_against
 draft token x kept with probability min(1, p(x) / q(x)), otherwise a token drawn from the
 residual max(0, p - q)), which keeps more of a sampled draft than waiting for the target
 to draw the same token, and is distributed exactly as the target (Leviathan et al. 2023,
-Chen et al. 2023). The random numbers differ from plain decoding's, so a seeded sample
-is the target's distribution, not the same text.
+Chen et al. 2023). Its random numbers (acceptance, residual) are not plain decoding's, so a
+seeded sample with a draft model is the target's distribution, not plain decoding's text.
+The draft model's draws are keyed by the request's seed and the position too, so the same
+seeded request drafts and draws the same tokens again wherever the controller chooses the
+same draft lengths (which follow the measured cost line).
 """
 
 from __future__ import annotations

@@ -47,10 +47,13 @@ from node.archive.client import ArchiveClient
 from node.cache.fleet import FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.engine import errors as engine_errors
-from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest
+from node.engine.types import INTERACTIVE, GenerationHandle, GenerationRequest, GrammarSpec
+from node.engine.grammar_limits import short_error
+from node.serving import structure
 from node.serving.answer import Answer
 from node.serving.conclave.runner import SEED_SPACE, ConclavePolicy, ConclaveRun
 from node.serving.engine_client import EngineClient
+from node.serving.grammar_workers import GrammarWorkers
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, NotOffered, Overloaded, UnsupportedFeature
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 from node.serving.ledger import Ledger
@@ -95,6 +98,29 @@ class CompletionService:
                       if sessions is not None else None)
         self._writes: set[asyncio.Task[None]] = set()
         self.ledger = Ledger()  # what was served (node/serving/ledger.py)
+        self.grammar_workers = GrammarWorkers()  # schema checks and grammar compiles, off the loop
+        self.verified = structure.Verified()
+
+    # ---- structure --------------------------------------------------------------------
+
+    async def verify(self, options: GenerationOptions) -> None:
+        """The request's schemas and grammar pass the checks that cost time (node/serving/
+        structure.py), on a grammar thread within its budget; raises a 400 naming the field."""
+        pairs = self.verified.pending(structure.checks(options))
+        if pairs:
+            await self.grammar_workers.run(pairs[0][0], self._verify, pairs)
+
+    def verify_blocking(self, options: GenerationOptions) -> None:
+        """`verify` for a thread that may block (batch validation)."""
+        pairs = self.verified.pending(structure.checks(options))
+        if pairs:
+            self.grammar_workers.call(pairs[0][0], self._verify, pairs)
+
+    def _verify(self, pairs: list[tuple[str, GrammarSpec]]) -> None:
+        """On a grammar thread: what passes is remembered even when its waiter gave up (over
+        budget), so the same request sent again passes at once."""
+        structure.verify_all(pairs)
+        self.verified.add(pairs)
 
     # ---- planning -------------------------------------------------------------------
 
@@ -262,21 +288,25 @@ class CompletionService:
             fits = exc.prompt_tokens < exc.n_ctx  # then a smaller max_tokens would do
             raise ContextLengthExceeded(str(exc), param="max_tokens" if fits else None) from None
         except engine_errors.InvalidRequest as exc:  # a bad sampling value, a grammar that does not compile
-            raise InvalidRequest(str(exc)) from None
+            raise InvalidRequest(short_error(exc)) from None
 
     async def prepare(self, job: Job, output: Output | None) -> None:
-        """Compile the job's grammar into the engine's cache on a worker thread (once per
-        distinct grammar: later requests find it compiled), so neither the event loop nor the
-        engine thread compiles."""
+        """Compile the job's grammar against the vocabulary into the engine's cache on a grammar
+        thread, within the budget (once per distinct grammar: later requests find it compiled),
+        so neither the event loop nor the engine thread compiles, and a grammar that fails as
+        generation starts is a 400 before anything is admitted."""
         spec = job.request.sampling.grammar
         prepare = getattr(self.engine, "prepare_grammar", None)
         if spec is None or prepare is None:
             return
+        param = structure.CHECKED_FIELD.get(output.param, output.param) if output is not None else "grammar"
+        warm = getattr(self.engine, "warm_grammars", None)
+        if warm is not None:  # the vocabulary's view is built once, outside any grammar's budget
+            await asyncio.get_running_loop().run_in_executor(None, warm)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, prepare, spec)
+            await self.grammar_workers.run(param, prepare, spec)
         except engine_errors.InvalidRequest as exc:
-            param = output.param if output is not None else "grammar"
-            raise InvalidRequest(str(exc), param=param, code="invalid_schema"
+            raise InvalidRequest(short_error(exc), param=param, code="invalid_schema"
                                  if spec.kind == "json_schema" else "invalid_grammar") from None
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:

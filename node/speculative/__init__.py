@@ -4,7 +4,8 @@
 - lookup.py      prompt lookup: the longest suffix of prompt + output seen earlier in it
                  (and in its siblings' outputs), an index updated in O(1) per token;
 - palimpsest.py  the local index of past generations of this model (fed by the node's own
-                 finished sequences and by the archive mirror), SuffixDecoding-style lengths;
+                 finished sequences and by the archive mirror): a 3-gram hash index, not a
+                 suffix tree, with draft lengths by match length;
 - format.py      Il Suggeritore: tokens a grammar forces, and form rules (lists, tables,
                  indentation, closing brackets, repeated line prefixes), one source per rule;
 - costs.py       the verify cost curve: seconds of a step by batch size and draft length;

@@ -198,8 +198,11 @@ class Controller:
         for name, drafted, accepted in self._this_step:
             stats = self.stats[name]
             share = decode_s * drafted / max(1, n_tokens)
+            state = self._sources.get(name)
+            making = state.source.cost_per_token * drafted if state is not None else 0.0  # a draft model's own decodes
             stats.verify_s += share
-            stats.saved_s += accepted * per_token_plain - share
+            stats.make_s += making
+            stats.saved_s += accepted * per_token_plain - share - making
         self._this_step.clear()
 
     # -- decisions ------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 PADDING_MAX = 128       # extra ids one vocabulary may have at its end
 COST_EMA = 0.2
 BATCH = 512
+DRAFT_SALT = 0x5EED_D0AF  # draft draws use a seed of their own, derived from the sequence's
 
 
 class VocabularyMismatch(ModelLoadError):
@@ -105,7 +106,8 @@ class DraftModel:
             return
         sampler = None
         if seq.sampled and seq.sampling is not None:
-            sampler = TokenSampler(seq.sampling, self._model.n_vocab, seed=(seq.key * 0x9E3779B1) & (2**63 - 1))
+            own = seq.seed if seq.seed is not None else seq.key  # the request's seed: the same draws every time
+            sampler = TokenSampler(seq.sampling, self._model.n_vocab, seed=(own * 0x9E3779B1 + DRAFT_SALT) & (2**63 - 1))
         self._seqs[seq.key] = _DraftState(self._free.pop(), sampler)
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
@@ -124,7 +126,7 @@ class DraftModel:
                 token = int(np.argmax(row))
             else:
                 dist = state.sampler.draft_distribution(row, history)
-                token = state.sampler.draw_from(dist)
+                token = state.sampler.draw_from(dist, len(history))
                 dists.append(dist)
             out.append(token)
             history.append(token)
@@ -168,9 +170,6 @@ class DraftModel:
                     state.tokens.clear()
             return None
         return self._ctx.logits(1)[0].copy()
-
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
-        pass
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         state = self._seqs.pop(seq.key, None)

@@ -75,9 +75,6 @@ class GrammarForced:
                 tokens = joined[:seq.grammar.valid(joined)]
         return Draft(tokens, self.name) if tokens else None
 
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
-        pass
-
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         pass
 
@@ -263,9 +260,6 @@ class FormRule:
             return None
         tokens = self._tracker.tokens(text)[:k]
         return Draft(tokens, self.name) if tokens else None
-
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
-        pass
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         if self._owner:

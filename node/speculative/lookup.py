@@ -98,9 +98,6 @@ class PromptLookup:
                 return tuple(stream[hit[1]:hit[1] + k])
         return ()
 
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
-        pass
-
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         group = self._groups.get(seq.group)
         if group is None:

@@ -7,13 +7,16 @@ corpus through ARCA.SINCE). `add` may be called from any thread: streams wait in
 that the engine thread drains a bounded amount of at a time (`ingest`), so a large
 mirror batch never stalls a step.
 
-Index: every position of every stream under the hash of the KEY_N tokens before it (the
-newest CHAIN positions per n-gram). A proposal looks up the context's last KEY_N tokens,
-extends each candidate's match backwards (up to MAX_MATCH tokens) and keeps the longest
-matches; then walks forward SuffixDecoding-style: at each depth the most frequent next
-token among the candidates that still agree, stopping when the path's frequency falls
-under PRUNE (an unlikely branch) or the draft reaches ALPHA x the match length. A long,
-often seen continuation gives a long draft; a short or disputed one a short draft.
+Index: a hash table from each KEY_N-gram (3 tokens) to the newest CHAIN (16) positions where
+it occurred, over every stream. It is not a suffix tree: a context whose last 3-gram was
+seen in more than 16 places finds only the 16 newest, and longer matches are measured, not
+indexed. A proposal looks up the context's last KEY_N tokens, extends each candidate
+position's match backwards token by token (up to MAX_MATCH) and keeps the longest matches;
+then walks forward over those candidates: at each depth the most frequent next token among
+the candidates that still agree, stopping when the share of candidates on the path falls
+under PRUNE or the draft reaches ALPHA x the match length (the draft-length rule of suffix
+decoding, applied to this small candidate set). A long, often seen continuation gives a
+long draft; a short or disputed one a short draft.
 
 RAM is bounded by `max_tokens`: the oldest streams are evicted with their index entries.
 A stream already present (the node's own generation coming back through the mirror) is
@@ -177,9 +180,6 @@ class Palimpsest:
             cands = [(s, p) for s, p in cands if p + depth < len(s) and s[p + depth] == token]
             depth += 1
         return tuple(out)
-
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None:
-        pass
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         """A finished sequence of this node becomes a stream: its prompt's tail and output."""

@@ -1,8 +1,8 @@
 """The seam between the controller and its draft sources.
 
 A source keeps per-sequence state between `begin` and `end`, answers `propose` on the
-engine thread without I/O or locks held by other threads for long, and hears back how many
-of its tokens were kept. Index sources answer in microseconds; a source whose drafts cost
+engine thread without I/O or locks held by other threads for long. What was kept is the
+controller's to judge (per source, per position), not the source's. Index sources answer in microseconds; a source whose drafts cost
 real time to make (a draft model) says so in `cost_per_token` (seconds, measured), and the
 controller then asks it only for as many tokens as it expects to pay. Sources never decide
 whether drafting pays: the controller does, from what they proposed and what was kept.
@@ -24,7 +24,5 @@ class DraftSource(Protocol):
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
         """Up to k tokens likely to follow `context` (prompt + output so far), or None."""
-
-    def observe(self, seq: DraftSeq, drafted: int, accepted: int) -> None: ...
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None: ...

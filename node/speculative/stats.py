@@ -17,7 +17,8 @@ class SourceStats:
     drafted: int = 0             # draft tokens verified
     accepted: int = 0            # draft tokens kept
     verify_s: float = 0.0        # the share of decode time spent on this source's draft rows
-    saved_s: float = 0.0         # estimated decode time saved (plain decoding's time for the kept tokens - verify_s)
+    make_s: float = 0.0          # time spent making the drafts (a draft model's decodes; index sources: 0)
+    saved_s: float = 0.0         # estimated time saved: plain decoding's time for the kept tokens - verify_s - make_s
     switched_off: int = 0
     switched_on: int = 0
     on: bool = True
@@ -44,7 +45,8 @@ class SourceStats:
         return {
             "proposals": self.proposals, "drafted": self.drafted, "accepted": self.accepted,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
-            "verify_seconds": round(self.verify_s, 6), "saved_seconds": round(self.saved_s, 6),
+            "verify_seconds": round(self.verify_s, 6), "making_seconds": round(self.make_s, 6),
+            "saved_seconds": round(self.saved_s, 6),
             "on": self.on, "switched_off": self.switched_off, "switched_on": self.switched_on,
             "acceptance_by_position": [round(k / r, 3) if r else None for k, r in zip(self.kept, self.reached)],
             "accepted_lengths": list(self.lengths),

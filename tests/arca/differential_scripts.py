@@ -291,3 +291,52 @@ SCRIPTS["arity"] = [(name, *["k"] * count) for name in NEW_COMMANDS for count in
     ("MEMORY", "USAGE"), ("SLOWLOG", "LEN", "x"), ("SLOWLOG", "RESET", "x"), ("CONFIG", "RESETSTAT", "x"),
     ("OBJECT", "NOPE"), ("MEMORY", "NOPE"), ("SLOWLOG", "NOPE"),
 ]
+
+# Redis's own suite (tests/unit/type/string, incr, keyspace, introspection-2; see
+# bench/redis_suite.py): the families it found ARCA answering differently, one script each.
+SCRIPTS["command-getkeys"] = [
+    ("COMMAND", "GETKEYS", "GET", "k"), ("COMMAND", "GETKEYS", "get", "k"),
+    ("COMMAND", "GETKEYS", "MEMORY", "USAGE", "k"), ("COMMAND", "GETKEYS", "LCS", "a", "b"),
+    ("COMMAND", "GETKEYS", "MSET", "a", "1", "b", "2"), ("COMMAND", "GETKEYS", "EXISTS", "a", "b", "c"),
+    ("COMMAND", "GETKEYS", "SET", "k", "v", "EX", "10"), ("COMMAND", "GETKEYS", "OBJECT", "ENCODING", "k"),
+    ("COMMAND", "GETKEYS", "PING", "x"), ("COMMAND", "GETKEYS", "NOSUCH", "x"), ("COMMAND", "GETKEYS", "GET", "a", "b"),
+    ("COMMAND", "GETKEYS", "MSET", "a"), ("COMMAND", "GETKEYS", "OBJECT", "NOPE", "k"),
+    ("COMMAND", "GETKEYS", "CONFIG", "GET", "x"), ("COMMAND", "GETKEYS", "GET"), ("COMMAND", "GETKEYS"),
+    ("COMMAND", "GETKEYSANDFLAGS", "GET", "k"), ("COMMAND", "GETKEYSANDFLAGS", "PING", "x"),
+    ("COMMAND", "INFO", "get|key"), ("COMMAND", "INFO", "config|get|key"), ("COMMAND", "INFO", "nosuch"),
+    ("COMMAND", "LIST", "FILTERBY", "MODULE", "nosuch"), ("COMMAND", "LIST", "FILTERBY", "ACLCAT", "nosuch"),
+    ("COMMAND", "LIST", "FILTERBY", "PATTERN", "get"), ("COMMAND", "LIST", "FILTERBY", "PATTERN", "nosuch*"),
+    ("COMMAND", "LIST", "FILTERBY", "PATTERN", "incrbyf*"), ("COMMAND", "LIST", "bad"),
+    ("COMMAND", "LIST", "FILTERBY", "bad"), ("COMMAND", "LIST", "FILTERBY", "bad", "x"),
+    ("COMMAND", "LIST", "FILTERBY", "PATTERN", "a", "b"),
+]
+SCRIPTS["object-encoding-transitions"] = [
+    ("SET", "a", "1234"), ("OBJECT", "ENCODING", "a"), ("SETRANGE", "a", "0", "2"), ("OBJECT", "ENCODING", "a"),
+    ("GET", "a"), ("SET", "a", "1234"), ("SETRANGE", "a", "0", ""), ("OBJECT", "ENCODING", "a"),
+    ("SETRANGE", "a", "5", "2"), ("OBJECT", "ENCODING", "a"), ("INCR", "n"), ("OBJECT", "ENCODING", "n"),
+    ("DECR", "n"), ("OBJECT", "ENCODING", "n"), ("INCRBY", "n", "100"), ("OBJECT", "ENCODING", "n"),
+    ("DECRBY", "n", "7"), ("OBJECT", "ENCODING", "n"), ("APPEND", "n", "5"), ("OBJECT", "ENCODING", "n"),
+    ("INCR", "n"), ("OBJECT", "ENCODING", "n"), ("SET", "s", "x"), ("APPEND", "s", "y"), ("OBJECT", "ENCODING", "s"),
+    ("APPEND", "new", "12"), ("OBJECT", "ENCODING", "new"), ("APPEND", "new2", "hello"),
+    ("OBJECT", "ENCODING", "new2"), ("INCRBYFLOAT", "f", "1"), ("OBJECT", "ENCODING", "f"),
+    ("INCRBYFLOAT", "f", "1.5"), ("OBJECT", "ENCODING", "f"), ("SETBIT", "b", "1", "1"), ("OBJECT", "ENCODING", "b"),
+    ("COPY", "s", "c"), ("OBJECT", "ENCODING", "c"), ("RENAME", "c", "d"), ("OBJECT", "ENCODING", "d"),
+    ("EXPIRE", "d", "100"), ("OBJECT", "ENCODING", "d"), ("PERSIST", "d"), ("OBJECT", "ENCODING", "d"),
+    ("SET", "d", "12"), ("OBJECT", "ENCODING", "d"), ("SETRANGE", "r", "0", "5"), ("OBJECT", "ENCODING", "r"),
+    ("SET", "big", "x" * 44), ("OBJECT", "ENCODING", "big"), ("APPEND", "big", "y"), ("OBJECT", "ENCODING", "big"),
+    ("SET", "big", "x" * 45), ("OBJECT", "ENCODING", "big"), ("GETSET", "b", "7"), ("OBJECT", "ENCODING", "b"),
+    ("MSET", "a", "5", "s", "t"), ("OBJECT", "ENCODING", "a"), ("OBJECT", "ENCODING", "s"),
+    ("SET", "i", "12345678901234567890"), ("OBJECT", "ENCODING", "i"), ("SET", "i", "-0"), ("OBJECT", "ENCODING", "i"),
+]
+SCRIPTS["randomkey"] = [
+    ("RANDOMKEY",), ("SET", "a", "1", "EX", "100"), ("RANDOMKEY",), ("SET", "b", "1", "PXAT", "1"), ("RANDOMKEY",),
+    ("EXISTS", "b"), ("PEXPIREAT", "a", "1"), ("RANDOMKEY",), ("DBSIZE",), ("SET", "c", "1"), ("EXPIRE", "c", "100"),
+    ("RANDOMKEY",), ("FLUSHALL",), ("RANDOMKEY",),
+]
+SCRIPTS["glob-nesting"] = [
+    ("SET", "a" * 95, "1"), ("KEYS", "a*" * 35 + "b"), ("KEYS", "a*" * 35), ("FLUSHALL",),
+    ("SET", "a" * 1001, "1"), ("KEYS", "a*" * 1001), ("KEYS", "*a" * 1001), ("KEYS", "*" * 1001 + "a"),
+    ("KEYS", "a*" * 999 + "a"), ("FLUSHALL",), ("SET", "a" * 50000, "1"), ("KEYS", "*?" * 50000), ("FLUSHALL",),
+    ("SET", "dlskeriewrioeuwqoirueioqwrueoqwrueqw", "test"), ("KEYS", "*"), ("KEYS", "*"),
+    ("SET", "k" * 20000, "v"), ("KEYS", "k*k"), ("KEYS", "*" * 3 + "k" * 20000), ("DEL", "k" * 20000), ("KEYS", "*"),
+]

@@ -172,7 +172,7 @@ def test_new_commands_are_in_command_info_and_docs(ctx):
            b"setbit", b"getbit", b"bitcount", b"bitpos", b"expiretime", b"pexpiretime", b"copy", b"rename",
            b"renamenx", b"randomkey", b"touch", b"object", b"memory", b"watch", b"unwatch", b"slowlog"}
     assert new <= names
-    assert run(ctx, "COMMAND", "COUNT") == len(names)
+    assert run(ctx, "COMMAND", "COUNT") == len({name for name in names if b"|" not in name})  # LIST adds subcommands
     info = run(ctx, "COMMAND", "INFO", "lcs", "shutdown")
     assert info[0][:2] == [b"lcs", -3]
     assert Status("no_multi") in info[1][2]

@@ -144,3 +144,20 @@ def test_scan_survives_writes_between_calls(ctx):
         if cursor == b"0":
             break
     assert stable <= seen
+
+
+def test_ttl_type_exists_and_object_leave_a_key_where_it_is_in_the_lru_order(ctx):
+    """Redis's TTL, TYPE, EXISTS and OBJECT do not touch a key's LRU clock (its suite checks
+    OBJECT IDLETIME after them); here the key keeps its place in the LRU order, so it is
+    still the one a write evicts first. A GET or TOUCH does move it."""
+    run(ctx, "SET", "old", "1")
+    run(ctx, "SET", "new", "2")
+    for argv in (("TTL", "old"), ("PTTL", "old"), ("EXPIRETIME", "old"), ("PEXPIRETIME", "old"),
+                 ("TYPE", "old"), ("EXISTS", "old"), ("OBJECT", "ENCODING", "old"), ("OBJECT", "REFCOUNT", "old"),
+                 ("OBJECT", "IDLETIME", "old"), ("MEMORY", "USAGE", "old")):
+        run(ctx, *argv)
+        assert run(ctx, "KEYS", "*") == [b"old", b"new"], argv  # least recently used first
+    run(ctx, "TOUCH", "old")
+    assert run(ctx, "KEYS", "*") == [b"new", b"old"]
+    run(ctx, "GET", "new")
+    assert run(ctx, "KEYS", "*") == [b"old", b"new"]

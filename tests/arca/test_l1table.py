@@ -1350,3 +1350,21 @@ def test_max_items_stops_a_longer_command():
     assert t.run(data, 2, 1 << 20, 1 << 20, 3)[:3] == (b"", 0, 0)
     with pytest.raises(ValueError):
         t.run(data, 2, 1 << 20, 1 << 20, 0)
+
+
+def test_idle_counts_seconds_since_a_read_or_write_not_since_a_peek():
+    t = Table(1 << 20, 0)
+    t.put(b"a", b"1")
+    t.put(b"b", b"1")
+    assert t.idle(b"a") == 0 and t.idle(b"missing") is None
+    time.sleep(1.2)
+    t.peek_with_deadline(b"a")
+    t.encoding(b"a")
+    assert t.idle(b"a") >= 1 and t.idle(b"b") >= 1
+    t.get(b"a")                                   # a read
+    t.run(b"*3\r\n$3\r\nSET\r\n$1\r\nb\r\n$1\r\n2\r\n", 2, 1 << 16, 1 << 20)  # a write on the plain path
+    assert t.idle(b"a") == 0 and t.idle(b"b") == 0
+    t.put(b"c", b"1", PAST)
+    assert t.idle(b"c") is None
+    with pytest.raises(TypeError):
+        t.idle("a")

@@ -185,3 +185,166 @@ def test_info_cpu_and_slowlog_shapes_match_redis(arca, redis_port):
     finally:
         ours.close()
         theirs.close()
+
+
+def _bulk_text(raw: bytes) -> str:
+    """The text of a bulk string reply ($n or RESP3 verbatim =n with its 'txt:' prefix)."""
+    body = raw.split(b"\r\n", 1)[1][:-2]
+    return (body[4:] if raw.startswith(b"=") else body).decode()
+
+
+def _sections(client: RawClient, *args: str) -> list[str]:
+    return [line for line in _bulk_text(client.call("INFO", *args)).split("\r\n") if line.startswith("# ")]
+
+
+@pytest.mark.timeout(60)
+def test_info_sections_asked_for_match_redis(arca, redis_port):
+    """INFO with no, one, several and unknown sections: the sections Redis answers, less
+    those ARCA has no counterpart for (Modules, Latencystats), plus ARCA's own."""
+    ours, theirs = RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)
+    try:
+        for args in [(), ("default",), ("all",), ("everything",), ("cpu",), ("CPU",), ("commandSTATS",),
+                     ("cpu", "replication"), ("cpu", "default"), ("cpu", "all"), ("keyspace", "cpu"),
+                     ("errorstats",), ("replication",), ("nosuch",), ("cpu", "nosuch"), ("server", "server")]:
+            mine = [s for s in _sections(ours, *args) if s != "# Arca"]
+            real = [s for s in _sections(theirs, *args) if s not in ("# Modules", "# Latencystats")]
+            assert mine == real, args
+        replication = _bulk_text(ours.call("INFO", "replication"))
+        assert "role:master\r\n" in replication and "connected_slaves:0\r\n" in replication
+        assert ours.call("INFO", "nosuch") == theirs.call("INFO", "nosuch") == b"$0\r\n\r\n"
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def _stats(client: RawClient, section: str) -> dict[str, dict[str, str]]:
+    """INFO commandstats or errorstats as {name: {field: value}}, times left out."""
+    found = {}
+    for line in _bulk_text(client.call("INFO", section)).split("\r\n"):
+        if ":" in line:
+            name, fields = line.split(":", 1)
+            found[name] = {k: v for k, v in (f.split("=") for f in fields.split(",")) if not k.startswith("usec")}
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_commandstats_and_errorstats_count_as_redis_counts(arca, redis_port):
+    """Calls, rejected calls (refused before running: arity, inside MULTI) and failed calls
+    (an error while running) per command, plain-path commands included, and errors by prefix."""
+    script = [("SET", "foo", "bar"), ("GET", "foo"), ("GET", "nokey"), ("MGET", "foo", "x"), ("INCR", "n"),
+              ("INCRBY", "n", "2"), ("DECR", "n"), ("DECRBY", "n", "3"), ("MSET", "a", "1", "b", "2"), ("PING",),
+              ("EXPIRE", "foo", "0"), ("GET",), ("INCR", "a", "b"), ("INCR", "bar"), ("SET", "bar", "x"),
+              ("INCR", "bar"), ("APPEND", "bar", "y"), ("SETRANGE", "bar", "-1", "x"), ("NOSUCH", "x"),
+              ("MULTI",), ("SET", "k", "v"), ("GET",), ("EXEC",), ("OBJECT", "ENCODING", "a"),
+              ("OBJECT", "NOPE"), ("CONFIG", "GET", "maxclients")]
+    seen = []
+    for client in (RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)):
+        try:
+            client.call("FLUSHALL")
+            client.call("CONFIG", "RESETSTAT")
+            for argv in script:
+                client.call(*argv)
+            seen.append((_stats(client, "commandstats"), _stats(client, "errorstats")))
+        finally:
+            client.close()
+    (our_commands, our_errors), (their_commands, their_errors) = seen
+    assert our_commands == their_commands
+    assert our_errors == their_errors
+    assert our_commands["cmdstat_expire"] == {"calls": "1", "rejected_calls": "0", "failed_calls": "0"}
+
+
+@pytest.mark.timeout(60)
+def test_command_list_categories_and_patterns_agree_with_redis(arca, redis_port):
+    """Every ARCA command (that Redis 7.0 has) listed under an ACL category or a pattern is
+    listed there by Redis too, and the other way round for the commands ARCA has."""
+    ours, theirs = RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)
+
+    def names(client: RawClient, *args: str) -> set[bytes]:
+        raw = client.call("COMMAND", "LIST", *args)
+        return {line for line in raw.split(b"\r\n")[2::2]} - {b""}
+
+    try:
+        mine_all, real_all = names(ours), names(theirs)
+        shared = mine_all & real_all
+        assert {b"get", b"set", b"client|list", b"config|get", b"object|encoding"} <= shared
+        for category in ("read", "write", "string", "bitmap", "keyspace", "fast", "slow", "admin", "dangerous",
+                         "connection", "transaction"):
+            mine = names(ours, "FILTERBY", "ACLCAT", category) & shared
+            real = names(theirs, "FILTERBY", "ACLCAT", category) & shared
+            assert mine == real, (category, mine ^ real)
+        for pattern in ("config*", "config|*re*", "cl*list", "*get*", "?et"):
+            mine = names(ours, "FILTERBY", "PATTERN", pattern)
+            real = names(theirs, "FILTERBY", "PATTERN", pattern) & mine_all
+            assert mine - {n for n in mine if n not in real_all} == real, pattern
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.timeout(60)
+def test_oom_after_config_set_maxmemory_refuses_writes_as_redis_does(arca, redis_port):
+    """CONFIG SET maxmemory below what any write needs: a write is -OOM, queued in MULTI too
+    (DISCARD still works), an EXEC holding a write queued before is EXECABORT ... OOM, reads
+    and PING go on; bad values are Redis's error; CONFIG GET reads the new budget back."""
+    pairs = [(RawClient(arca.host, arca.port), RawClient(arca.host, arca.port)),
+             (RawClient("127.0.0.1", redis_port), RawClient("127.0.0.1", redis_port))]
+    replies = []
+    try:
+        for main, other in pairs:
+            budget = other.call("CONFIG", "GET", "maxmemory").split(b"\r\n")[-2]
+            seen = [other.call("CONFIG", "SET", "maxmemory", "bla"), other.call("CONFIG", "SET", "maxmemory", "3k"),
+                    other.call("CONFIG", "GET", "maxmemory"), other.call("CONFIG", "SET", "maxmemory", "2mb"),
+                    other.call("CONFIG", "GET", "maxmemory"), main.call("MULTI"), main.call("SET", "x", "1"),
+                    main.call("GET", "x"), other.call("CONFIG", "SET", "maxmemory", "1"), main.call("EXEC"),
+                    main.call("SET", "x", "1"), main.call("MULTI"), main.call("SET", "x", "1"), main.call("PING"),
+                    main.call("DISCARD"), main.call("MULTI"), main.call("GET", "x"), main.call("PING"),
+                    main.call("EXEC"), main.call("PING")]
+            seen.append(other.call("CONFIG", "SET", "maxmemory", budget))
+            seen.append(main.call("SET", "x", "1"))
+            replies.append(seen)
+    finally:
+        for main, other in pairs:
+            main.close()
+            other.close()
+    assert replies[0] == replies[1]
+    assert replies[0][9].startswith(b"-EXECABORT Transaction discarded because of: OOM")
+
+
+@pytest.mark.timeout(60)
+def test_memory_usage_after_a_big_value_is_replaced(arca, redis_port):
+    """Redis's "trim on SET with big value": after a 100,000-byte value is replaced by a
+    33,000-byte one, the key costs less than 42,000 bytes (no buffer of the big one kept)."""
+    for client in (RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)):
+        try:
+            client.call("SET", "key", "A" * 100000)
+            client.call("SET", "key", "A" * 33000)
+            usage = int(client.call("MEMORY", "USAGE", "key")[1:-2])
+            assert 33000 < usage < 42000
+        finally:
+            client.close()
+
+
+@pytest.mark.timeout(60)
+def test_object_idletime_counts_uses_not_ttl_type_exists_as_redis_does(arca, redis_port):
+    """Redis's "TTL, TYPE and EXISTS do not alter the last access time of a key" and "TOUCH
+    alters the last access time of a key", on both servers at once."""
+    clients = [RawClient(arca.host, arca.port), RawClient("127.0.0.1", redis_port)]
+    try:
+        for client in clients:
+            client.call("SET", "foo", "bar")
+            client.call("SET", "other", "x")
+            assert client.call("OBJECT", "IDLETIME", "foo") == b":0\r\n"
+        time.sleep(2.2)
+        for client in clients:
+            for argv in (("TTL", "foo"), ("PTTL", "foo"), ("TYPE", "foo"), ("EXISTS", "foo"),
+                         ("OBJECT", "ENCODING", "foo"), ("EXPIRETIME", "foo")):
+                client.call(*argv)
+            assert int(client.call("OBJECT", "IDLETIME", "foo")[1:-2]) >= 2
+            client.call("TOUCH", "foo")
+            client.call("GET", "other")
+            assert client.call("OBJECT", "IDLETIME", "foo") == b":0\r\n"
+            assert client.call("OBJECT", "IDLETIME", "other") == b":0\r\n"
+            assert client.call("OBJECT", "IDLETIME", "nokey") == b"$-1\r\n"
+    finally:
+        for client in clients:
+            client.close()

@@ -124,3 +124,27 @@ def test_instantaneous_ops_per_sec_follows_the_load(arca):
         assert int(client.info("stats")["instantaneous_ops_per_sec"]) < busy / 10
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("protocol", [3, 2])
+def test_redis_py_finds_the_keys_of_commands_as_its_cluster_client_does(arca, protocol):
+    """redis-py's cluster client routes a command by its keys, which its CommandsParser
+    reads from COMMAND (key positions) and, for what those do not settle, COMMAND GETKEYS."""
+    from redis._parsers.commands import CommandsParser  # what RedisCluster uses
+
+    client = redis.Redis(host=arca.host, port=arca.port, protocol=protocol)
+    try:
+        parser = CommandsParser(client)
+        assert parser.get_keys(client, "MSET", "a", "1", "b", "2") == ["a", "b"]
+        assert parser.get_keys(client, "GET", "k") == ["k"]
+        assert parser.get_keys(client, "EXISTS", "a", "b") == ["a", "b"]
+        assert parser.get_keys(client, "LCS", "a", "b") == ["a", "b"]
+        assert parser.get_keys(client, "OBJECT", "ENCODING", "k") == ["k"]
+        assert parser.get_keys(client, "MEMORY", "USAGE", "k") == ["k"]
+        assert parser.get_keys(client, "PING") is None
+        assert client.command_getkeys("SET", "k", "v", "EX", "10") in (["k"], [b"k"])
+        names = client.command_list()
+        assert client.command_count() == len([name for name in names if "|" not in str(name)])
+        assert {"config|get", "client|list"} <= {n.decode() if isinstance(n, bytes) else n for n in names}
+    finally:
+        client.close()

@@ -351,9 +351,10 @@ NOTE = {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"ty
 
 
 def test_answers_cut_by_max_tokens_never_vote_in_a_structured_conclave(node):
-    """An unbounded number lets the base model write digits until max_tokens: the numbers inside
-    a half-written object are no answer, and a whole answer wins over cut ones."""
-    body = {"messages": [{"role": "user", "content": "Write one example record as JSON."}], "max_tokens": 40,
+    """A max_tokens that cuts some candidates mid-object (numbers are bounded to 10 decimals, which
+    the base model writes out in full): the numbers inside a half-written object are no answer,
+    and a whole answer wins over cut ones."""
+    body = {"messages": [{"role": "user", "content": "Write one example record as JSON."}], "max_tokens": 20,
             "temperature": 0, "seed": 45, "conclave": 3,
             "response_format": {"type": "json_schema", "json_schema": {"name": "note", "schema": NOTE,
                                                                        "strict": True}}}

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from node.api.errors import error_reply
 from node.serving.errors import InvalidRequest, UnsupportedFeature
 from node.api.schemas import parse_chat, parse_completion
+from node.serving import structure
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "m", "prompt": "hi"}
@@ -103,7 +104,7 @@ def test_chat_shape_errors(body, param):
 def test_unsupported_features_are_refused_clearly(body, param):
     parse = parse_chat if "messages" in body else parse_completion
     with pytest.raises(UnsupportedFeature) as caught:
-        parse(body)
+        structure.verify_all(structure.checks(parse(body).options))  # parsing, then the checks off the loop
     assert caught.value.param == param
     assert "not supported" in caught.value.message
 

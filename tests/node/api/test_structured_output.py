@@ -345,3 +345,66 @@ def test_json_object_and_gbnf_through_the_openai_client(client):
         model="gemma3-270m", prompt="Is water wet? Answer:", max_tokens=4, temperature=0,
         extra_body={"grammar": 'root ::= " yes" | " no"'})
     assert completion.choices[0].text in (" yes", " no")
+
+
+PRICE = {"type": "function", "function": {
+    "name": "set_price", "description": "Record the price of an item",
+    "parameters": {"type": "object", "properties": {"item": {"type": "string", "maxLength": 12},
+                                                    "euros": {"type": "number"}},
+                   "required": ["item", "euros"], "additionalProperties": False}}}
+SET_PRICE = {"type": "function", "function": {"name": "set_price"}}
+
+
+def test_a_forced_call_with_a_number_cannot_run_away_in_digits(client):
+    """A number's digits were unbounded: the model wrote `1000000000…` (or `0.35000000…`) until
+    max_tokens, and the answer came back as raw JSON in `content` with no tool call."""
+    reply = client.chat.completions.create(
+        model="gemma3-270m", messages=[{"role": "user", "content": "Bread costs 3 euros."}],
+        tools=[PRICE], tool_choice=SET_PRICE, max_tokens=80, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.content is None and choice.message.tool_calls is not None
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "set_price"
+    number = call.function.arguments.split('"euros":')[-1].rstrip("}").lstrip("-")
+    whole, _, decimals = number.partition(".")
+    assert len(whole) <= 16 and len(decimals) <= 10, call.function.arguments
+    if choice.finish_reason == "tool_calls":
+        jsonschema.validate(json.loads(call.function.arguments), PRICE["function"]["parameters"])
+    else:
+        assert choice.finish_reason == "length"
+
+
+def test_a_call_cut_by_max_tokens_is_a_call_with_partial_arguments(client):
+    body = dict(model="gemma3-270m", messages=[{"role": "user", "content": "Bread costs 3 euros."}],
+                tools=[PRICE], tool_choice=SET_PRICE, max_tokens=10, temperature=0)
+    reply = client.chat.completions.create(**body)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "set_price" and call.id.startswith("call_")
+    assert call.function.arguments.startswith("{") and "set_price" not in call.function.arguments
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)  # cut: not yet whole
+    streamed, reason, content = "", None, ""
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for delta_choice in chunk.choices:
+            content += delta_choice.delta.content or ""
+            for delta in delta_choice.delta.tool_calls or []:
+                streamed += (delta.function.arguments or "") if delta.function else ""
+            reason = delta_choice.finish_reason or reason
+    assert reason == "length" and content == "" and streamed == call.function.arguments
+
+
+def test_a_grammar_that_fails_as_generation_starts_is_a_short_400(client, caplog):
+    """It passed the check and failed at the first mask: a 500 whose body (and log line) held
+    the grammar engine's whole state, 330 KB in one case."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a?){1000}a{1000}$"}},
+              "required": ["a"]}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="gemma3-270m", messages=PROMPT, max_tokens=8, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    error = caught.value.response.json()["error"]
+    assert error["code"] == "invalid_schema" and error["param"] == "response_format.json_schema.schema"
+    assert "fails as generation starts" in error["message"] and len(caught.value.response.content) < 1000
+    assert all(len(record.getMessage()) < 2000 for record in caplog.records)

@@ -73,7 +73,7 @@ def test_penalty_window_is_last_n_of_history():
 def test_truncation_bounds_what_can_be_drawn(params, allowed):
     sampler = TokenSampler(params, 4, seed=7)
     logits = row(0.0, 1.0, 2.0, 3.0)
-    drawn = {sampler.choose(logits, []).token for _ in range(400)}
+    drawn = {sampler.choose(logits, [0] * i).token for i in range(400)}  # a position each
     assert drawn == allowed
 
 
@@ -81,7 +81,7 @@ def test_temperature_sharpens_and_flattens():
     logits = row(0.0, 1.0)
     def share_of_best(t: float) -> float:
         sampler = TokenSampler(SamplingParams(temperature=t, top_k=0, top_p=1.0, min_p=0.0), 2, seed=3)
-        return sum(sampler.choose(logits, []).token for _ in range(4000)) / 4000
+        return sum(sampler.choose(logits, [0] * i).token for i in range(4000)) / 4000
     cold, warm, hot = share_of_best(0.25), share_of_best(1.0), share_of_best(4.0)
     assert cold > warm > hot > 0.5
     assert abs(warm - 1 / (1 + np.exp(-1.0))) < 0.03
@@ -94,9 +94,9 @@ def test_same_seed_same_draws_and_different_seeds_differ():
     a = TokenSampler(params, 1000)
     b = TokenSampler(params, 1000)
     c = TokenSampler(params, 1000, seed=43)
-    run_a = [a.choose(logits, []).token for _ in range(20)]
-    assert run_a == [b.choose(logits, []).token for _ in range(20)]
-    assert run_a != [c.choose(logits, []).token for _ in range(20)]
+    run_a = [a.choose(logits, [0] * i).token for i in range(20)]
+    assert run_a == [b.choose(logits, [0] * i).token for i in range(20)]
+    assert run_a != [c.choose(logits, [0] * i).token for i in range(20)]
     assert first[0] == run_a[0]
 
 
@@ -189,7 +189,7 @@ def test_constrained_sampling_checks_first_and_masks_only_on_rejection():
     assert constraint.accepted == [10, 12]
     sampled = TokenSampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1), 64,
                            constraint=OnlyEven())
-    assert all(sampled.choose(row, []).token % 2 == 0 for _ in range(200))
+    assert all(sampled.choose(row, [0] * i).token % 2 == 0 for i in range(200))
     with_logprobs = TokenSampler(SamplingParams(temperature=0.0), 64, logprobs=2, constraint=OnlyEven())
     choice = with_logprobs.choose(row, [])
     assert choice.token == 12 and all(token % 2 == 0 for token, _ in choice.top)

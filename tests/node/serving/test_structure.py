@@ -10,12 +10,20 @@ import pytest
 from node.api.errors import error_reply
 from node.api.schemas import parse_chat, parse_completion
 from node.serving.errors import InvalidRequest, UnsupportedFeature
+from node.serving import structure
 from node.serving.requests import Output, Tool
 from node.serving.structure import ToolCallReader, ToolMarkers, parse_marked_calls, tool_call_schema
 from node.speculative.format import (rule_close, rule_indent, rule_list, rule_list_end, rule_prefix,
                                      rule_table)
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def checked_chat(body):
+    """Parsed, then checked as the node checks it off the event loop (structure.verify)."""
+    req = parse_chat(body)
+    structure.verify_all(structure.checks(req.options))
+    return req
 TEXT = {"prompt": "hi"}
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -106,7 +114,7 @@ BAD = [
 @pytest.mark.parametrize("extra, error, param", BAD)
 def test_bad_structure_is_a_400_naming_the_field(extra, error, param):
     with pytest.raises(error) as caught:
-        parse_chat({**CHAT, **extra})
+        checked_chat({**CHAT, **extra})
     assert caught.value.param == param and caught.value.message
     assert error_reply(caught.value).status == 400
 
@@ -162,11 +170,20 @@ def test_a_forced_call_streams_its_name_then_its_arguments():
     assert reader.calls[0].arguments == arguments and reader.content() is None
 
 
-def test_a_forced_call_cut_by_max_tokens_keeps_length():
+def test_a_forced_call_cut_by_max_tokens_is_a_call_with_its_partial_arguments():
     reader = ToolCallReader(forced_output(), None)
-    reader.feed('{"name":"get_weather","arguments":{"ci')
-    _, reason = reader.finish("length")
-    assert reason == "length" and not reader.calls
+    pieces = reader.feed('{"name":"get_weather","arguments":{"ci')
+    tail, reason = reader.finish("length")
+    streamed = "".join(p[2]["function"]["arguments"] for p in pieces + tail if p[0] == "call")
+    assert reason == "length" and reader.content() is None
+    assert [(call.name, call.arguments) for call in reader.calls] == [("get_weather", '{"ci')]
+    assert streamed == '{"ci'
+
+
+def test_a_forced_call_cut_before_its_name_is_neither_call_nor_content():
+    reader = ToolCallReader(forced_output(), None)
+    assert reader.feed('{"name":"get_wea') == []
+    assert reader.finish("length") == ([], "length") and not reader.calls and reader.content() is None
 
 
 def test_auto_streams_content_and_holds_back_a_partial_marker():

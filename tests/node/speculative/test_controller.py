@@ -18,7 +18,6 @@ class Fixed:
 
     def begin(self, seq): ...
     def end(self, seq, tokens): ...
-    def observe(self, seq, drafted, accepted): ...
 
     def propose(self, seq, context, k):
         self.asked.append(k)
@@ -177,3 +176,17 @@ def test_a_source_whose_drafts_cost_time_is_asked_for_what_pays_and_dropped_when
     controller = Controller([slow], ControllerConfig(max_draft=16), costs=linear())
     lengths = run(controller, 100, lambda n: n)
     assert sum(lengths) <= 2 * 3 and not controller.state()["model"]["on"]  # off, but for short probes
+
+
+def test_saved_seconds_count_the_time_spent_making_drafts():
+    free = Controller([Fixed("lookup", tuple(range(8)))], ControllerConfig(max_draft=8), costs=linear())
+    made = Controller([Fixed("model", tuple(range(8)), cost_per_token=0.004)], ControllerConfig(max_draft=8),
+                      costs=linear())
+    for controller in (free, made):
+        for source in controller._sources.values():
+            source.probing = True  # verify a short draft whatever it costs: the same drafts in both
+        run(controller, 1, lambda n: n)
+    a, b = free.stats["lookup"], made.stats["model"]
+    assert a.drafted == b.drafted > 0 and a.make_s == 0.0
+    assert abs(b.make_s - 0.004 * b.drafted) < 1e-12 and abs((a.saved_s - b.saved_s) - b.make_s) < 1e-12
+    assert made.stats.snapshot()["model"]["making_seconds"] == round(b.make_s, 6)

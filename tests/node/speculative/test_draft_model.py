@@ -79,7 +79,11 @@ def test_sampled_drafts_are_verified_by_rejection_and_keep_the_targets_distribut
             tally[flag][done.generated] += 1
             firsts[flag][done.generated[:1]] += 1
         assert (controller.stats["model"].drafted > before) == flag
-    assert_same_distribution(tally, firsts, 60, tv_bound=0.25)
+    # The draft model is the target itself (q close to p), so this checks the path end to end on
+    # the real model; whether the sampler is exact when q differs from p is proven on synthetic
+    # distributions (tests/node/engine/test_rejection_sampling.py). Two samples of 60 from one
+    # distribution with a long tail differ by a total variation near 0.25 on their own.
+    assert_same_distribution(tally, firsts, 60, tv_bound=0.35)
     assert controller.stats["model"].accepted > 0
 
 
@@ -116,3 +120,14 @@ def test_the_model_source_needs_its_path_and_a_bad_path_is_a_clear_error(tmp_pat
                                     "speculative.draft_model_path": str(tmp_path / "missing.gguf")}, env=env)
     with pytest.raises(ModelError, match="draft_model_path .*missing.gguf"):
         build_speculator(settings, plan_engine(settings))
+
+
+def test_a_seeded_sampled_request_with_a_draft_model_gives_the_same_text_every_time(drafted):
+    """The draft model's draws are keyed by the request's seed and the position (they were keyed
+    by the engine's sequence number, so the same seeded request drafted differently each time)."""
+    eng, controller, _ = drafted
+    sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, min_p=0.0, seed=4242)
+    before = controller.stats["model"].drafted
+    runs = [generate(eng, PROSE, 24, sampling=sampling)[-1].generated for _ in range(3)]
+    assert controller.stats["model"].drafted > before  # it drafted, with rejection sampling
+    assert runs[0] == runs[1] == runs[2]

@@ -145,8 +145,11 @@ def test_siblings_draft_for_each_other_and_keep_their_output(spec):
 
 
 def test_sampled_output_distribution_is_the_targets(spec):
-    """Many seeds, the first tokens' distribution with and without speculation: a chi-square
-    test on the first token and total variation on the first three."""
+    """Many seeds, with and without speculation: deterministic drafts in a sampled sequence are
+    checked against the draw of each position, whose random number is keyed by the seed and the
+    position, so each seed gives the same tokens either way (compared seed by seed) except where
+    a row computed in a batch of another shape moves a draw across a boundary (kernels' near-ties:
+    a few seeds); plus a chi-square test on the first token."""
     eng, controller, _ = spec
     sampling = dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
     text = "a b c a b c a b c a b c a b"
@@ -154,15 +157,21 @@ def test_sampled_output_distribution_is_the_targets(spec):
     tally: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
     firsts: dict[bool, collections.Counter] = {True: collections.Counter(), False: collections.Counter()}
     drafted = {}
+    by_seed: dict[bool, dict[int, tuple[int, ...]]] = {True: {}, False: {}}
     for flag in (True, False):
         before = controller.stats["lookup"].drafted + controller.stats["archive"].drafted
         reqs = [GenerationRequest(tuple(eng.tokenize(text)), max_tokens=3, speculation=flag,
                                   sampling=SamplingParams(seed=seed, **sampling)) for seed in seeds]
-        for handle in [eng.submit(r) for r in reqs]:  # interleaved four at a time by the engine
+        for seed, handle in zip(seeds, [eng.submit(r) for r in reqs]):  # interleaved four at a time
             done = list(handle.iter_sync(timeout=300))[-1]
             tally[flag][done.generated] += 1
             firsts[flag][done.generated[:1]] += 1
+            by_seed[flag][seed] = done.generated
         drafted[flag] = controller.stats["lookup"].drafted + controller.stats["archive"].drafted - before
+    same = sum(by_seed[True][seed] == by_seed[False][seed] for seed in seeds)
+    # measured 49 of 60 on a busy 2-core host (rows of a 4-sequence batch move by the kernels'
+    # batch non-invariance); drawing with the wrong positions' numbers agrees on about half
+    assert same >= 0.75 * len(seeds), (same, len(seeds))
     assert_same_distribution(tally, firsts, len(seeds), tv_bound=0.25)
     assert len(firsts[True]) >= 2  # really sampled
     assert drafted[True] > 0 and drafted[False] == 0  # drafts were verified while sampling
