@@ -15,6 +15,7 @@ and runs its lines through the same service at batch priority; the savings sampl
 (node/serving/savings.py) feeds /v1/reame/stats and the periodic savings log line. Shutdown
 order: batch lines in flight (left unfinished for the next start), sampler, pending writes,
 batch store, mirror, fleet pushes, engine, cache, archive.
+Ollama's API (node/api/ollama_routes.py) is set up beside OpenAI's, under /api/.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
 Content-Length over it is a 413 before any body is read), Bearer auth.
@@ -39,6 +40,7 @@ from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
 from node.api.embedding_routes import setup_embedding_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
+from node.api.ollama_routes import setup_ollama_routes
 from node.api.routes import cost_line_ms, setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
@@ -163,6 +165,7 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     setup_cache_routes(app)
     setup_batch_routes(app)
     setup_embedding_routes(app)
+    setup_ollama_routes(app)
     return app
 
 

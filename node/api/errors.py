@@ -1,7 +1,8 @@
-"""Failures in OpenAI's words: the one mapping from a typed error to an HTTP answer.
+"""Failures in OpenAI's (and Ollama's) words: the one mapping from a typed error to an HTTP answer.
 
 `error_reply(exc)` is the only place a failure becomes a status and an error object
-`{"error": {"message", "type", "code", "param"}}`. Two writers use it: `error_middleware`,
+`{"error": {"message", "type", "code", "param"}}`; under /api/ (Ollama's API) the same reply
+is written in Ollama's envelope, `{"error": "<message>"}`, with the same status. Two writers use it: `error_middleware`,
 for every failure of a handler before a response started, and the SSE error event of a
 stream that already has its 200 (node/api/sse.py). Types are mapped, never messages:
 the serving layer's errors (node/serving/errors.py) and the Batch API's
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 UNEXPECTED = "The server failed to process the request"
+OLLAMA_PREFIX = "/api/"
 
 
 class Unauthorized(ServingError):
@@ -56,6 +58,10 @@ class ErrorReply:
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def ollama_body(self) -> dict[str, str]:
+        """Ollama's error object: the message only."""
+        return {"error": self.message}
 
 
 # ServingError subclass -> (status, OpenAI error type); the most specific class wins.
@@ -111,8 +117,15 @@ def _http_reply(exc: web.HTTPException, request: web.Request | None) -> ErrorRep
     return ErrorReply(exc.status, kind, None, exc.reason or "HTTP error")
 
 
-def error_response(reply: ErrorReply) -> web.Response:
-    return web.Response(status=reply.status, body=orjson.dumps(reply.body()), content_type="application/json",
+def speaks_ollama(path: str) -> bool:
+    """Ollama's API (node/api/ollama_routes.py) lives under /api/ and answers in its envelope."""
+    return path.startswith(OLLAMA_PREFIX)
+
+
+def error_response(reply: ErrorReply, request: web.Request | None = None) -> web.Response:
+    """The error in the envelope of the API the path belongs to: Ollama's under /api/, else OpenAI's."""
+    body = reply.ollama_body() if request is not None and speaks_ollama(request.path) else reply.body()
+    return web.Response(status=reply.status, body=orjson.dumps(body), content_type="application/json",
                         headers=dict(reply.headers))
 
 
@@ -124,9 +137,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(error_reply(exc, request))
+        return error_response(error_reply(exc, request), request)
     except Exception as exc:
         reply = error_reply(exc, request)
         if reply.unexpected:
             log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(reply)
+        return error_response(reply, request)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.api import ollama_schemas as ollama_limits
 from node.api import schemas as limits
 from node.batches.lines import ENDPOINTS
 from node.serving.embeddings import MAX_EMBEDDING_INPUTS  # a node's [embeddings] max_inputs may be lower
@@ -56,6 +57,7 @@ SAMPLING: dict[str, Schema] = {
     "top_p": number(0.0, 1.0, "nucleus sampling", above_lo=True),
     "min_p": number(0.0, 1.0, "drop tokens under min_p times the best one's probability"),
     "repeat_penalty": number(limits.MIN_REPEAT_PENALTY, 10.0, "llama.cpp's repeat penalty; 1 = off"),
+    "repeat_last_n": integer(-1, limits.MAX_TOKENS_LIMIT, "tokens the penalties look back at; 0 = off, -1 = all"),
     "presence_penalty": number(-2.0, 2.0, "OpenAI's presence penalty"),
     "frequency_penalty": number(-2.0, 2.0, "OpenAI's frequency penalty"),
     "logit_bias": {
@@ -106,8 +108,8 @@ STRUCTURE: dict[str, Schema] = {
     },
     "grammar": string("llama.cpp extension: a GBNF grammar the output must match", minLength=1),
     "json_schema": {**JSON_SCHEMA, "description": "llama.cpp extension: a JSON Schema the output must match"},
-    "format": {"anyOf": [{"enum": ["json"]}, JSON_SCHEMA],
-               "description": "Ollama extension: \"json\" (any JSON object) or a JSON Schema"},
+    "format": {"anyOf": [{"enum": ["json", ""]}, JSON_SCHEMA],
+               "description": "Ollama extension: \"json\" (any JSON object) or a JSON Schema; \"\" = none"},
 }
 TOOL: Schema = {
     "type": "object", "required": ["type", "function"],
@@ -265,14 +267,14 @@ STATUS_TEXT = {
 
 
 def responses(*statuses: int, success: Schema | None = None,
-              media: tuple[str, ...] = ("application/json",)) -> dict[str, Any]:
+              media: tuple[str, ...] = ("application/json",), error: str = "Error") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for status in statuses:
         if status == 200:
             content = {kind: {"schema": success or {"type": "object"}} if kind == "application/json" else {}
                        for kind in media}
         else:
-            content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+            content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{error}"}}}
         out[str(status)] = {"description": STATUS_TEXT[status], "content": content}
     return out
 
@@ -300,11 +302,12 @@ def document(model_id: str, version: str, *, auth: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "reame node", "version": version,
-                 "description": f"OpenAI-compatible API of a reame node serving {model_id}"},
+                 "description": f"OpenAI-compatible API of a reame node serving {model_id}, and Ollama's "
+                                "API under /api/"},
         "components": {"schemas": {"CompletionRequest": COMPLETION_REQUEST, "ChatRequest": CHAT_REQUEST,
                                    "WarmRequest": WARM_REQUEST, "BatchRequest": BATCH_REQUEST,
                                    "EmbeddingRequest": EMBEDDING_REQUEST,
-                                   "Error": ERROR}},
+                                   "Error": ERROR, **OLLAMA_SCHEMAS}},
         "paths": described,
     }
     if auth:
@@ -382,6 +385,115 @@ def paths() -> dict[str, Any]:
         "/metrics": {"get": {"summary": "Prometheus metrics",
                              "responses": responses(200, 401, 404, media=("text/plain",))}},
         "/openapi.json": {"get": {"summary": "This description", "responses": responses(200, 401)}},
+        **ollama_paths(),
         "/": {"get": {"summary": "The chat page", "security": [],
                       "responses": responses(200, media=("text/html",))}},
+    }
+
+
+# Ollama's request bodies (node/api/ollama_schemas.py); its errors are `{"error": "..."}`.
+OLLAMA_OPTIONS: Schema = {
+    "type": "object", "additionalProperties": False,
+    "properties": optional({
+        **{key: SAMPLING[key] for key in ollama_limits.SAMPLING_OPTIONS},
+        "stop": {"type": "array", "maxItems": limits.MAX_STOP_STRINGS,
+                 "items": {"type": "string", "minLength": 1, "maxLength": limits.MAX_STOP_LENGTH}},
+        "num_predict": {"anyOf": [integer(1, limits.MAX_TOKENS_LIMIT, "tokens to generate at most"),
+                                  {"enum": list(ollama_limits.FILL_CONTEXT)}],
+                        "description": "tokens to generate at most (512 when absent); -1, -2: until the "
+                                       "context is full; always clipped to what the context leaves"},
+        "num_ctx": integer(1, ollama_limits.MAX_CONTEXT_TOKENS, "the request's context window; at most "
+                           "the node's (a 400 over it)"),
+        **{key: {"enum": [value], "description": "accepted at its neutral value only"}
+           for key, value in ollama_limits.NEUTRAL_OPTIONS.items()},
+    }),
+    "description": "Ollama's options; any other key (Ollama's load-time options too) is a 400 naming it",
+}
+OLLAMA_KEEP_ALIVE: Schema = {"anyOf": [{"type": "number"},
+                                {"type": "string", "pattern": f"^(?:{ollama_limits.DURATION.pattern})$"}],
+                      "description": "checked, without effect: the node keeps its model loaded while it runs"}
+OLLAMA_COMMON: dict[str, Schema] = {
+    "model": string("the served model's id (an Ollama ':latest' tag allowed); omitted = the served model"),
+    "stream": boolean("NDJSON chunks (the default), or one object with false"),
+    "options": OLLAMA_OPTIONS,
+    "format": {"anyOf": [{"enum": ["json", ""]}, JSON_SCHEMA],
+               "description": "\"json\" (any JSON object) or a JSON Schema the answer must match"},
+    "keep_alive": OLLAMA_KEEP_ALIVE,
+    "think": {"enum": [False], "description": "thinking is not supported: anything but false is a 400"},
+    "logprobs": boolean("log-probabilities of each generated token"),
+    "top_logprobs": integer(0, limits.MAX_TOP_LOGPROBS, "alternatives per token (with logprobs)"),
+}
+OLLAMA_NO_IMAGES: Schema = {"type": "array", "maxItems": 0, "description": "not supported: images are a 400"}
+OLLAMA_MESSAGE: Schema = {"type": "object", "required": ["role"], "properties": optional({
+    "role": {"enum": list(ollama_limits.ROLES)},
+    "content": string("the message's text"),
+    "images": OLLAMA_NO_IMAGES,
+    "thinking": string("an earlier answer's thinking: not rendered"),
+    "tool_calls": {"type": "array", "minItems": 1, "maxItems": limits.MAX_TOOL_CALLS, "items": {
+        "type": "object", "required": ["function"], "properties": {"function": {
+            "type": "object", "required": ["name"], "properties": optional({
+                "name": string("the function called", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+                "arguments": {"type": "object", "description": "its arguments"},
+            }, required=("name",))}}}},
+    "tool_name": string("a tool result: the function whose first unanswered call it answers"),
+}, required=("role",))}
+OLLAMA_SCHEMAS: dict[str, Schema] = {
+    "OllamaChatRequest": {"type": "object", "properties": optional({
+        **OLLAMA_COMMON,
+        "messages": {"type": "array", "maxItems": limits.MAX_MESSAGES, "items": OLLAMA_MESSAGE,
+                     "description": "empty: the model is loaded already (done_reason load)"},
+        "tools": {"type": "array", "maxItems": limits.MAX_TOOLS, "items": TOOL,
+                  "description": "functions the model may call (needs a template that renders tools)"},
+    })},
+    "OllamaGenerateRequest": {"type": "object", "properties": optional({
+        **OLLAMA_COMMON,
+        "prompt": string("the prompt, rendered as one user turn unless raw; empty: load"),
+        "system": string("a system turn before it"),
+        "raw": boolean("the prompt as it is, without the chat template"),
+        "context": {"type": "array", "maxItems": ollama_limits.MAX_CONTEXT_TOKENS,
+                    "items": {"type": "integer", "minimum": 0},
+                    "description": "an earlier answer's context: the tokens to continue from"},
+        "images": OLLAMA_NO_IMAGES,
+        "template": string("not supported: a non-empty value is a 400", maxLength=0),
+        "suffix": string("not supported: a non-empty value is a 400", maxLength=0),
+    })},
+    "OllamaEmbedRequest": {"type": "object", "required": ["input"], "properties": optional({
+        "model": OLLAMA_COMMON["model"], "options": OLLAMA_OPTIONS, "keep_alive": OLLAMA_KEEP_ALIVE,
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
+        "truncate": boolean("accepted"), "dimensions": integer(1, limits.MAX_TOKENS_LIMIT, "accepted"),
+    }, required=("input",))},
+    "OllamaEmbeddingsRequest": {"type": "object", "required": ["prompt"], "properties": optional({
+        "model": OLLAMA_COMMON["model"], "options": OLLAMA_OPTIONS, "keep_alive": OLLAMA_KEEP_ALIVE,
+        "prompt": {"type": "string"},
+    }, required=("prompt",))},
+    "OllamaShowRequest": {"type": "object", "properties": optional({
+        "model": OLLAMA_COMMON["model"], "name": string("the older name of `model`"),
+        "verbose": boolean("accepted")})},
+    "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+}
+
+
+def ollama_paths() -> dict[str, Any]:
+    """Ollama's routes (node/api/ollama_routes.py); every error in Ollama's envelope."""
+    def answered(*statuses: int, media: tuple[str, ...] = ("application/json",)) -> dict[str, Any]:
+        return responses(*statuses, media=media, error="OllamaError")
+
+    ndjson = ("application/json", "application/x-ndjson")
+    return {
+        "/api/chat": {"post": {"summary": "Ollama chat", "requestBody": json_body("OllamaChatRequest"),
+                               "responses": answered(*GENERATION_STATUSES, media=ndjson)}},
+        "/api/generate": {"post": {"summary": "Ollama generate", "requestBody": json_body("OllamaGenerateRequest"),
+                                   "responses": answered(*GENERATION_STATUSES, media=ndjson)}},
+        "/api/tags": {"get": {"summary": "The served model, as Ollama lists models", "responses": answered(200, 401)}},
+        "/api/ps": {"get": {"summary": "The served model, loaded while the node runs",
+                            "responses": answered(200, 401)}},
+        "/api/show": {"post": {"summary": "The served model's details, metadata and template",
+                               "requestBody": json_body("OllamaShowRequest"),
+                               "responses": answered(200, 400, 401, 404, 413)}},
+        "/api/version": {"get": {"summary": "The node's version", "responses": answered(200, 401)}},
+        "/api/embed": {"post": {"summary": "Ollama embeddings", "requestBody": json_body("OllamaEmbedRequest"),
+                                "responses": answered(200, 400, 401, 404, 413, 503)}},
+        "/api/embeddings": {"post": {"summary": "Ollama embeddings (the older route)",
+                                     "requestBody": json_body("OllamaEmbeddingsRequest"),
+                                     "responses": answered(200, 400, 401, 404, 413, 503)}},
     }

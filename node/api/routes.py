@@ -9,18 +9,19 @@ is not deterministic, so the archive was not asked).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
 import orjson
 from aiohttp import web
 
 from node import __version__
 from node.api import openapi
-from node.api.errors import error_reply
+from node.api.errors import ErrorReply, error_reply
 from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
 from node.api.sse import EventStream
@@ -29,6 +30,7 @@ from node.serving.engine_client import EngineClient
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
 from node.serving.metrics import CONTENT_TYPE
 from node.serving.answer import Answer
+from node.serving.requests import ChatRequest
 from node.serving.service import Plan
 from node.sessions.turns import history_calls
 from node.speculative.controller import Controller
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 SESSION_HEADER = "X-Reame-Session"
 OFF_LOOP_BYTES = 32 * 1024  # bodies this large are tokenized on a worker thread
+ChatParser = Callable[[Any, Mapping[str, str] | None], ChatRequest]  # body, earlier calls' ids -> request
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -82,22 +85,32 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body, size = await read_json(request)
+    async with chat_turn(request, state, body, parse_chat) as (req, planner, headers):
+        return await answer(request, state, await make_plan(planner, req, size), headers)
+
+
+@contextlib.asynccontextmanager
+async def chat_turn(request: web.Request, state: NodeState, body: object, parse: ChatParser,
+                    ) -> AsyncIterator[tuple[ChatRequest, Callable[[ChatRequest], Plan], dict[str, str]]]:
+    """A chat request parsed, its model checked, its schemas verified, the planner that answers it and the response
+    headers; inside a session (the `session` field or X-Reame-Session) the session's lock is
+    held until the caller has answered, so each turn continues the last."""
     session_id = session_of(request, body)
     if session_id is None:
-        req = parse_chat(body)
+        req = parse(body, None)
         check_model(state, req.model)
         await state.service.verify(req.options)
-        return await answer(request, state, await make_plan(state.service.plan_chat, req, size))
+        yield req, state.service.plan_chat, {}
+        return
     turns = state.service.turns
     if turns is None:
         raise InvalidRequest("Sessions are not enabled on this node", param="session")
-    async with turns.store.lock(session_id):  # one turn at a time: each continues the last
+    async with turns.store.lock(session_id):
         session = await turns.store.get(session_id)
-        req = parse_chat(body, history_calls(session.messages))  # tool results may answer the history's calls
+        req = parse(body, history_calls(session.messages))  # tool results may answer the history's calls
         check_model(state, req.model)
         await state.service.verify(req.options)
-        plan = await make_plan(partial(state.service.plan_chat, session=session), req, size)
-        return await answer(request, state, plan, {SESSION_HEADER: session_id})
+        yield req, partial(state.service.plan_chat, session=session), {SESSION_HEADER: session_id}
 
 
 def session_of(request: web.Request, body: object) -> str | None:
@@ -112,16 +125,23 @@ def session_of(request: web.Request, body: object) -> str | None:
 
 async def answer(request: web.Request, state: NodeState, plan: Plan,
                  extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+    async with admitted(state, plan) as result:
+        identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
+        n_choices = sum(job.n for job in plan.jobs)
+        headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
+        if plan.options.stream:
+            return await stream_answer(request, plan, result, identity, n_choices, headers)
+        return json_response(await collect(plan, result, identity), headers=headers)
+
+
+@contextlib.asynccontextmanager
+async def admitted(state: NodeState, plan: Plan) -> AsyncIterator[Answer]:
+    """The plan's answer, within the node's in-flight limit (over it: 503)."""
     if not state.gate.try_enter():
         raise Overloaded(f"{state.gate.limit} requests are already in flight; retry shortly")
     try:
-        identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
-        n_choices = sum(job.n for job in plan.jobs)
         async with state.service.answer(plan) as result:
-            headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
-            if plan.options.stream:
-                return await stream_answer(request, plan, result, identity, n_choices, headers)
-            return json_response(await collect(plan, result, identity), headers=headers)
+            yield result
     finally:
         state.gate.leave()
 
@@ -141,7 +161,8 @@ async def stream_answer(request: web.Request, plan: Plan, result, identity: Iden
     maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage,
                        tool_readers(plan, n_choices))
     await stream.open()
-    try:
+
+    async def send() -> None:
         if plan.kind == "chat":
             await stream.send_all(maker.role(index) for index in range(n_choices))
         async for event in result.events():
@@ -149,6 +170,17 @@ async def stream_answer(request: web.Request, plan: Plan, result, identity: Iden
         if plan.options.include_usage:
             await stream.send(maker.usage_chunk(plan.prompt_tokens))
         await stream.done()
+
+    await streamed(request, send(), stream.fail)
+    return stream.response
+
+
+async def streamed(request: web.Request, body: Awaitable[None],
+                   fail: Callable[[ErrorReply], Awaitable[None]]) -> None:
+    """Runs the body of a stream that already has its 200: a client that goes away cancels the
+    generation; any other failure is told in-band by `fail` (the status cannot change any more)."""
+    try:
+        await body
     except ConnectionResetError:
         log.info("client went away during a stream; its generation is cancelled")
     except Exception as exc:
@@ -156,10 +188,9 @@ async def stream_answer(request: web.Request, plan: Plan, result, identity: Iden
         if reply.unexpected:
             log.exception("stream failed after it started")
         try:
-            await stream.fail(reply)
+            await fail(reply)
         except ConnectionResetError:
             pass  # nobody is left to tell
-    return stream.response
 
 
 async def models(request: web.Request) -> web.Response:

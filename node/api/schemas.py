@@ -176,6 +176,7 @@ def parse_sampling(fields: Fields) -> SamplingParams:
         top_p=fields.number("top_p", base.top_p, 0.0, 1.0, above_lo=True),
         min_p=fields.number("min_p", base.min_p, 0.0, 1.0),
         repeat_penalty=fields.number("repeat_penalty", base.repeat_penalty, MIN_REPEAT_PENALTY, 10.0),
+        repeat_last_n=fields.integer("repeat_last_n", base.repeat_last_n, -1, MAX_TOKENS_LIMIT),
         presence_penalty=fields.number("presence_penalty", base.presence_penalty, -2.0, 2.0),
         frequency_penalty=fields.number("frequency_penalty", base.frequency_penalty, -2.0, 2.0),
         logit_bias=parse_logit_bias(fields),
@@ -241,9 +242,9 @@ def parse_response_format(fields: Fields) -> GrammarSpec | None:
 
 
 def parse_format(fields: Fields) -> GrammarSpec | None:
-    """Ollama's `format`: "json" (any JSON object) or a JSON Schema."""
+    """Ollama's `format`: "json" (any JSON object) or a JSON Schema; "" is no format."""
     value = fields.body.get("format")
-    if value is None:
+    if value is None or value == "":
         return None
     if value == "json":
         return structure.schema_spec(structure.ANY_OBJECT, "format")
@@ -404,17 +405,22 @@ def parse_content(value: Any, param: str) -> str:
     return "".join(texts)
 
 
-def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
-    """An assistant message's `tool_calls` (OpenAI's shape; `arguments` a string holding JSON)."""
+def tool_call_items(message: Fields) -> list[Any]:
+    """The items of a message's `tool_calls`: a non-empty array within the limit."""
     value = message.body.get("tool_calls")
-    if value is None:
-        return ()
     if not isinstance(value, list) or not value:
         raise message.fail("tool_calls", f"must be a non-empty array of tool calls, got {type_name(value)}")
     if len(value) > MAX_TOOL_CALLS:
         raise message.fail("tool_calls", f"may hold at most {MAX_TOOL_CALLS} calls")
+    return value
+
+
+def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls` (OpenAI's shape; `arguments` a string holding JSON)."""
+    if message.body.get("tool_calls") is None:
+        return ()
     calls = []
-    for index, item in enumerate(value):
+    for index, item in enumerate(tool_call_items(message)):
         call = Fields(item, message.name(f"tool_calls[{index}]"))
         call_id = call.string("id")
         if not call_id or len(call_id) > MAX_CALL_ID:

@@ -69,6 +69,11 @@ class Answer:
             raise
         return self
 
+    @property
+    def generated(self) -> tuple[int, ...] | None:
+        """Choice 0's generated token ids once it finished (None: replayed from L1, or not done)."""
+        return self._generated
+
     async def __aexit__(self, *exc_info: object) -> None:
         self._cancel()
         self.service.ledger.leave()
