@@ -104,8 +104,7 @@ class Tally:
     decoded: int = 0        # completion tokens computed (not replayed)
     cache_prompt: int = 0   # prompt tokens a cache answered
     replayed: int = 0       # whole answers replayed (reame's L1)
-    drafted: int = 0        # draft tokens accepted (llama-server: from its timings)
-    drafts_seen: bool = False
+    drafted: int = 0        # draft tokens kept (reame: /v1/reame/stats; llama-server: its timings)
 
     @property
     def computed(self) -> int:
@@ -115,7 +114,7 @@ class Tally:
         return Tally(self.seconds + other.seconds, self.generated + other.generated,
                      self.prefilled + other.prefilled, self.decoded + other.decoded,
                      self.cache_prompt + other.cache_prompt, self.replayed + other.replayed,
-                     self.drafted + other.drafted, self.drafts_seen or other.drafts_seen)
+                     self.drafted + other.drafted)
 
 
 def account(tally: Tally, data: dict, cache_header: str | None) -> None:
@@ -133,9 +132,7 @@ def account(tally: Tally, data: dict, cache_header: str | None) -> None:
         tally.prefilled += prefilled
         tally.cache_prompt += cached
         tally.decoded += predicted
-        if "draft_n" in timings:
-            tally.drafts_seen = True
-            tally.drafted += int(timings.get("draft_n_accepted", 0))
+        tally.drafted += int(timings.get("draft_n_accepted", 0))  # present only when it drafted
     else:
         cached = int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
         tally.prefilled += prompt - cached
@@ -176,18 +173,17 @@ def two_passes(url: str, tokens: int, clients: int, *, reame: bool = False) -> d
     middle = asyncio.run(reame_drafts(url)) if reame else 0
     second = asyncio.run(run_pass(url, workload(True), tokens, clients))
     if reame:
-        first.drafted, first.drafts_seen = middle - before, True
-        second.drafted, second.drafts_seen = asyncio.run(reame_drafts(url)) - middle, True
+        first.drafted = middle - before
+        second.drafted = asyncio.run(reame_drafts(url)) - middle
     return {"first": first, "second": second, "total": first.add(second)}
 
 
 def line(name: str, part: str, t: Tally) -> str:
     rate = t.computed / t.seconds if t.seconds > 0 else 0.0
     decode = t.decoded / t.seconds if t.seconds > 0 else 0.0
-    drafts = f"  drafts kept {t.drafted}" if t.drafts_seen else ""
     return (f"{name:26s} {part:6s} {t.seconds:7.1f} s  {t.generated:5d} tokens out  computed {t.computed:6d} "
             f"(prefill {t.prefilled:6d} + decode {t.decoded:5d}) = {rate:7.1f} tok/s, decode {decode:5.1f} tok/s; "
-            f"cache answered {t.cache_prompt:6d} prompt tokens, {t.replayed} answers{drafts}")
+            f"cache answered {t.cache_prompt:6d} prompt tokens, {t.replayed} answers; drafts kept {t.drafted}")
 
 
 def report(name: str, r: dict[str, Tally]) -> None:

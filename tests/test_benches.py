@@ -60,7 +60,7 @@ def test_tokens_computed_leave_out_what_a_cache_answered():
     versus.account(peer, {"usage": {"prompt_tokens": 100, "completion_tokens": 12},
                           "timings": {"prompt_n": 30, "cache_n": 70, "predicted_n": 12,
                                       "draft_n": 9, "draft_n_accepted": 5}}, None)
-    assert (peer.prefilled, peer.cache_prompt, peer.decoded, peer.drafted, peer.drafts_seen) == (30, 70, 12, 5, True)
+    assert (peer.prefilled, peer.cache_prompt, peer.decoded, peer.drafted) == (30, 70, 12, 5)
     both = tally.add(peer)
     assert both.computed == 50 + 42 and both.generated == 32
     line = versus.line("x", "first", versus.Tally(seconds=2.0, prefilled=100, decoded=20))
