@@ -12,6 +12,9 @@ Same kernels: the node loads the model with or without llama.cpp's extra buffer 
 (AMX, CPU repack) by `choose_kernels` (node/engine/kernels.py); the peer gets `--no-repack`
 exactly when the node runs without them, and the benches print the flag.
 
+A setting's options are checked against the build's own `--help` before it runs
+(`unknown_flags`), so a renamed option is reported, not mistaken for the default.
+
 Tokens computed by the peer come from the `timings` of each response: `prompt_n` prompt
 tokens prefilled (its prompt cache answered `cache_n` more) and `predicted_n` generated.
 """
@@ -83,6 +86,14 @@ def ensure_binary(explicit: str | None = None, *, build: bool = True, source: st
         print(f"llama-server could not be built ({exc})", flush=True)
         return None
     return find_binary()
+
+
+def unknown_flags(binary: Path, args: list[str]) -> list[str]:
+    """The options among `args` that this build's `llama-server --help` does not list."""
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    listed = subprocess.run([str(binary), "--help"], env=env, capture_output=True, text=True, timeout=60)
+    words = set((listed.stdout + listed.stderr).replace(",", " ").split())
+    return [arg for arg in args if arg.startswith("-") and arg not in words]
 
 
 def kernel_flags(extra_buffers: bool) -> list[str]:

@@ -225,6 +225,10 @@ def main() -> int:
         label = f"llama-server {name}"
         flags = ["-np", "4", "-c", "8192", *llama_server.kernel_flags(extra_buffers), *extra]
         print(f"# {label}: {' '.join(flags)}", flush=True)
+        unknown = llama_server.unknown_flags(binary, flags)
+        if unknown:
+            print(f"{label}: this build does not know {' '.join(unknown)}; skipped", flush=True)
+            continue
         try:
             with llama_server.running(binary, model, flags) as peer:
                 results[label] = two_passes(peer, args.tokens, args.clients)
