@@ -12,11 +12,16 @@ every case. Greedy; tokens/s are generated tokens over wall time (prefill includ
            mask, its forced tokens, and llama.cpp's own grammar sampler judging the whole
            262,144-token vocabulary; each p50/p99 against the measured decode step, with the
            compile time of each engine.
-  extract  JSON extraction with an 8-field schema over a document: constrained output with Il
-           Suggeritore against unconstrained decoding of the same length (end of generation
-           banned, speculation off); and, when a llama.cpp server binary is found (--llama-server,
-           $REAME_LLAMA_SERVER or ~/.cache/reame-bench/llama-server), against its grammar
-           sampler on the same schema and prompt (same kernels; wall time of each request, prefill included, as ours).
+  extract  JSON extraction with an 8-field schema over a document: constrained output (compact
+           JSON) with Il Suggeritore against unconstrained decoding of the same length (end of
+           generation banned, speculation off); and, when a llama.cpp server binary is found
+           (bench/llama_server.py: --llama-server, $REAME_LLAMA_SERVER or the benches' build),
+           against its grammar sampler on the same schema and prompt, run with the node's
+           kernels: with a grammar that admits compact JSON only (as ours), and with its own
+           json_schema conversion (whitespace allowed, so more tokens). Every series, ours and
+           its, is timed alike: one warm-up request, then --rounds timed ones, the fastest kept,
+           each the request's wall time with its prefill (no prefix cache on either side); each
+           is reported per answer and per token, and the ratios are given both ways.
   list     a fresh 12-item numbered list, no grammar: form rules on against speculation off.
 """
 
@@ -26,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import llama_server  # noqa: E402
 from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
 
@@ -219,79 +224,86 @@ def outlines_masks(engine, tokens: list[int]) -> tuple[float, float, list[float]
     return vocab_s, index_s, masks
 
 
-def find_llama_server(args) -> Path | None:
-    candidates = [args.llama_server, os.environ.get("REAME_LLAMA_SERVER")]
-    cache = Path.home() / ".cache" / "reame-bench" / "llama-server"
-    candidates += [str(p) for p in sorted(cache.rglob("llama-server")) if p.is_file()] if cache.exists() else []
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return Path(candidate)
-    return None
+def compact_gbnf(schema: dict) -> str:
+    """The schema as a GBNF grammar that admits compact JSON only, as the node's grammar does
+    (llguidance without free whitespace): llama.cpp's converter with its optional-space rule
+    emptied."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    lines = json_schema_to_gbnf(json.dumps(schema)).splitlines()
+    spaces = [i for i, text in enumerate(lines) if text.startswith("space ::=")]
+    if len(spaces) != 1:
+        raise ValueError(f"expected one space rule in the converted grammar, found {len(spaces)}")
+    lines[spaces[0]] = 'space ::= ""'
+    return "\n".join(lines) + "\n"
 
 
-def llama_server_rate(binary: Path, model: Path, prompt: str, tokens: int, schema: dict | None) -> tuple[float, int]:
-    """Tokens/s of one greedy completion by the llama.cpp server: generated tokens over the
-    request's wall time, prefill included, as ours are measured (its own decode-only rate is
-    higher); after a warm-up request, so neither side pays its first-request costs."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
-    process = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                                "-c", "4096", "-np", "1", "--no-webui"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        body: dict = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False}  # our bench engine has no prefix cache either
-        if schema is not None:
-            body["json_schema"] = schema
-        else:
-            body["ignore_eos"] = True
-        for _ in range(2):  # the first is the warm-up
-            request = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
-                                             {"Content-Type": "application/json"})
-            started = time.perf_counter()
-            with urllib.request.urlopen(request, timeout=1800) as reply:
-                answer = json.loads(reply.read())
-            seconds = time.perf_counter() - started
-        generated = int(answer.get("timings", {}).get("predicted_n", 0))
-        return generated / seconds, generated
-    finally:
-        process.terminate()
-        process.wait(30)
+def best_of(attempt, rounds: int):
+    """One untimed warm-up of `attempt` (it returns (tokens, seconds, ...)), then `rounds` timed
+    runs; the fastest run. Every series of this case, ours and the peer's, is timed this way."""
+    attempt()
+    return min((attempt() for _ in range(rounds)), key=lambda result: result[1])
+
+
+def peer_completion(url: str, body: dict) -> tuple[int, float, str]:
+    """(tokens generated, wall seconds, text) of one request to the llama.cpp server."""
+    request = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=1800) as reply:
+        answer = json.loads(reply.read())
+    seconds = time.perf_counter() - started
+    return int(answer.get("timings", {}).get("predicted_n", 0)), seconds, str(answer.get("content", ""))
+
+
+def series(name: str, result) -> str:
+    tokens, seconds = result[0], result[1]
+    return (f"  {name:52s} {tokens:4d} tokens  per answer {seconds * 1000:8.1f} ms  "
+            f"per token {seconds * 1000 / max(1, tokens):6.2f} ms  ({tokens / seconds:6.1f} tok/s)")
 
 
 def case_extract(engine, controller, args) -> list[str]:
+    """Ours and the peer's answers timed alike (`best_of`), each request's wall time with its
+    prefill (neither side keeps a prefix cache here), reported per answer and per token."""
     spec = schema_spec()
     engine.prepare_grammar(spec)
-    n, _, answer, _ = run(engine, EXTRACT_PROMPT, 200, speculation=False, grammar=spec)  # warm-up, and the length
-    best_plain = best_on = 0.0
-    for _ in range(args.rounds):
-        m, seconds, _, _ = run(engine, EXTRACT_PROMPT, n, speculation=False, ban_eog=True)
-        best_plain = max(best_plain, m / seconds)
-        n, seconds, answer, _ = run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec)
-        best_on = max(best_on, n / seconds)
+    n = run(engine, EXTRACT_PROMPT, 200, speculation=False, grammar=spec)[0]  # the answer's length
+    plain = best_of(lambda: run(engine, EXTRACT_PROMPT, n, speculation=False, ban_eog=True), args.rounds)
+    ours = best_of(lambda: run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec), args.rounds)
+    answer = ours[2]
     json.loads(answer)
     stats = controller.stats.snapshot()
     kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "lookup")}
-    lines = [f"extract 8 fields ({n} tokens)  unconstrained {best_plain:6.1f} tok/s  constrained + Il Suggeritore "
-             f"{best_on:6.1f} tok/s  {best_on / best_plain:5.2f}x  (target >= 1.5x)  draft tokens kept {kept}  {load()}"]
-    binary = find_llama_server(args)
+    lines = [f"extract 8 fields: warm-up + best of {args.rounds} timed requests for every series, wall time "
+             f"with prefill  {load()}",
+             series("reame unconstrained (same length, speculation off)", plain),
+             series("reame constrained + Il Suggeritore (compact JSON)", ours),
+             f"  constrained + Il Suggeritore / unconstrained: {plain[1] / ours[1] * ours[0] / plain[0]:5.2f}x per "
+             f"token (target >= 1.5x)  draft tokens kept {kept}"]
+    binary = llama_server.find_binary(args.llama_server)
     if binary is None:
-        lines.append("  llama.cpp server: no binary found (--llama-server); comparison skipped")
+        lines.append("  llama.cpp server: no binary found (--llama-server, or run bench/versus_llama_server.py once "
+                     "to build it); comparison skipped")
     else:
-        plain_rate, _ = llama_server_rate(binary, engine.config.model_path, EXTRACT_PROMPT, n, None)
-        grammar_rate, got = llama_server_rate(binary, engine.config.model_path, EXTRACT_PROMPT, 200, SCHEMA)
-        lines.append(f"  llama.cpp server ({binary}): unconstrained {plain_rate:6.1f} tok/s, its grammar sampler "
-                     f"{grammar_rate:6.1f} tok/s ({got} tokens) = {grammar_rate / plain_rate:4.2f}x of its own "
-                     f"unconstrained; ours / its grammar: {best_on / grammar_rate:5.2f}x  {load()}")
+        flags = ["-c", "4096", "-np", "1", *llama_server.kernel_flags(engine.kernels.extra_buffers)]
+        lines.append(f"  llama.cpp server {binary} {' '.join(flags)}")
+        lines.append(llama_server.kernel_line(engine.kernels.extra_buffers))
+        base = {"prompt": EXTRACT_PROMPT, "temperature": 0, "cache_prompt": False}  # our engine here has no prefix cache either
+        with llama_server.running(binary, engine.config.model_path, flags) as url:
+            peer_plain = best_of(lambda: peer_completion(url, {**base, "n_predict": n, "ignore_eos": True}),
+                                 args.rounds)
+            compact = best_of(lambda: peer_completion(url, {**base, "n_predict": 200,
+                                                              "grammar": compact_gbnf(SCHEMA)}), args.rounds)
+            spaced = best_of(lambda: peer_completion(url, {**base, "n_predict": 200, "json_schema": SCHEMA}),
+                             args.rounds)
+        lines += [series("llama.cpp unconstrained (same length)", peer_plain),
+                  series("llama.cpp grammar sampler, compact JSON", compact),
+                  series("llama.cpp grammar sampler, its json_schema (whitespace)", spaced),
+                  f"  ours / its grammar, compact JSON: per answer {compact[1] / ours[1]:5.2f}x faster, per token "
+                  f"{compact[1] / compact[0] / (ours[1] / ours[0]):5.2f}x faster; against its json_schema answer "
+                  f"({spaced[0]} tokens): per answer {spaced[1] / ours[1]:5.2f}x, per token "
+                  f"{spaced[1] / spaced[0] / (ours[1] / ours[0]):5.2f}x  {load()}",
+                  f"  its compact answer: {compact[2]}"]
     lines.append(f"  answer: {answer}")
     return lines
 
