@@ -8,6 +8,10 @@ the serving layer's errors (node/serving/errors.py) and the Batch API's
 (node/batches/errors.py), sessions' and warm-ahead's own failures, aiohttp's HTTP exceptions (unknown path, wrong method, body over the size
 limit) and the failures only HTTP knows (`Unauthorized`, `PayloadTooLarge`). Anything else is logged with
 its traceback and answered 500; the server keeps serving.
+
+The same reply is written in the envelope of the API a route belongs to: Anthropic's Messages
+routes (`/v1/messages*`) answer `{"type": "error", "error": {"type", "message"}}` with Anthropic's
+error types (`anthropic_body`); every other route answers OpenAI's object.
 """
 
 from __future__ import annotations
@@ -56,6 +60,25 @@ class ErrorReply:
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def anthropic_body(self) -> dict[str, object]:
+        """The reply in Anthropic's envelope; its error type follows from the status."""
+        kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+# HTTP status -> Anthropic's error type (other 4xx: invalid_request_error, other 5xx: api_error).
+ANTHROPIC_TYPES: Mapping[int, str] = {
+    401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def anthropic_route(request: web.Request | None) -> bool:
+    """Whether the request is one of Anthropic's Messages routes (errors in Anthropic's envelope)."""
+    return request is not None and (request.path == ANTHROPIC_PREFIX or
+                                    request.path.startswith(ANTHROPIC_PREFIX + "/"))
 
 
 # ServingError subclass -> (status, OpenAI error type); the most specific class wins.
@@ -111,8 +134,9 @@ def _http_reply(exc: web.HTTPException, request: web.Request | None) -> ErrorRep
     return ErrorReply(exc.status, kind, None, exc.reason or "HTTP error")
 
 
-def error_response(reply: ErrorReply) -> web.Response:
-    return web.Response(status=reply.status, body=orjson.dumps(reply.body()), content_type="application/json",
+def error_response(reply: ErrorReply, request: web.Request | None = None) -> web.Response:
+    body = reply.anthropic_body() if anthropic_route(request) else reply.body()
+    return web.Response(status=reply.status, body=orjson.dumps(body), content_type="application/json",
                         headers=dict(reply.headers))
 
 
@@ -124,9 +148,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(error_reply(exc, request))
+        return error_response(error_reply(exc, request), request)
     except Exception as exc:
         reply = error_reply(exc, request)
         if reply.unexpected:
             log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(reply)
+        return error_response(reply, request)

@@ -9,21 +9,21 @@ is not deterministic, so the archive was not asked).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import AsyncIterator, Callable, Mapping, TypeVar
 
 import orjson
 from aiohttp import web
 
 from node import __version__
 from node.api import openapi
-from node.api.errors import error_reply
 from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
-from node.api.sse import EventStream
+from node.api.sse import DONE_FRAME, data_frames, openai_error_frame, stream_frames
 from node.api.state import STATE, NodeState
 from node.serving.engine_client import EngineClient
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
@@ -107,20 +107,27 @@ def session_of(request: web.Request, body: object) -> str | None:
     return value or None
 
 
-async def answer(request: web.Request, state: NodeState, plan: Plan,
-                 extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+@contextlib.asynccontextmanager
+async def answering(state: NodeState, plan: Plan) -> AsyncIterator[Answer]:
+    """The plan's answer inside the node's in-flight gate (a full gate is a 503 before anything runs)."""
     if not state.gate.try_enter():
         raise Overloaded(f"{state.gate.limit} requests are already in flight; retry shortly")
     try:
-        identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
-        n_choices = sum(job.n for job in plan.jobs)
         async with state.service.answer(plan) as result:
-            headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
-            if plan.options.stream:
-                return await stream_answer(request, plan, result, identity, n_choices, headers)
-            return json_response(await collect(plan, result, identity), headers=headers)
+            yield result
     finally:
         state.gate.leave()
+
+
+async def answer(request: web.Request, state: NodeState, plan: Plan,
+                 extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+    identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
+    n_choices = sum(job.n for job in plan.jobs)
+    async with answering(state, plan) as result:
+        headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
+        if plan.options.stream:
+            return await stream_answer(request, plan, result, identity, n_choices, headers)
+        return json_response(await collect(plan, result, identity), headers=headers)
 
 
 async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
@@ -134,29 +141,19 @@ async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
 
 async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
                         headers: dict) -> web.StreamResponse:
-    stream = EventStream(request, headers)
     maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage,
                        tool_readers(plan, n_choices))
-    await stream.open()
-    try:
+
+    async def frames() -> AsyncIterator[bytes]:
         if plan.kind == "chat":
-            await stream.send_all(maker.role(index) for index in range(n_choices))
+            yield data_frames(maker.role(index) for index in range(n_choices))
         async for event in result.events():
-            await stream.send_all(maker.events(event))
+            yield data_frames(maker.events(event))
         if plan.options.include_usage:
-            await stream.send(maker.usage_chunk(plan.prompt_tokens))
-        await stream.done()
-    except ConnectionResetError:
-        log.info("client went away during a stream; its generation is cancelled")
-    except Exception as exc:
-        reply = error_reply(exc, request, unexpected="The generation failed")
-        if reply.unexpected:
-            log.exception("stream failed after it started")
-        try:
-            await stream.fail(reply)
-        except ConnectionResetError:
-            pass  # nobody is left to tell
-    return stream.response
+            yield data_frames([maker.usage_chunk(plan.prompt_tokens)])
+        yield DONE_FRAME
+
+    return await stream_frames(request, headers, frames(), openai_error_frame)
 
 
 async def models(request: web.Request) -> web.Response:
