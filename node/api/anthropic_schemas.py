@@ -8,7 +8,8 @@ required, as Anthropic requires it (count_tokens takes none). `stop_sequences`, 
 `top_p` and `top_k` go to sampling as chat's fields do (node/api/schemas.py); `metadata` is
 accepted and changes nothing. `tools` (name, description, `input_schema`) and `tool_choice`
 (auto, any, tool, none) decide the output as chat's tools do: `any` is a required call, `tool`
-a named one. Images, documents and server tools are refused with a clear 400.
+a named one. `output_config.format` (`json_schema` with a `schema`) is structured output. Images,
+documents and server tools are refused with a clear 400.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import json
 from typing import Any
 
 from node.api.schemas import (DEFAULT_CHAT_MAX_TOKENS, MAX_ARGUMENT_NESTING, MAX_CALL_ID, MAX_MESSAGES,
-                              MAX_TOKENS_LIMIT, TOOL_NAME, Fields, decide_output, nesting, parse_sampling,
+                              MAX_TOKENS_LIMIT, TOOL_NAME, Fields, decide_output, format_spec, nesting, parse_sampling,
                               parse_stop, parse_tool_list, type_name)
+from node.engine.types import GrammarSpec
 from node.serving.errors import InvalidRequest, UnsupportedFeature
 from node.serving.requests import ChatMessage, ChatRequest, GenerationOptions, Tool, ToolCall
 
@@ -137,6 +139,19 @@ def parse_tool_choice(fields: Fields, tools: tuple[Tool, ...]) -> tuple[str, str
     return ("required" if kind == "any" else "auto"), None
 
 
+def parse_output_format(fields: Fields) -> list[tuple[str, GrammarSpec]]:
+    """Structured output: `output_config.format` (`{"type": "json_schema", "schema"}`)."""
+    config = fields.body.get("output_config")
+    if config is None:
+        return []
+    value = Fields(config, "output_config").body.get("format")
+    if value is None:
+        return []
+    rf = Fields(value, "output_config.format")
+    spec = format_spec(rf, lambda: rf)
+    return [] if spec is None else [("output_config.format", spec)]
+
+
 def parse_messages_body(body: Any, *, count_only: bool = False) -> ChatRequest:
     """A /v1/messages body (or a count_tokens body, which has no `max_tokens`)."""
     fields = Fields(body)
@@ -159,8 +174,8 @@ def parse_messages_body(body: Any, *, count_only: bool = False) -> ChatRequest:
         messages.extend(parse_turn(Fields(item, f"messages[{index}]"), calls))
     tools = parse_tool_list(fields, anthropic_tool, "input_schema")
     choice, function = parse_tool_choice(fields, tools)
-    grammar, output = decide_output([], tools, choice, function, "tool_choice" if fields.present("tool_choice")
-                                    else "tools")
+    grammar, output = decide_output(parse_output_format(fields), tools, choice, function,
+                                    "tool_choice" if fields.present("tool_choice") else "tools")
     sampling = parse_sampling(fields)
     return ChatRequest(
         model=fields.string("model"), messages=tuple(messages),

@@ -62,9 +62,14 @@ class ErrorReply:
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
     def anthropic_body(self) -> dict[str, object]:
-        """The reply in Anthropic's envelope; its error type follows from the status."""
+        """The reply in Anthropic's envelope; its error type follows from the status. The envelope
+        has no `param`: the message names the field (`param: message`, as Anthropic's do) when it
+        does not already."""
         kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        message = self.message
+        if self.param and f"'{self.param}'" not in message:
+            message = f"{self.param}: {message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 # HTTP status -> Anthropic's error type (other 4xx: invalid_request_error, other 5xx: api_error).
