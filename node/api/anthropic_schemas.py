@@ -19,34 +19,13 @@ import json
 from typing import Any
 
 from node.api.schemas import (DEFAULT_CHAT_MAX_TOKENS, MAX_ARGUMENT_NESTING, MAX_CALL_ID, MAX_MESSAGES,
-                              MAX_TOKENS_LIMIT, TOOL_NAME, Fields, decide_output, format_spec, nesting, parse_sampling,
+                              MAX_TOKENS_LIMIT, TOOL_NAME, Fields, decide_output, format_spec, nesting, parse_content, parse_sampling,
                               parse_stop, parse_tool_list, type_name)
 from node.engine.types import GrammarSpec
-from node.serving.errors import InvalidRequest, UnsupportedFeature
+from node.serving.errors import UnsupportedFeature
 from node.serving.requests import ChatMessage, ChatRequest, GenerationOptions, Tool, ToolCall
 
 ROLES = ("user", "assistant")
-
-
-def text_of(value: Any, param: str, blocks: tuple[str, ...] = ("text",)) -> str:
-    """A string, or text blocks joined in order."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise InvalidRequest(f"'{param}' must be a string or an array of content blocks, got {type_name(value)}",
-                             param=param, code="invalid_value")
-    texts = []
-    for index, item in enumerate(value):
-        block = Fields(item, f"{param}[{index}]")
-        kind = block.string("type")
-        if kind not in blocks:
-            raise UnsupportedFeature(f"Content blocks of type {kind!r} are not supported here; only "
-                                     f"{', '.join(repr(b) for b in blocks)}", param=block.name("type"))
-        text = block.string("text")
-        if text is None:
-            raise block.fail("text", "is required")
-        texts.append(text)
-    return "".join(texts)
 
 
 def tool_use(block: Fields, calls: dict[str, str]) -> ToolCall:
@@ -97,7 +76,7 @@ def parse_turn(message: Fields, calls: dict[str, str]) -> list[ChatMessage]:
                                                 "message")
             block.boolean("is_error", False)
             result = block.body.get("content")
-            text = "" if result is None else text_of(result, block.name("content"))
+            text = "" if result is None else parse_content(result, block.name("content"))
             out.append(ChatMessage("tool", text, tool_call_id=call_id, name=calls[call_id]))
         elif kind in ("tool_use", "tool_result"):
             raise block.fail("type", f"{kind!r} blocks belong in {'assistant' if kind == 'tool_use' else 'user'} "
@@ -163,7 +142,7 @@ def parse_messages_body(body: Any, *, count_only: bool = False) -> ChatRequest:
     messages: list[ChatMessage] = []
     system = fields.body.get("system")
     if system is not None:
-        messages.append(ChatMessage("system", text_of(system, "system")))
+        messages.append(ChatMessage("system", parse_content(system, "system")))
     value = fields.body.get("messages")
     if not isinstance(value, list) or not value:
         raise fields.fail("messages", "must be a non-empty array of messages")

@@ -16,16 +16,15 @@ are refused with a clear 400.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from node.api.schemas import (DEFAULT_CHAT_MAX_TOKENS, MAX_CALL_ID, MAX_MESSAGES, MAX_TOKENS_LIMIT, TOOL_NAME,
-                              Fields, decide_output, format_spec, parse_sampling, parse_tool_choice, parse_tool_list,
+from node.api.schemas import (DEFAULT_CHAT_MAX_TOKENS, MAX_CALL_ID, MAX_MESSAGES, MAX_TOKENS_LIMIT,
+                              Fields, decide_output, format_spec, function_call, parse_content, parse_sampling, parse_tool_choice, parse_tool_list,
                               type_name)
 from node.engine.types import GrammarSpec
-from node.serving.errors import InvalidRequest, UnsupportedFeature
-from node.serving.requests import ChatMessage, GenerationOptions, ToolCall
+from node.serving.errors import UnsupportedFeature
+from node.serving.requests import ChatMessage, GenerationOptions
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -46,23 +45,7 @@ class ResponsesRequest:
 
 
 def content_text(value: Any, param: str) -> str:
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise InvalidRequest(f"'{param}' must be a string or an array of text parts, got {type_name(value)}",
-                             param=param, code="invalid_value")
-    texts = []
-    for index, item in enumerate(value):
-        part = Fields(item, f"{param}[{index}]")
-        kind = part.string("type")
-        if kind not in TEXT_PARTS:
-            raise UnsupportedFeature(f"Content parts of type {kind!r} are not supported; only 'input_text' and "
-                                     "'output_text' are", param=part.name("type"))
-        text = part.string("text")
-        if text is None:
-            raise part.fail("text", "is required")
-        texts.append(text)
-    return "".join(texts)
+    return parse_content(value, param, TEXT_PARTS)
 
 
 def call_id_of(item: Fields) -> str:
@@ -90,19 +73,8 @@ def parse_items(value: Any, calls: dict[str, str]) -> tuple[ChatMessage, ...]:
                 raise item.fail("role", f"must be one of {', '.join(ROLES)}")
             messages.append(ChatMessage(ROLES[role], content_text(item.body.get("content"), item.name("content"))))
         elif kind == "function_call":
-            call_id = call_id_of(item)
-            name = item.string("name")
-            if name is None or not TOOL_NAME.fullmatch(name):
-                raise item.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-            arguments = item.string("arguments") or "{}"
-            try:
-                parsed = json.loads(arguments)
-            except (ValueError, RecursionError):
-                parsed = None
-            if not isinstance(parsed, dict):
-                raise item.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
-            calls[call_id] = name
-            call = ToolCall(call_id, name, arguments)
+            call = function_call(item, call_id_of(item), "{}")
+            calls[call.id] = call.name
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant" and last.tool_calls:
                 messages[-1] = dataclasses.replace(last, tool_calls=(*last.tool_calls, call))

@@ -405,8 +405,8 @@ def parse_completion(body: Any) -> CompletionRequest:
     )
 
 
-def parse_content(value: Any, param: str) -> str:
-    """Message content: a string, or an array of text parts joined in order."""
+def parse_content(value: Any, param: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """Message content: a string, or an array of text parts (of the types in `kinds`) joined in order."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -416,9 +416,9 @@ def parse_content(value: Any, param: str) -> str:
     for index, part in enumerate(value):
         part_fields = Fields(part, f"{param}[{index}]")
         kind = part_fields.string("type")
-        if kind != "text":
-            raise UnsupportedFeature(f"Content parts of type {kind!r} are not supported; only 'text' is",
-                                     param=part_fields.name("type"))
+        if kind not in kinds:
+            raise UnsupportedFeature(f"Content parts of type {kind!r} are not supported here; only "
+                                     f"{' and '.join(repr(k) for k in kinds)}", param=part_fields.name("type"))
         text = part_fields.string("text")
         if text is None:
             raise part_fields.fail("text", "is required")
@@ -443,21 +443,25 @@ def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
             raise call.fail("id", f"must be a string of 1 to {MAX_CALL_ID} characters")
         if call.string("type") != "function":
             raise call.fail("type", "must be 'function'")
-        function = Fields(call.body.get("function"), call.name("function"))
-        name = function.string("name")
-        if name is None or not TOOL_NAME.fullmatch(name):
-            raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-        arguments = function.string("arguments") or ""
-        try:
-            parsed = json.loads(arguments)
-        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
-        if nesting(parsed) > MAX_ARGUMENT_NESTING:
-            raise function.fail("arguments", f"may nest objects and arrays at most {MAX_ARGUMENT_NESTING} deep")
-        calls.append(ToolCall(call_id, name, arguments))
+        calls.append(function_call(Fields(call.body.get("function"), call.name("function")), call_id))
     return tuple(calls)
+
+
+def function_call(function: Fields, call_id: str, missing_arguments: str = "") -> ToolCall:
+    """A call sent back: `function.name` and `function.arguments` (a string holding a JSON object)."""
+    name = function.string("name")
+    if name is None or not TOOL_NAME.fullmatch(name):
+        raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
+    arguments = function.string("arguments") or missing_arguments
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
+    if nesting(parsed) > MAX_ARGUMENT_NESTING:
+        raise function.fail("arguments", f"may nest objects and arrays at most {MAX_ARGUMENT_NESTING} deep")
+    return ToolCall(call_id, name, arguments)
 
 
 def nesting(value: Any) -> int:

@@ -21,11 +21,15 @@ from node.serving.structure import Piece
 
 @dataclass(frozen=True, slots=True)
 class Text:
+    """A piece of the answer's text."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class CallStart:
+    """A tool call begins: its index among the turn's calls, its id and the function it calls."""
+
     index: int
     id: str
     name: str
@@ -33,12 +37,16 @@ class CallStart:
 
 @dataclass(frozen=True, slots=True)
 class CallArguments:
+    """More of call `index`'s arguments."""
+
     index: int
     delta: str  # a piece of the call's arguments (JSON text)
 
 
 @dataclass(frozen=True, slots=True)
 class TurnEnd:
+    """The turn is over: why, and what it cost."""
+
     reason: str  # "stop" | "length" | "tool_calls"
     stop_sequence: str | None
     completion_tokens: int

@@ -15,22 +15,14 @@ import openai
 import pytest
 
 from tests.node.api.live import LiveNode, node_settings
+from tests.node.api.test_anthropic_client import KEY, MODEL, node  # noqa: F401  (the same keyed live node)
 
 pytestmark = pytest.mark.model
 
-KEY = "sesame"
-MODEL = "gemma3-270m"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 COLOR = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}},
          "required": ["color"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def node(gemma_path, tmp_path_factory):
-    settings = node_settings(gemma_path, tmp_path_factory.mktemp("home"), **{"server.api_key": KEY})
-    with LiveNode(settings) as live:
-        yield live
 
 
 @pytest.fixture(scope="module")
