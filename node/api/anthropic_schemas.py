@@ -127,8 +127,16 @@ def parse_output_format(fields: Fields) -> list[tuple[str, GrammarSpec]]:
     if value is None:
         return []
     rf = Fields(value, "output_config.format")
+    if rf.string("type") != "json_schema":
+        raise rf.fail("type", "must be 'json_schema'")
     spec = format_spec(rf, lambda: rf)
     return [] if spec is None else [("output_config.format", spec)]
+
+
+def parse_stop_sequences(fields: Fields) -> tuple[str, ...]:
+    if fields.present("stop_sequences") and not isinstance(fields.body["stop_sequences"], list):
+        raise fields.fail("stop_sequences", "must be an array of strings")
+    return parse_stop(fields, "stop_sequences")
 
 
 def parse_messages_body(body: Any, *, count_only: bool = False) -> ChatRequest:
@@ -160,7 +168,7 @@ def parse_messages_body(body: Any, *, count_only: bool = False) -> ChatRequest:
         model=fields.string("model"), messages=tuple(messages),
         options=GenerationOptions(
             max_tokens=max_tokens, sampling=dataclasses.replace(sampling, grammar=grammar),
-            stop=parse_stop(fields, "stop_sequences"), n=1, logprobs=None, stream=fields.boolean("stream", False),
+            stop=parse_stop_sequences(fields), n=1, logprobs=None, stream=fields.boolean("stream", False),
             include_usage=False, output=output),
     )
 

@@ -291,14 +291,14 @@ RESPONSE_ITEM: Schema = {"anyOf": [
     {"type": "object", "required": ["role", "content"], "description": "a message",
      "properties": {"type": {"enum": ["message"]}, "role": {"enum": ["user", "system", "developer", "assistant"]},
                     "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": RESPONSE_PART}]}}},
-    {"type": "object", "required": ["type", "call_id", "name", "arguments"], "description": "a call the model made",
+    {"type": "object", "required": ["type", "call_id", "name"], "description": "a call the model made",
      "properties": {"type": {"enum": ["function_call"]},
                     "call_id": string("the call's id", minLength=1, maxLength=limits.MAX_CALL_ID),
                     "name": string("the function called", pattern=f"^{limits.TOOL_NAME.pattern}$"),
                     "arguments": string("its arguments: a JSON object as text")}},
     {"type": "object", "required": ["type", "call_id", "output"], "description": "a call's result",
      "properties": {"type": {"enum": ["function_call_output"]}, "call_id": {"type": "string"},
-                    "output": {"type": "string"}}},
+                    "output": {"anyOf": [{"type": "string"}, {"type": "array", "items": RESPONSE_PART}]}}},
 ]}
 RESPONSES_REQUEST: Schema = {
     "type": "object", "required": ["input"],

@@ -27,7 +27,8 @@ from node.serving.errors import UnsupportedFeature
 from node.serving.requests import ChatMessage, GenerationOptions
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
-TEXT_PARTS = ("input_text", "output_text", "text")
+TEXT_PARTS = ("input_text", "output_text")
+MAX_METADATA = 16
 UNSUPPORTED = {"reasoning": "reasoning", "background": "background responses", "conversation": "conversations",
                "prompt": "prompt templates"}
 
@@ -129,9 +130,13 @@ def parse_responses_body(body: Any, calls: dict[str, str]) -> ResponsesRequest:
     asked = [("text.format", grammar)] if grammar is not None else []
     grammar, output = decide_output(asked, tools, choice, function,
                                     "tool_choice" if fields.present("tool_choice") else "tools")
-    metadata = fields.body.get("metadata") or {}
+    metadata = fields.body.get("metadata")
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise fields.fail("metadata", "must be an object of strings")
+    if len(metadata) > MAX_METADATA:
+        raise fields.fail("metadata", f"may hold at most {MAX_METADATA} keys")
     return ResponsesRequest(
         model=fields.string("model"), instructions=instructions, input=messages,
         options=GenerationOptions(
