@@ -6,7 +6,8 @@ savings ledger), inside the node's in-flight gate. The answer's turn items
 (node/api/turn_items.py) become a `message` with `text` and `tool_use` blocks, or Anthropic's
 stream: message_start, then per block content_block_start, content_block_delta (`text_delta`,
 `input_json_delta`) and content_block_stop (a ping after the first block opens), then
-message_delta (stop_reason, stop_sequence, output usage) and message_stop. stop_reason is
+message_delta (stop_reason, stop_sequence, the whole usage: what the prompt restored is known
+only at the end) and message_stop. stop_reason is
 `end_turn`, `max_tokens`, `stop_sequence` (one of the request's stop_sequences ended the text)
 or `tool_use`. Usage follows Anthropic's meaning: `input_tokens` are the prompt tokens computed,
 `cache_read_input_tokens` those restored (a prefix-cache restore, or all of them for an L1 hit).
@@ -124,7 +125,7 @@ async def stream_events(message_id: str, model: str, plan: Plan, items: AsyncIte
             reason, sequence = stop_reason(item, stops)
             frames.append(named_frame("message_delta", {
                 "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": {"output_tokens": item.completion_tokens}}))
+                "usage": usage(plan.prompt_tokens, item.cached_tokens, item.completion_tokens)}))
             frames.append(named_frame("message_stop", {"type": "message_stop"}))
         yield b"".join(frames)
 

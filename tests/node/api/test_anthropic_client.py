@@ -115,6 +115,9 @@ def test_stream_helper_and_raw_events(client):
         final = stream.get_final_message()
     assert text == whole.content[0].text == final.content[0].text
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+    # the stream is the L1 hit of the first (greedy) answer: it computed none of the prompt
+    assert final.usage.input_tokens == 0
+    assert final.usage.cache_read_input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
     sampled = {**body, "extra_body": {"temperature": 0.5, "seed": 3}}
     events = [event.type for event in client.messages.create(**sampled, stream=True)]
     assert events[:2] == ["message_start", "content_block_start"] and "content_block_delta" in events
