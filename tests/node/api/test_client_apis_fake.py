@@ -18,7 +18,7 @@ import openai
 import orjson
 import pytest
 
-from tests.node.api.live import LiveNode, node_settings
+from tests.node.api.test_http_fake import node  # noqa: F401  (a live node on this module's `fake`)
 from tests.node.fake_engine import FakeEngine
 
 TEMPLATE = (
@@ -37,13 +37,6 @@ def fake(tmp_path_factory):
     engine = FakeEngine(tmp_path_factory.mktemp("model") / "fake.gguf")
     engine._info = dataclasses.replace(engine.model_info, chat_template=TEMPLATE)
     return engine
-
-
-@pytest.fixture(scope="module")
-def node(fake, tmp_path_factory):
-    settings = node_settings(fake.config.model_path, tmp_path_factory.mktemp("home"), **{"arca.observe": False})
-    with LiveNode(settings, engine=fake) as live:
-        yield live
 
 
 @pytest.fixture(autouse=True)
