@@ -18,7 +18,9 @@ batch store, mirror, fleet pushes, engine, cache, archive.
 Ollama's API (node/api/ollama_routes.py) is set up beside OpenAI's, under /api/.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
-Content-Length over it is a 413 before any body is read), Bearer auth.
+Content-Length over it is a 413 before any body is read), auth (the Bearer key; on Anthropic's
+Messages routes `x-api-key` too). Anthropic's Messages API and OpenAI's Responses API have routes of
+their own (node/api/anthropic_routes.py, node/api/responses_routes.py) over the same service.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from aiohttp.typedefs import Middleware
 from node.api.batch_lines import ApiLines
 from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
+from node.api.anthropic_routes import setup_anthropic_routes
 from node.api.embedding_routes import setup_embedding_routes
-from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
+from node.api.errors import Handler, PayloadTooLarge, Unauthorized, anthropic_route, error_middleware
 from node.api.ollama_routes import setup_ollama_routes
+from node.api.responses_routes import setup_responses_routes
 from node.api.routes import cost_line_ms, setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
@@ -69,7 +73,7 @@ UPLOAD_PATH = "/v1/files"
 PAGE_PATHS = ("/", "/favicon.ico")  # the chat page holds no data; its API calls carry the key
 CORS_HEADERS = {
     "Access-Control-Allow-Origin": "*",
-    "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Reame-Session",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Reame-Session, x-api-key, anthropic-version",
     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
     "Access-Control-Expose-Headers": "X-Reame-Cache, X-Reame-Session",
 }
@@ -130,20 +134,28 @@ def body_limit_middleware(limit: int, upload_limit: int) -> Middleware:
 
 
 def auth_middleware(api_key: str) -> Middleware:
+    """The key as a Bearer token; on Anthropic's Messages routes also as `x-api-key` (its clients' header)."""
     expected = f"Bearer {api_key}".encode()
+    bare = api_key.encode()
+
+    def header(request: web.Request, name: str) -> bytes:
+        try:
+            return request.headers.get(name, "").encode()
+        except UnicodeEncodeError:  # bytes that are not UTF-8 can never be the key
+            return b""
 
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/"):
             return await handler(request)
-        try:
-            given = request.headers.get("Authorization", "").encode()
-        except UnicodeEncodeError:  # bytes that are not UTF-8 can never be the key
-            given = b""
-        if not hmac.compare_digest(given, expected):
-            raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'")
-        return await handler(request)
+        if hmac.compare_digest(header(request, "Authorization"), expected):
+            return await handler(request)
+        if anthropic_route(request):
+            if hmac.compare_digest(header(request, "x-api-key"), bare):
+                return await handler(request)
+            raise Unauthorized("Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'")
+        raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     return check_key
 
@@ -166,6 +178,8 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     setup_batch_routes(app)
     setup_embedding_routes(app)
     setup_ollama_routes(app)
+    setup_anthropic_routes(app)
+    setup_responses_routes(app)
     return app
 
 

@@ -9,6 +9,10 @@ the serving layer's errors (node/serving/errors.py) and the Batch API's
 (node/batches/errors.py), sessions' and warm-ahead's own failures, aiohttp's HTTP exceptions (unknown path, wrong method, body over the size
 limit) and the failures only HTTP knows (`Unauthorized`, `PayloadTooLarge`). Anything else is logged with
 its traceback and answered 500; the server keeps serving.
+
+The same reply is written in the envelope of the API a route belongs to: Anthropic's Messages
+routes (`/v1/messages*`) answer `{"type": "error", "error": {"type", "message"}}` with Anthropic's
+error types (`anthropic_body`); every other route answers OpenAI's object.
 """
 
 from __future__ import annotations
@@ -62,6 +66,30 @@ class ErrorReply:
     def ollama_body(self) -> dict[str, str]:
         """Ollama's error object: the message only."""
         return {"error": self.message}
+
+    def anthropic_body(self) -> dict[str, object]:
+        """The reply in Anthropic's envelope; its error type follows from the status. The envelope
+        has no `param`: the message names the field (`param: message`, as Anthropic's do) when it
+        does not already."""
+        kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        message = self.message
+        if self.param and f"'{self.param}'" not in message:
+            message = f"{self.param}: {message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# HTTP status -> Anthropic's error type (other 4xx: invalid_request_error, other 5xx: api_error).
+ANTHROPIC_TYPES: Mapping[int, str] = {
+    401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def anthropic_route(request: web.Request | None) -> bool:
+    """Whether the request is one of Anthropic's Messages routes (errors in Anthropic's envelope)."""
+    return request is not None and (request.path == ANTHROPIC_PREFIX or
+                                    request.path.startswith(ANTHROPIC_PREFIX + "/"))
 
 
 # ServingError subclass -> (status, OpenAI error type); the most specific class wins.
@@ -123,8 +151,14 @@ def speaks_ollama(path: str) -> bool:
 
 
 def error_response(reply: ErrorReply, request: web.Request | None = None) -> web.Response:
-    """The error in the envelope of the API the path belongs to: Ollama's under /api/, else OpenAI's."""
-    body = reply.ollama_body() if request is not None and speaks_ollama(request.path) else reply.body()
+    """The error in the envelope of the API the path belongs to: Ollama's under /api/, Anthropic's
+    under /v1/messages, else OpenAI's."""
+    if request is not None and speaks_ollama(request.path):
+        body: dict = reply.ollama_body()
+    elif anthropic_route(request):
+        body = reply.anthropic_body()
+    else:
+        body = reply.body()
     return web.Response(status=reply.status, body=orjson.dumps(body), content_type="application/json",
                         headers=dict(reply.headers))
 

@@ -35,7 +35,7 @@ from node.api.ollama_schemas import (
     OllamaGenerate, Window, parse_chat, parse_embed, parse_generate, parse_load, parse_model, parse_window,
 )
 from node.api.ollama_shapes import OllamaReply, loaded, model_entry, model_show
-from node.api.routes import admitted, chat_turn, check_model, json_response, make_plan, read_json, streamed
+from node.api.routes import answering, chat_turn, check_model, json_response, make_plan, read_json, streamed
 from node.api.shapes import tool_readers
 from node.api.state import STATE, NodeState
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, UnsupportedFeature
@@ -129,7 +129,7 @@ async def answer(request: web.Request, state: NodeState, plan: Plan, name: str, 
                  headers: dict[str, str] | None = None, context: bool = False) -> web.StreamResponse:
     readers = tool_readers(plan, 1)
     reply = OllamaReply(name, chat, readers[0] if readers else None, plan.options.logprobs is not None)
-    async with admitted(state, plan) as result:
+    async with answering(state, plan) as result:
         headers = {"X-Reame-Cache": result.cache, **(headers or {})}
 
         def final(whole: bool) -> dict:

@@ -249,6 +249,127 @@ FILE_UPLOAD: Schema = {
                             "description": "JSON Lines: custom_id, method, url, body per line"}},
 }
 
+TEXT_BLOCK: Schema = {"type": "object", "required": ["type", "text"],
+                      "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}}}
+TEXT_BLOCKS: Schema = {"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK}]}
+ANTHROPIC_BLOCK: Schema = {"anyOf": [
+    TEXT_BLOCK,
+    {"type": "object", "required": ["type", "id", "name", "input"], "description": "assistant: a tool call",
+     "properties": {"type": {"enum": ["tool_use"]},
+                    "id": string("the call's id", minLength=1, maxLength=limits.MAX_CALL_ID),
+                    "name": string("the tool called", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+                    "input": {"type": "object", "description": "its arguments"}}},
+    {"type": "object", "required": ["type", "tool_use_id"], "description": "user: a tool's result",
+     "properties": {"type": {"enum": ["tool_result"]}, "tool_use_id": {"type": "string"},
+                    "content": TEXT_BLOCKS, "is_error": boolean("accepted")}},
+]}
+ANTHROPIC_TOOL: Schema = {
+    "type": "object", "required": ["name"],
+    "properties": optional({
+        "type": {"enum": ["custom"]},
+        "name": string("the tool's name", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+        "description": string("what it does"),
+        "input_schema": {**JSON_SCHEMA, "description": "its input's JSON Schema"},
+    }, required=("name",)),
+}
+MESSAGES_FIELDS: dict[str, Schema] = {
+    "model": OPTIONS["model"],
+    "system": {**TEXT_BLOCKS, "description": "the system prompt: a string or text blocks"},
+    "messages": {"type": "array", "minItems": 1, "maxItems": limits.MAX_MESSAGES, "items": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"enum": ["user", "assistant"]},
+                       "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": ANTHROPIC_BLOCK}]}}}},
+    "tools": {"type": "array", "maxItems": limits.MAX_TOOLS, "items": ANTHROPIC_TOOL,
+              "description": "tools the model may call"},
+    "tool_choice": {"type": "object", "required": ["type"], "properties": optional({
+        "type": {"enum": ["auto", "any", "tool", "none"]},
+        "name": string("with type tool: the tool to call"),
+        "disable_parallel_tool_use": boolean("accepted; a forced call is one call")}),
+        "description": "auto (templates that render tools), any (a call is required), tool (this one), none"},
+    "output_config": {"type": "object", "properties": optional({
+        "format": {"type": "object", "required": ["type"], "properties": optional({
+            "type": {"enum": ["json_schema"]}, "schema": JSON_SCHEMA})},
+        "effort": IGNORED}), "description": "structured output: format json_schema"},
+}
+MESSAGES_REQUEST: Schema = {
+    "type": "object", "required": ["messages", "max_tokens"],
+    "properties": optional({
+        **MESSAGES_FIELDS,
+        "max_tokens": integer(1, limits.MAX_TOKENS_LIMIT, "required: tokens to generate at most"),
+        "stop_sequences": {"type": "array", "maxItems": limits.MAX_STOP_STRINGS,
+                           "items": {"type": "string", "minLength": 1, "maxLength": limits.MAX_STOP_LENGTH},
+                           "description": "generation ends before any of these (stop_reason stop_sequence)"},
+        "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"], "top_k": SAMPLING["top_k"],
+        "stream": boolean("answer as Anthropic's server-sent events"),
+        "metadata": {"type": "object", "properties": optional({"user_id": {"type": "string"}}),
+                     "description": "accepted; changes nothing"},
+    }, required=("messages", "max_tokens")),
+}
+COUNT_TOKENS_REQUEST: Schema = {"type": "object", "required": ["messages"],
+                                "properties": optional(MESSAGES_FIELDS, required=("messages",))}
+
+RESPONSE_PART: Schema = {"type": "object", "required": ["type", "text"],
+                         "properties": {"type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}
+RESPONSE_ITEM: Schema = {"anyOf": [
+    {"type": "object", "required": ["role", "content"], "description": "a message",
+     "properties": {"type": {"enum": ["message"]}, "role": {"enum": ["user", "system", "developer", "assistant"]},
+                    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": RESPONSE_PART}]}}},
+    {"type": "object", "required": ["type", "call_id", "name"], "description": "a call the model made",
+     "properties": {"type": {"enum": ["function_call"]},
+                    "call_id": string("the call's id", minLength=1, maxLength=limits.MAX_CALL_ID),
+                    "name": string("the function called", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+                    "arguments": string("its arguments: a JSON object as text")}},
+    {"type": "object", "required": ["type", "call_id", "output"], "description": "a call's result",
+     "properties": {"type": {"enum": ["function_call_output"]}, "call_id": {"type": "string"},
+                    "output": {"anyOf": [{"type": "string"}, {"type": "array", "items": RESPONSE_PART}]}}},
+]}
+RESPONSES_REQUEST: Schema = {
+    "type": "object", "required": ["input"],
+    "properties": optional({
+        "model": OPTIONS["model"],
+        "input": {"anyOf": [{"type": "string"},
+                            {"type": "array", "minItems": 1, "maxItems": limits.MAX_MESSAGES, "items": RESPONSE_ITEM}]},
+        "instructions": string("a system message for this response only"),
+        "max_output_tokens": integer(1, limits.MAX_TOKENS_LIMIT, "tokens to generate at most"),
+        "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"],
+        "stream": boolean("answer as server-sent events with OpenAI's event names"),
+        "store": boolean("keep the response (default true): retrievable and continued by previous_response_id"),
+        "previous_response_id": string("continue the conversation of a stored response"),
+        "text": {"type": "object", "properties": optional({"format": {
+            "type": "object", "required": ["type"], "properties": optional({
+                "type": {"enum": ["text", "json_object", "json_schema"]},
+                "name": string("the schema's name", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+                "schema": JSON_SCHEMA, "strict": boolean("accepted; the output always validates"),
+                "description": string("what the schema is for")})}}),
+            "description": "structured output: text.format"},
+        "tools": {"type": "array", "maxItems": limits.MAX_TOOLS, "items": {
+            "type": "object", "required": ["type", "name"], "properties": optional({
+                "type": {"enum": ["function"]},
+                "name": string("the function's name", pattern=f"^{limits.TOOL_NAME.pattern}$"),
+                "description": string("what it does"),
+                "parameters": {**JSON_SCHEMA, "description": "its arguments' JSON Schema"},
+                "strict": boolean("accepted; arguments always validate")}, required=("type", "name"))}},
+        "tool_choice": {"anyOf": [
+            {"enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "name"],
+             "properties": {"type": {"enum": ["function"]}, "name": {"type": "string"}}}],
+            "description": "none, auto (templates that render tools), required, or one named function"},
+        "parallel_tool_calls": boolean("accepted; a forced call is one call"),
+        "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"}},
+        "user": IGNORED, "truncation": IGNORED,
+    }, required=("input",)),
+}
+
+ANTHROPIC_ERROR: Schema = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"enum": ["error"]}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"enum": ["invalid_request_error", "authentication_error", "permission_error",
+                                         "not_found_error", "request_too_large", "rate_limit_error", "api_error",
+                                         "overloaded_error"]},
+                       "message": {"type": "string"}}}},
+}
+
 ERROR: Schema = {
     "type": "object", "required": ["error"],
     "properties": {"error": {
@@ -285,6 +406,8 @@ def json_body(ref: str) -> dict[str, Any]:
 
 GENERATION_STATUSES = (200, 400, 401, 404, 413, 503)
 GENERATION_MEDIA = ("application/json", "text/event-stream")
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+RESPONSE_PATH = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 SESSION_PATH = [{"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}]
 FILE_PATH = [{"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 BATCH_PATH = [{"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -307,12 +430,18 @@ def document(model_id: str, version: str, *, auth: bool) -> dict[str, Any]:
         "components": {"schemas": {"CompletionRequest": COMPLETION_REQUEST, "ChatRequest": CHAT_REQUEST,
                                    "WarmRequest": WARM_REQUEST, "BatchRequest": BATCH_REQUEST,
                                    "EmbeddingRequest": EMBEDDING_REQUEST,
-                                   "Error": ERROR, **OLLAMA_SCHEMAS}},
+                                   "MessagesRequest": MESSAGES_REQUEST, "CountTokensRequest": COUNT_TOKENS_REQUEST,
+                                   "ResponsesRequest": RESPONSES_REQUEST,
+                                   "Error": ERROR, "AnthropicError": ANTHROPIC_ERROR, **OLLAMA_SCHEMAS}},
         "paths": described,
     }
     if auth:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
         doc["security"] = [{"bearer": []}]
+        for path in ANTHROPIC_PATHS:  # Anthropic's clients send the key as x-api-key
+            for operation in described[path].values():
+                operation["security"] = [{"bearer": []}, {"x-api-key": []}]
     return doc
 
 
@@ -332,6 +461,23 @@ def paths() -> dict[str, Any]:
             "responses": responses(200, 400, 401, 404, 413, 503, success={
                 "type": "object", "required": ["object", "data", "model", "usage"],
                 "description": "OpenAI's embedding list: data[i] = {object, index, embedding}"})}},
+        "/v1/messages": {"post": {
+            "summary": "Anthropic Messages (errors in Anthropic's envelope)", "requestBody": json_body("MessagesRequest"),
+            "responses": responses(*GENERATION_STATUSES, success={"type": "object", "description": "a message, or "
+                                   "Anthropic's SSE events with stream: true"}, media=GENERATION_MEDIA,
+                                   error="AnthropicError")}},
+        "/v1/messages/count_tokens": {"post": {
+            "summary": "The prompt's tokens as the model sees them", "requestBody": json_body("CountTokensRequest"),
+            "responses": responses(200, 400, 401, 404, 413, error="AnthropicError")}},
+        "/v1/responses": {"post": {
+            "summary": "OpenAI Responses", "requestBody": json_body("ResponsesRequest"),
+            "responses": responses(*GENERATION_STATUSES, success={"type": "object", "description": "a response, "
+                                   "or its SSE events with stream: true"}, media=GENERATION_MEDIA)}},
+        "/v1/responses/{response_id}": {
+            "get": {"summary": "A stored response", "parameters": RESPONSE_PATH,
+                    "responses": responses(200, 401, 404, 503)},
+            "delete": {"summary": "Delete a stored response", "parameters": RESPONSE_PATH,
+                       "responses": responses(200, 401, 404, 503)}},
         "/v1/models": {"get": {"summary": "The served model", "responses": responses(200, 401)}},
         "/v1/models/{model}": {"get": {
             "summary": "One model card", "responses": responses(200, 401, 404),

@@ -24,7 +24,7 @@ from node.api import openapi
 from node.api.errors import ErrorReply, error_reply
 from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
-from node.api.sse import EventStream
+from node.api.sse import DONE_FRAME, data_frames, openai_error_frame, stream_frames
 from node.api.state import STATE, NodeState
 from node.serving.engine_client import EngineClient
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
@@ -125,7 +125,7 @@ def session_of(request: web.Request, body: object) -> str | None:
 
 async def answer(request: web.Request, state: NodeState, plan: Plan,
                  extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
-    async with admitted(state, plan) as result:
+    async with answering(state, plan) as result:
         identity = Identity.new(plan.kind, state.model.model_id, state.model.system_fingerprint)
         n_choices = sum(job.n for job in plan.jobs)
         headers = {"X-Reame-Cache": result.cache, **(extra_headers or {})}
@@ -135,7 +135,7 @@ async def answer(request: web.Request, state: NodeState, plan: Plan,
 
 
 @contextlib.asynccontextmanager
-async def admitted(state: NodeState, plan: Plan) -> AsyncIterator[Answer]:
+async def answering(state: NodeState, plan: Plan) -> AsyncIterator[Answer]:
     """The plan's answer, within the node's in-flight limit (over it: 503)."""
     if not state.gate.try_enter():
         raise Overloaded(f"{state.gate.limit} requests are already in flight; retry shortly")
@@ -157,22 +157,19 @@ async def collect(plan: Plan, result: Answer, identity: Identity) -> dict:
 
 async def stream_answer(request: web.Request, plan: Plan, result, identity: Identity, n_choices: int,
                         headers: dict) -> web.StreamResponse:
-    stream = EventStream(request, headers)
     maker = ChunkMaker(identity, plan.options.logprobs is not None, plan.options.include_usage,
                        tool_readers(plan, n_choices))
-    await stream.open()
 
-    async def send() -> None:
+    async def frames() -> AsyncIterator[bytes]:
         if plan.kind == "chat":
-            await stream.send_all(maker.role(index) for index in range(n_choices))
+            yield data_frames(maker.role(index) for index in range(n_choices))
         async for event in result.events():
-            await stream.send_all(maker.events(event))
+            yield data_frames(maker.events(event))
         if plan.options.include_usage:
-            await stream.send(maker.usage_chunk(plan.prompt_tokens))
-        await stream.done()
+            yield data_frames([maker.usage_chunk(plan.prompt_tokens)])
+        yield DONE_FRAME
 
-    await streamed(request, send(), stream.fail)
-    return stream.response
+    return await stream_frames(request, headers, frames(), openai_error_frame)
 
 
 async def streamed(request: web.Request, body: Awaitable[None],

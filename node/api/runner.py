@@ -64,7 +64,7 @@ def how_to_call(host: str, port: int, model_id: str, api_key: str | None) -> str
         f"node serving {model_id} on {base} (chat page: {base}/)\n"
         f"  curl {base}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
         f"       -d '{{\"model\": \"{model_id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
-        f"  OpenAI clients: base_url={base}/v1"
+        f"  OpenAI clients: base_url={base}/v1; Anthropic clients: base_url={base}"
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Mapping, overload
+from typing import Any, Callable, Mapping, overload
 
 from node.engine.types import GrammarSpec, SamplingParams
 from node.serving import structure
@@ -136,17 +136,17 @@ def refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise UnsupportedFeature(f"{feature.capitalize()} ('{key}') is not supported by this server", param=key)
 
 
-def parse_stop(fields: Fields) -> tuple[str, ...]:
-    value = fields.body.get("stop")
+def parse_stop(fields: Fields, key: str = "stop") -> tuple[str, ...]:
+    value = fields.body.get(key)
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise fields.fail("stop", "must be a string or an array of strings")
+        raise fields.fail(key, "must be a string or an array of strings")
     if len(items) > MAX_STOP_STRINGS:
-        raise fields.fail("stop", f"may hold at most {MAX_STOP_STRINGS} strings")
+        raise fields.fail(key, f"may hold at most {MAX_STOP_STRINGS} strings")
     if any(not item or len(item) > MAX_STOP_LENGTH for item in items):
-        raise fields.fail("stop", f"strings must be 1 to {MAX_STOP_LENGTH} characters long")
+        raise fields.fail(key, f"strings must be 1 to {MAX_STOP_LENGTH} characters long")
     return tuple(dict.fromkeys(items))
 
 
@@ -223,13 +223,19 @@ def parse_response_format(fields: Fields) -> GrammarSpec | None:
     if value is None:
         return None
     rf = Fields(value, "response_format")
+    return format_spec(rf, lambda: Fields(rf.body.get("json_schema"), "response_format.json_schema"))
+
+
+def format_spec(rf: Fields, schema_fields: Callable[[], Fields]) -> GrammarSpec | None:
+    """An output format object (`type` text, json_object or json_schema); `schema_fields` gives
+    the object holding `name`, `strict` and `schema` (nested in chat, the format itself in Responses)."""
     kind = rf.string("type")
     if kind == "text":
         return None
     if kind == "json_object":
-        return structure.schema_spec(structure.ANY_OBJECT, "response_format")
+        return structure.schema_spec(structure.ANY_OBJECT, rf.prefix)
     if kind == "json_schema":
-        inner = Fields(rf.body.get("json_schema"), "response_format.json_schema")
+        inner = schema_fields()
         name = inner.string("name")
         if name is not None and not TOOL_NAME.fullmatch(name):
             raise inner.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
@@ -237,7 +243,7 @@ def parse_response_format(fields: Fields) -> GrammarSpec | None:
         inner.string("description")
         if "schema" not in inner.body:
             raise inner.fail("schema", "is required")
-        return structure.schema_spec(inner.body["schema"], "response_format.json_schema.schema")
+        return structure.schema_spec(inner.body["schema"], inner.name("schema"))
     raise rf.fail("type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
@@ -254,6 +260,21 @@ def parse_format(fields: Fields) -> GrammarSpec | None:
 
 
 def parse_tools(fields: Fields) -> tuple[Tool, ...]:
+    return parse_tool_list(fields, openai_tool)
+
+
+def openai_tool(tool: Fields) -> Fields:
+    """The function of one chat tool (`{"type": "function", "function": {...}}`)."""
+    if tool.string("type") != "function":
+        raise UnsupportedFeature(f"Tools of type {tool.string('type')!r} are not supported; only 'function' is",
+                                 param=tool.name("type"))
+    return Fields(tool.body.get("function"), tool.name("function"))
+
+
+def parse_tool_list(fields: Fields, function_of: Callable[[Fields], Fields],
+                    parameters_key: str = "parameters") -> tuple[Tool, ...]:
+    """`fields.tools`: each item's function (found by `function_of`) with its name, description and
+    JSON Schema under `parameters_key` (checked as structured output's schemas are)."""
     value = fields.body.get("tools")
     if value is None or value == []:
         return ()
@@ -263,21 +284,17 @@ def parse_tools(fields: Fields) -> tuple[Tool, ...]:
         raise fields.fail("tools", f"may hold at most {MAX_TOOLS} tools")
     tools: dict[str, Tool] = {}
     for index, item in enumerate(value):
-        tool = Fields(item, f"tools[{index}]")
-        if tool.string("type") != "function":
-            raise UnsupportedFeature(f"Tools of type {tool.string('type')!r} are not supported; only 'function' is",
-                                     param=tool.name("type"))
-        function = Fields(tool.body.get("function"), tool.name("function"))
+        function = function_of(Fields(item, fields.name(f"tools[{index}]")))
         name = function.string("name")
         if name is None or not TOOL_NAME.fullmatch(name):
             raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
         if name in tools:
             raise function.fail("name", f"{name!r} is defined twice")
         function.boolean("strict", False)
-        parameters = function.body.get("parameters")
+        parameters = function.body.get(parameters_key)
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
-        structure.schema_spec(parameters, function.name("parameters"))
+        structure.schema_spec(parameters, function.name(parameters_key))
         tools[name] = Tool(name, function.string("description") or "", structure.canonical_json(parameters))
     offered = tuple(tools.values())
     structure.schema_spec(structure.tool_call_schema(offered, None), "tools")  # the limits hold for all of them
@@ -325,6 +342,13 @@ def parse_output(fields: Fields, *, chat: bool) -> tuple[GrammarSpec | None, Out
             if fields.present(key):
                 raise UnsupportedFeature(f"'{key}' is not supported on /v1/completions (tool calling is a chat "
                                          "feature: use /v1/chat/completions)", param=key)
+    return decide_output(asked, tools, choice, function, "tool_choice" if fields.present("tool_choice") else "tools")
+
+
+def decide_output(asked: list[tuple[str, GrammarSpec]], tools: tuple[Tool, ...], choice: str, function: str | None,
+                  auto_param: str = "tools") -> tuple[GrammarSpec | None, Output | None]:
+    """The grammar and Output of a request: at most one structured-output field (`asked`, by the
+    field that asked), or tool calls by `choice` ("none", "auto", "required", "function")."""
     if choice != "none" and asked:
         raise UnsupportedFeature(f"'{asked[0][0]}' together with tool calls (tool_choice {choice!r}) is not "
                                  "supported: use one or the other", param=asked[0][0])
@@ -336,7 +360,7 @@ def parse_output(fields: Fields, *, chat: bool) -> tuple[GrammarSpec | None, Out
         spec = structure.schema_spec(schema, "tools")
         return spec, Output("tools", tools, "required" if choice == "required" else "function", function)
     if choice == "auto":
-        return None, Output("tool_choice" if fields.present("tool_choice") else "tools", tools, "auto")
+        return None, Output(auto_param, tools, "auto")
     if asked:
         return asked[0][1], Output(asked[0][0])
     return None, None
@@ -384,8 +408,8 @@ def parse_completion(body: Any) -> CompletionRequest:
     )
 
 
-def parse_content(value: Any, param: str) -> str:
-    """Message content: a string, or an array of text parts joined in order."""
+def parse_content(value: Any, param: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """Message content: a string, or an array of text parts (of the types in `kinds`) joined in order."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -395,9 +419,9 @@ def parse_content(value: Any, param: str) -> str:
     for index, part in enumerate(value):
         part_fields = Fields(part, f"{param}[{index}]")
         kind = part_fields.string("type")
-        if kind != "text":
-            raise UnsupportedFeature(f"Content parts of type {kind!r} are not supported; only 'text' is",
-                                     param=part_fields.name("type"))
+        if kind not in kinds:
+            raise UnsupportedFeature(f"Content parts of type {kind!r} are not supported here; only "
+                                     f"{' and '.join(repr(k) for k in kinds)}", param=part_fields.name("type"))
         text = part_fields.string("text")
         if text is None:
             raise part_fields.fail("text", "is required")
@@ -427,21 +451,25 @@ def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
             raise call.fail("id", f"must be a string of 1 to {MAX_CALL_ID} characters")
         if call.string("type") != "function":
             raise call.fail("type", "must be 'function'")
-        function = Fields(call.body.get("function"), call.name("function"))
-        name = function.string("name")
-        if name is None or not TOOL_NAME.fullmatch(name):
-            raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-        arguments = function.string("arguments") or ""
-        try:
-            parsed = json.loads(arguments)
-        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
-        if nesting(parsed) > MAX_ARGUMENT_NESTING:
-            raise function.fail("arguments", f"may nest objects and arrays at most {MAX_ARGUMENT_NESTING} deep")
-        calls.append(ToolCall(call_id, name, arguments))
+        calls.append(function_call(Fields(call.body.get("function"), call.name("function")), call_id))
     return tuple(calls)
+
+
+def function_call(function: Fields, call_id: str, missing_arguments: str = "") -> ToolCall:
+    """A call sent back: `function.name` and `function.arguments` (a string holding a JSON object)."""
+    name = function.string("name")
+    if name is None or not TOOL_NAME.fullmatch(name):
+        raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
+    arguments = function.string("arguments") or missing_arguments
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
+    if nesting(parsed) > MAX_ARGUMENT_NESTING:
+        raise function.fail("arguments", f"may nest objects and arrays at most {MAX_ARGUMENT_NESTING} deep")
+    return ToolCall(call_id, name, arguments)
 
 
 def nesting(value: Any) -> int:

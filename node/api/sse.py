@@ -1,19 +1,26 @@
-"""Server-sent events framing for streamed completions.
+"""Server-sent events framing for streamed answers.
 
 A stream is opened once (status 200, `text/event-stream`); after that nothing can change
-the status, so a failure is written as an SSE `error` event carrying OpenAI's error object,
-followed by `data: [DONE]` (the error object comes from node/api/errors.py's one mapping). Every frame is `data: <json>\\n\\n`; several frames may be
-written at once (a cached answer goes out in one write).
+the status, so a failure is written in-band: for OpenAI's chat and completions an SSE `error`
+event carrying OpenAI's error object followed by `data: [DONE]`, for the other APIs the error
+frame of their own (the error comes from node/api/errors.py's one mapping). OpenAI's frames
+are `data: <json>\\n\\n`; Anthropic's and the Responses API's name their events
+(`event: <name>\\ndata: <json>\\n\\n`). `stream_frames` writes an answer's frames as they come
+(several at once when they are ready together: a cached answer goes out in one write) and
+handles the client going away and a failure after the stream started.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import logging
+from typing import AsyncIterator, Callable, Iterable, Mapping
 
 import orjson
 from aiohttp import web
 
-from node.api.errors import ErrorReply
+from node.api.errors import ErrorReply, error_reply
+
+log = logging.getLogger(__name__)
 
 DONE_FRAME = b"data: [DONE]\n\n"
 
@@ -22,8 +29,45 @@ def data_frame(payload: Mapping) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def data_frames(payloads: Iterable[Mapping]) -> bytes:
+    return b"".join(data_frame(payload) for payload in payloads)
+
+
+def named_frame(event: str, payload: Mapping) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
 def error_frame(error: ErrorReply) -> bytes:
-    return b"event: error\ndata: " + orjson.dumps(error.body()) + b"\n\n"
+    return named_frame("error", error.body())
+
+
+def openai_error_frame(error: ErrorReply) -> bytes:
+    return error_frame(error) + DONE_FRAME
+
+
+async def stream_frames(request: web.Request, headers: Mapping[str, str], frames: AsyncIterator[bytes],
+                        failure: Callable[[ErrorReply], bytes]) -> web.StreamResponse:
+    """Open a stream, write every chunk of `frames`, end it; a failure after the start is
+    written as `failure(reply)`, a client that went away ends the generation."""
+    stream = EventStream(request, headers)
+    await stream.open()
+    try:
+        async for data in frames:
+            if data:
+                await stream.response.write(data)
+        await stream.end()
+    except ConnectionResetError:
+        log.info("client went away during a stream; its generation is cancelled")
+    except Exception as exc:
+        reply = error_reply(exc, request, unexpected="The generation failed")
+        if reply.unexpected:
+            log.exception("stream failed after it started")
+        try:
+            await stream.response.write(failure(reply))
+            await stream.end()
+        except ConnectionResetError:
+            pass  # nobody is left to tell
+    return stream.response
 
 
 class EventStream:
@@ -53,20 +97,20 @@ class EventStream:
         await self.response.write(data_frame(payload))
 
     async def send_all(self, payloads: Iterable[Mapping]) -> None:
-        data = b"".join(data_frame(payload) for payload in payloads)
+        data = data_frames(payloads)
         if data:
             await self.response.write(data)
 
     async def fail(self, error: ErrorReply) -> None:
         """The stream cannot go on: tell the client in-band, then close the stream."""
-        await self.response.write(error_frame(error) + DONE_FRAME)
-        await self._end()
+        await self.response.write(openai_error_frame(error))
+        await self.end()
 
     async def done(self) -> None:
         await self.response.write(DONE_FRAME)
-        await self._end()
+        await self.end()
 
-    async def _end(self) -> None:
+    async def end(self) -> None:
         if not self.closed:
             self.closed = True
             await self.response.write_eof()

@@ -40,6 +40,7 @@ class StopScan:
 
     text: str
     stopped: bool
+    matched: str | None = None  # the stop string that ended it
 
 
 class StopMatcher:
@@ -59,10 +60,11 @@ class StopMatcher:
         if not self._stops:
             return StopScan(text, False)
         buffer = self._held + text
-        cut = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for i, s in ((buffer.find(s), s) for s in self._stops) if i >= 0]
+        if found:
+            cut, matched = min(found, key=lambda hit: hit[0])
             self._held = ""
-            return StopScan(buffer[:cut], True)
+            return StopScan(buffer[:cut], True, matched)
         keep = max(_partial_suffix(buffer, s) for s in self._stops)
         self._held = buffer[len(buffer) - keep:] if keep else ""
         return StopScan(buffer[: len(buffer) - keep], False)

@@ -91,7 +91,7 @@ class Sequence:
     __slots__ = (
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "n_cached", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
-        "seed", "constraint", "_detok", "_stops", "_stopped", "_unsent_tokens", "_unsent_logprobs", "t_submit",
+        "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs", "t_submit",
         "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "spare", "fork",
     )
 
@@ -124,6 +124,7 @@ class Sequence:
         self.t_admit = self.t_first = self.t_prompt_done = 0.0
         self.seed = seed  # None: the request's seed, or a fresh one
         self._stopped = False
+        self.stop_matched: str | None = None  # the stop string that ended the text
         self.key = key      # unique per engine; group: shared by the n sequences of one request
         self.group = group
         self.draft_seq: DraftSeq | None = None  # set while a speculator drafts for it
@@ -158,6 +159,7 @@ class Sequence:
         scan = self._stops.feed(self._detok.feed(piece))
         if scan.stopped:
             self._stopped = True
+            self.stop_matched = scan.matched
             self._send(scan.text, keep_tokens=False)
             return "stop"
         self._send(scan.text)
@@ -187,4 +189,4 @@ class Sequence:
             timings["prefill_s"] = self.t_prompt_done - self.t_admit
         self.phase = Phase.DONE
         self.channel.push(Finished(reason, len(self.prompt), self.n_sampled, tuple(self.generated), error, timings,
-                                   self.n_cached))
+                                   self.n_cached, self.stop_matched))

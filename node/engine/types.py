@@ -103,6 +103,7 @@ class Finished:
     error: str | None = None
     timings: Mapping[str, float] = field(default_factory=dict)  # ttft_s, prefill_s, decode_s
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
+    stop_sequence: str | None = None  # the stop string that ended the text (reason "stop")
 
 
 Event = TextDelta | Finished

@@ -123,7 +123,8 @@ class Answer:
                 yield ChoiceText(index, piece.text, piece.logprobs)
             yield ChoiceDone(index, choice.finish_reason, choice.completion_tokens,
                              stored.consensus if offset == 0 else None,
-                             len(job.prompt_tokens) if offset == 0 else 0)  # an L1 answer computes no prompt
+                             len(job.prompt_tokens) if offset == 0 else 0,  # an L1 answer computes no prompt
+                             choice.stop_sequence)
         self.service.ledger.served(len(job.prompt_tokens), sum(c.completion_tokens for c in stored.choices),
                                    from_l1=True)
 
@@ -144,7 +145,8 @@ class Answer:
                     self.service.metrics.generated_tokens.inc(event.completion_tokens)
                     if index == 0:
                         self._generated = event.generated
-                    yield ChoiceDone(index, event.reason, event.completion_tokens, cached_tokens=event.cached_tokens)
+                    yield ChoiceDone(index, event.reason, event.completion_tokens, cached_tokens=event.cached_tokens,
+                                     stop_sequence=event.stop_sequence)
 
         async for event in _merge([one(offset, handle) for offset, handle in enumerate(handles)]):
             yield event
@@ -153,7 +155,7 @@ class Answer:
             self.service.ledger.served(len(job.prompt_tokens), sum(f.completion_tokens for f in done), from_l1=False)
             self.service.remember(
                 job,
-                [StoredChoice(tuple(p), f.reason, f.completion_tokens) for p, f in zip(pieces, done)],
+                [StoredChoice(tuple(p), f.reason, f.completion_tokens, f.stop_sequence) for p, f in zip(pieces, done)],
                 [tuple(f.generated) for f in done],
             )
 

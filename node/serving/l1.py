@@ -73,6 +73,7 @@ class StoredChoice:
     pieces: tuple[Piece, ...]
     finish_reason: str
     completion_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended it
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,7 @@ def encode_answer(answer: StoredAnswer) -> bytes:
             {
                 "finish_reason": choice.finish_reason,
                 "completion_tokens": choice.completion_tokens,
+                **({"stop_sequence": choice.stop_sequence} if choice.stop_sequence is not None else {}),
                 "pieces": [[p.text, [_logprob_to_json(lp) for lp in p.logprobs]] for p in choice.pieces],
             }
             for choice in answer.choices
@@ -163,6 +165,7 @@ def decode_answer(value: bytes) -> StoredAnswer | None:
                 StoredChoice(
                     finish_reason=str(choice["finish_reason"]),
                     completion_tokens=int(choice["completion_tokens"]),
+                    stop_sequence=str(choice["stop_sequence"]) if choice.get("stop_sequence") is not None else None,
                     pieces=tuple(Piece(str(text), tuple(_logprob_from_json(lp) for lp in lps))
                                  for text, lps in choice["pieces"]),
                 )

@@ -58,6 +58,7 @@ class ChoiceDone:
     completion_tokens: int
     consensus: Mapping[str, object] | None = None  # a Conclave's verdict (the response's `reame` object)
     cached_tokens: int = 0  # prompt tokens not computed for it (usage.prompt_tokens_details.cached_tokens)
+    stop_sequence: str | None = None  # the stop string that ended it (Anthropic's stop_reason "stop_sequence")
 
 
 ChoiceEvent = ChoiceText | ChoiceDone

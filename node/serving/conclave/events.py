@@ -35,7 +35,8 @@ def _replay(index: int, candidate: Candidate, logprobs: bool) -> list[ChoiceEven
 def _stored(candidate: Candidate, logprobs: bool) -> StoredChoice:
     assert candidate.finished is not None
     pieces = tuple(piece if logprobs else Piece(piece.text) for piece in candidate.pieces)
-    return StoredChoice(pieces, candidate.finished.reason, candidate.finished.completion_tokens)
+    return StoredChoice(pieces, candidate.finished.reason, candidate.finished.completion_tokens,
+                        candidate.finished.stop_sequence)
 
 
 def _cached(candidates: Sequence[Candidate]) -> int:
@@ -60,7 +61,7 @@ async def conclave_events(service: CompletionService, job: Job, run: ConclaveRun
         yield event
     consensus = {**outcome.summary(), "generated_tokens": tokens}
     yield ChoiceDone(job.first_choice, winner.finished.reason, winner.finished.completion_tokens, consensus,
-                     _cached(run.candidates))
+                     _cached(run.candidates), winner.finished.stop_sequence)
     service.remember(job, [_stored(winner, logprobs)], [tuple(winner.finished.generated)], consensus=consensus)
 
 
@@ -81,6 +82,7 @@ async def best_of_events(service: CompletionService, job: Job, handles: Sequence
         for event in _replay(job.first_choice + offset, candidate, logprobs):
             yield event
         yield ChoiceDone(job.first_choice + offset, candidate.finished.reason, candidate.finished.completion_tokens,
-                         cached_tokens=cached if offset == 0 else 0)
+                         cached_tokens=cached if offset == 0 else 0,
+                         stop_sequence=candidate.finished.stop_sequence)
     service.remember(job, [_stored(c, logprobs) for c in chosen],
                      [tuple(c.finished.generated) for c in chosen if c.finished is not None])

@@ -40,11 +40,12 @@ pytestmark = pytest.mark.model
 HOSTILE = [None, True, False, 0, -1, 1, -(2**63), 2**64, 10**30, 0.5, -0.0, 1e308, -1e308, "", "5", "ñé日本",
            "x" * 5000, [], [1], ["a"], {}, {"a": 1}, [[]], [{"role": "user"}]]
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatRequest",
-          "/v1/embeddings": "EmbeddingRequest"}
+          "/v1/embeddings": "EmbeddingRequest", "/v1/responses": "ResponsesRequest"}
 BASE = {"/v1/completions": {"prompt": "Hi", "max_tokens": 2, "temperature": 0},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                                  "temperature": 0},
-        "/v1/embeddings": {"input": "Hi", "encoding_format": "float"}}
+        "/v1/embeddings": {"input": "Hi", "encoding_format": "float"},
+        "/v1/responses": {"input": "Hi", "max_output_tokens": 2, "temperature": 0, "store": False}}
 EXAMPLES = 6  # per operation and mode
 
 
@@ -88,7 +89,8 @@ def check_answer(description: dict, route: str, status: int, body: bytes, sent: 
     assert status != 500, f"500 for {sent!r}: {body[:300]!r}"
     assert status in documented(description, route), f"undocumented {status} for {sent!r}: {body[:300]!r}"
     if status >= 400:
-        jsonschema.validate(orjson.loads(body), description["components"]["schemas"]["Error"])
+        error = "AnthropicError" if route.startswith("/v1/messages") else "Error"
+        jsonschema.validate(orjson.loads(body), description["components"]["schemas"][error])
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)

@@ -54,6 +54,18 @@ def test_stop_strings_are_held_back_and_cut(stops, chunks, sent, stopped):
     assert scans[-1].stopped is stopped
 
 
+@pytest.mark.parametrize("stops, chunks, matched", [
+    (("END",), ["abc E", "ND"], "END"),
+    (("\n\n", "ab"), ["xa", "b\n\n"], "ab"),        # the earliest in the text, not the first listed
+    (("abcd", "bc"), ["ab", "c"], "bc"),
+    (("END",), ["abc", "def"], None),
+])
+def test_the_stop_string_that_ended_the_text_is_named(stops, chunks, matched):
+    matcher = StopMatcher(stops)
+    scans = [matcher.feed(c) for c in chunks]
+    assert scans[-1].matched == matched and all(scan.matched is None for scan in scans[:-1])
+
+
 def test_flush_releases_held_text_when_generation_ends_otherwise():
     matcher = StopMatcher(["</answer>"])
     assert matcher.feed("42 </ans").text == "42 "

@@ -83,7 +83,7 @@ def test_sampled_keys_include_the_sampler():
 
 def test_record_round_trip_and_garbage_is_a_miss():
     lp = TokenLogprob(token=5, text=b"\xe2\x82", logprob=-0.5, top=((5, b"\xe2\x82", -0.5), (6, b"b", -1.5)))
-    answer = StoredAnswer(12, (StoredChoice((Piece("Hel"), Piece("lo", (lp,))), "stop", 3),
+    answer = StoredAnswer(12, (StoredChoice((Piece("Hel"), Piece("lo", (lp,))), "stop", 3, "\n\n"),
                                StoredChoice((), "length", 0)))
     assert decode_answer(encode_answer(answer)) == answer
     for garbage in (b"", b"not json", b"[]", b'{"v": 99}', b'{"v": 1, "prompt_tokens": 1, "choices": [{}]}'):
