@@ -21,10 +21,10 @@ import jsonschema
 import pytest
 
 from tests.node.api.live import LiveNode, drafting_node, http_json, metric, node_settings, settled
+from tests.node.near_ties import NEAR_TIE
 
 pytestmark = pytest.mark.model
 
-NEAR_TIE = 0.5
 RESTORED = "reame_prefix_cache_tokens_restored_total"
 COUNT = [{"role": "user", "content": "Count from one to ten in words, separated by commas."}]
 COPY = [{"role": "user", "content": "Copy the list exactly.\nList: red apple, green pear, yellow lemon, purple plum, "

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from tests.node.api.live import LiveNode, node_settings
+from tests.node.near_ties import NEAR_TIE
 
 pytestmark = pytest.mark.model
 
@@ -190,7 +191,6 @@ def test_greedy_constrained_output_is_the_same_with_and_without_suggeritore(node
     assert node.state.speculation.stats.snapshot()["grammar"]["accepted"] > before
 
 
-NEAR_TIE = 0.5
 
 
 def assert_diverged_at_a_near_tie(node, body: dict, drafted: str) -> None:

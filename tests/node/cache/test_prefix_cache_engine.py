@@ -12,6 +12,7 @@ from node.cache import PrefixCache, PrefixCacheConfig, engine_identity
 from node.engine.engine import Engine, EngineConfig
 from node.models.fingerprint import model_fingerprint
 from node.engine.types import Finished, GenerationRequest, SamplingParams
+from tests.node.near_ties import NEAR_TIE
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -29,7 +30,6 @@ QUESTIONS = (
     "Question: when does the fish market open late? Answer:",
 )
 GREEDY = SamplingParams(temperature=0.0)
-NEAR_TIE = 0.5  # nats between the two best tokens, as in the engine's batching test
 BLOCK = 32
 CHECKPOINT = 4 * BLOCK
 CTX = dict(n_ctx=2048, n_threads=2, n_parallel=4, n_batch=512, n_ubatch=512, kv_type="f16")

@@ -22,9 +22,9 @@ import pytest
 from node.engine.engine import Engine, EngineConfig
 from node.engine.errors import EngineOverloaded
 from node.engine.types import GenerationRequest, SamplingParams, TextDelta
+from tests.node.near_ties import NEAR_TIE
 
 GREEDY = SamplingParams(temperature=0.0)
-NEAR_TIE = 0.5
 PROMPTS = ("One, two, three,", "The capital of France is", "def fib(n):", "My favourite colour is")
 
 

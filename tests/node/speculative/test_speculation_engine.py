@@ -24,10 +24,10 @@ from node.speculative.costs import CostCurve
 from node.speculative.lookup import PromptLookup
 from node.speculative.palimpsest import Palimpsest
 from tests.node.engine.test_engine_hooks import DictPrefixCache
+from tests.node.near_ties import NEAR_TIE
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
-NEAR_TIE = 0.5
 REPEATS = ("Copy the list exactly.\nList: red apple, green pear, yellow lemon, purple plum, orange peach.\n"
            "Copy: red apple, green pear,")
 PROSE = "The history of the old mill by the river begins"
