@@ -51,6 +51,12 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "max_concurrent_requests", int, 64,
          "HTTP requests in flight at once; more are answered 503."),
     _opt("server", "max_queue", int, 64, "Requests waiting for a slot; beyond it: overloaded (503)."),
+    _opt("server", "max_queue_wait_s", float, 30.0,
+         "Longest a live request waits for a slot and KV room, in seconds; then 503 + Retry-After (0 = no bound)."),
+    _opt("server", "max_sessions", int, 1000,
+         "Chat sessions kept; past it the least recently used is dropped (the expired first)."),
+    _opt("server", "max_sessions_per_client", int, 100,
+         "Chat sessions one client (API key and address) may hold; past it POST /v1/sessions is 429 (0 = no bound)."),
     _opt("server", "max_request_size_mb", int, 8, "Largest request body accepted, in MB (413 above)."),
     _opt("server", "enable_cors", bool, False, "Send CORS headers (browsers on other origins)."),
     _opt("server", "enable_metrics", bool, True, "Serve Prometheus metrics on /metrics."),
@@ -145,6 +151,9 @@ class ServerSettings:
     api_key: str | None
     parallel: int
     max_queue: int
+    max_queue_wait_s: float
+    max_sessions: int
+    max_sessions_per_client: int
     max_concurrent_requests: int
     max_request_size_mb: int
     enable_cors: bool
@@ -290,6 +299,9 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "server.port": _port,
     "server.max_concurrent_requests": _at_least(1),
     "server.max_queue": _at_least(1),
+    "server.max_queue_wait_s": _at_least(0),
+    "server.max_sessions": _at_least(1),
+    "server.max_sessions_per_client": _at_least(0),
     "server.max_request_size_mb": _at_least(1),
     "server.parallel": _at_least(0),
     "speculative.sources": _sources,

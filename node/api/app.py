@@ -38,6 +38,7 @@ from node.api.batch_lines import ApiLines
 from node.api.batch_routes import setup_batch_routes
 from node.api.cache_routes import setup_cache_routes
 from node.api.errors import Handler, PayloadTooLarge, Unauthorized, error_middleware
+from node.serving.errors import InvalidRequest
 from node.api.routes import setup_routes
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
@@ -54,7 +55,7 @@ from node.serving.savings import Savings, SavingsConfig
 from node.serving.conclave.runner import ConclavePolicy
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.archived import ArchivedSessionStore
-from node.sessions.store import Sessions, SessionStore
+from node.sessions.store import SessionLimits, Sessions, SessionStore
 from node.speculative.controller import Controller
 from node.speculative.palimpsest import Palimpsest
 
@@ -133,6 +134,9 @@ def auth_middleware(api_key: str) -> Middleware:
         path = request.path
         if path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/"):
             return await handler(request)
+        if len(request.headers.getall("Authorization", ())) > 1:  # which one counts is a guess: refuse both
+            raise InvalidRequest("Send one 'Authorization' header, not several", code="duplicate_header",
+                                 param="Authorization")
         try:
             given = request.headers.get("Authorization", "").encode()
         except UnicodeEncodeError:  # bytes that are not UTF-8 can never be the key
@@ -198,7 +202,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         sessions = await open_sessions(settings, archive)
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
-            l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave)),
+            l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave),
+            max_queue_wait_s=settings.server.max_queue_wait_s),
             cache=cache, fleet=fleet, sessions=sessions)
         warm_grammars = getattr(engine, "warm_grammars", None)
         if warm_grammars is not None:  # the grammar engine's vocabulary, built before the first structured request
@@ -236,9 +241,12 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
 
 async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
     """Sessions in the remote archive (any node continues any session), else under <home>/sessions."""
+    limits = SessionLimits(max_sessions=settings.server.max_sessions,
+                           max_per_owner=settings.server.max_sessions_per_client)
     if archive.state() != "embedded":
-        return ArchivedSessionStore(archive)
-    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions")
+        return ArchivedSessionStore(archive, limits)
+    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions",
+                                                            limits)
 
 
 async def start_batches(settings: NodeSettings, state: NodeState, engine: EngineClient) -> BatchRunner:

@@ -24,6 +24,7 @@ from node.batches.runner import BatchRunner
 from node.batches.store import FileRecord
 from node.batches.validation import check_upload
 from node.serving.errors import InvalidRequest, NotFound, UnsupportedFeature
+from shared.text import clip
 
 PURPOSES = ("batch",)
 WINDOWS = ("24h",)
@@ -102,7 +103,7 @@ async def file_record(request: web.Request) -> FileRecord:
     file_id = request.match_info["file_id"]
     record = await store.call(store.get_file, file_id)
     if record is None:
-        raise NotFound(f"No file with id '{file_id}'", code="file_not_found", param="file_id")
+        raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="file_id")
     return record
 
 
@@ -165,7 +166,7 @@ async def create_batch(request: web.Request) -> web.Response:
     metadata = parse_metadata(body.get("metadata"))
     record = await store.call(store.get_file, file_id)
     if record is None:
-        raise NotFound(f"No file with id '{file_id}'", code="file_not_found", param="input_file_id")
+        raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="input_file_id")
     if record.purpose != "batch":
         raise InvalidRequest(f"The file '{file_id}' was not uploaded with purpose 'batch'", param="input_file_id")
     batch = await store.call(store.create_batch, file_id, endpoint, window, metadata)
@@ -178,7 +179,7 @@ async def get_batch(request: web.Request) -> web.Response:
     batch_id = request.match_info["batch_id"]
     batch = await store.call(store.get_batch, batch_id)
     if batch is None:
-        raise NotFound(f"No batch with id '{batch_id}'", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch with id '{clip(batch_id)}'", code="batch_not_found", param="batch_id")
     return json_response(batch.to_object())
 
 
@@ -195,7 +196,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
     batch_id = request.match_info["batch_id"]
     batch = await store.call(store.request_cancel, batch_id)
     if batch is None:
-        raise NotFound(f"No batch with id '{batch_id}'", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch with id '{clip(batch_id)}'", code="batch_not_found", param="batch_id")
     if batch.status not in ("cancelling", "cancelled"):
         raise BatchConflict(f"A batch that is {batch.status} cannot be cancelled", param="batch_id")
     runner.cancel(batch_id)
