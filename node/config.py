@@ -80,6 +80,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("batch", "max_file_mb", int, 100, "Largest file POST /v1/files accepts, in MB (413 above)."),
     _opt("batch", "max_storage_mb", int, 2048,
          "Bytes all stored files may take, in MB; an upload past it is refused (507), never evicted."),
+    _opt("batch", "max_files_per_client", int, 1000,
+         "Uploaded files one client (API key and address) may keep; past it POST /v1/files is 429 (0 = no bound)."),
     _opt("batch", "max_lines", int, 50_000, "Most request lines one batch input file may hold."),
     _opt("batch", "concurrency", int, 0,
          "Batch lines in flight at once; 0 = the engine's slots minus interactive_slots."),
@@ -222,6 +224,7 @@ class BatchSettings:
     directory: Path
     max_file_mb: int
     max_storage_mb: int
+    max_files_per_client: int
     max_lines: int
     concurrency: int
     interactive_slots: int
@@ -315,6 +318,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "arca.corpus_max_streams": _at_least(1),
     "batch.max_file_mb": _at_least(1),
     "batch.max_storage_mb": _at_least(1),
+    "batch.max_files_per_client": _at_least(0),
     "batch.max_lines": _at_least(1),
     "batch.concurrency": _at_least(0),
     "batch.interactive_slots": _at_least(0),

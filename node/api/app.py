@@ -254,7 +254,7 @@ async def start_batches(settings: NodeSettings, state: NodeState, engine: Engine
     batch = settings.batch
     store = await asyncio.get_running_loop().run_in_executor(None, partial(
         BatchStore.open, batch.directory, max_file_bytes=batch.max_file_mb * MIB,
-        max_storage_bytes=batch.max_storage_mb * MIB))
+        max_storage_bytes=batch.max_storage_mb * MIB, max_files_per_owner=batch.max_files_per_client))
     slots = int(engine.stats().get("slots_total", 0) or 0) or settings.server.parallel or 1
     concurrency = batch.concurrency or max(1, slots - batch.interactive_slots)
     runner = BatchRunner(store, ApiLines(state), concurrency=concurrency, max_lines=batch.max_lines)

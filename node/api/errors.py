@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Mapping
 import orjson
 from aiohttp import web
 
-from node.batches.errors import FileTooLarge, StorageFull
+from node.batches.errors import FileTooLarge, StorageFull, TooManyFiles
 from node.serving.errors import (
     GenerationFailed, InvalidRequest, NotFound, Overloaded, ServingError,
 )
@@ -66,6 +66,7 @@ STATUSES: Mapping[type[ServingError], tuple[int, str]] = {
     PayloadTooLarge: (413, "invalid_request_error"),
     FileTooLarge: (413, "invalid_request_error"),
     StorageFull: (507, "server_error"),
+    TooManyFiles: (429, "rate_limit_error"),
     NotFound: (404, "invalid_request_error"),
     Overloaded: (503, "server_error"),
     GenerationFailed: (500, "server_error"),
