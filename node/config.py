@@ -79,7 +79,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("batch", "directory", str, "", "Batch API files and progress (SQLite); empty = <home>/batches."),
     _opt("batch", "max_file_mb", int, 100, "Largest file POST /v1/files accepts, in MB (413 above)."),
     _opt("batch", "max_storage_mb", int, 2048,
-         "Bytes all stored files may take, in MB; an upload past it is refused (507), never evicted."),
+         "Bytes all stored files and running batches' results may take, in MB; an upload past it is refused "
+         "(507), a batch whose results reach it fails (storage_full); nothing is evicted."),
     _opt("batch", "max_files_per_client", int, 1000,
          "Uploaded files one client (API key and address) may keep; past it POST /v1/files is 429 (0 = no bound)."),
     _opt("batch", "max_lines", int, 50_000, "Most request lines one batch input file may hold."),

@@ -19,6 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from node.api.app import create_app
 from node.api.state import STATE
+from shared.text import redact_url
 from node.config import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ async def serve(settings: NodeSettings) -> int:
         log.error("cannot listen on %s:%s: %s", server.host, server.port, exc)
         return 1
     state = runner.app[STATE]
-    log.info("archive: %s", "remote ARCA " + settings.arca.remote if settings.arca.remote else "embedded")
+    log.info("archive: %s", "remote ARCA " + redact_url(settings.arca.remote) if settings.arca.remote else "embedded")
     log.info(how_to_call(server.host, port, state.model.model_id, server.api_key))
     await stop.wait()
     log.info("shutting down: finishing in-flight requests")
