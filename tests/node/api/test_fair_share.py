@@ -29,7 +29,7 @@ CHAT = {"model": "gemma3-270m", "messages": [{"role": "user", "content": "Hi"}],
 
 @pytest.fixture(scope="module")
 def node(gemma_path, tmp_path_factory):
-    flags = {"server.max_queue_wait_s": WAIT_S, "cache.enabled": True}
+    flags = {"server.max_queue_wait_s": WAIT_S, "cache.enabled": True, "model.context_length": 2048}
     settings = node_settings(gemma_path, tmp_path_factory.mktemp("fair"), **flags)
     engine = open_engine(settings, progress=False)
     live = LiveNode(settings, engine=engine).start()
