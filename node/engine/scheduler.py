@@ -8,7 +8,8 @@ Each step (all on the one thread that owns the llama context):
    submit a sequence over the per-sequence context, so one request cannot reserve every
    cell). The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
    most, and a request holding fewer slots is admitted before one holding more. A request
-   still waiting after its `max_wait_s` ends unstarted with `Finished.retry_after_s`. A batch-priority
+   still waiting after its `max_wait_s` ends unstarted with `Finished.retry_after_s` (the
+   waiting members of a request that holds slots count their wait from its last step). A batch-priority
    request takes a slot only while more than `interactive_slots` are free, so a live
    request arriving during a batch finds a slot at once. A request that is admitted can
    therefore never run out of KV; the rest wait in a bounded queue (`EngineOverloaded`
@@ -193,6 +194,7 @@ class Scheduler:
         start = time.perf_counter()
         self._reap_cancelled()
         self._admit()
+        self._expire_waiting()
         entries = self._plan()
         if not entries:
             return False
@@ -222,17 +224,27 @@ class Scheduler:
         return wanted
 
     def _reap_cancelled(self) -> None:
-        """End cancelled requests, and refuse the waiting ones whose `max_wait_s` has passed."""
         for seq in [s for s in self._active if s.channel.cancelled]:
             self._end(seq, "cancelled")
-        now = time.perf_counter()
         with self._lock:
             gone = [s for s in self._queue if s.channel.cancelled]
-            late = [s for s in self._queue if not s.channel.cancelled and 0 < s.request.max_wait_s < now - s.t_wait]
-            for seq in gone + late:
+            for seq in gone:
                 self._queue.remove(seq)
         for seq in gone:
             seq.finish("cancelled")
+
+    def _expire_waiting(self) -> None:
+        """After admission: refuse the waiting requests whose `max_wait_s` has passed (a request
+        with sequences running is being served: its waiting ones count from now)."""
+        now = time.perf_counter()
+        serving = {s.group for s in self._active}
+        with self._lock:
+            for seq in self._queue:
+                if seq.group in serving:
+                    seq.t_wait = now
+            late = [s for s in self._queue if 0 < s.request.max_wait_s < now - s.t_wait]
+            for seq in late:
+                self._queue.remove(seq)
         if late:
             retry = self._retry_after()
             for seq in late:
@@ -357,15 +369,10 @@ class Scheduler:
             self._restore_prefix(seq)
 
     def _admitted(self, seq: Sequence) -> None:
-        """seq holds its slot: it is active, its caller is told, and the members of its request
-        still waiting count their wait from now (the request is being served)."""
+        """seq holds its slot: it is active and its caller is told."""
         seq.t_admit = time.perf_counter()
         self._active.append(seq)
         seq.channel.mark_started()
-        with self._lock:
-            for other in self._queue:
-                if other.group == seq.group:
-                    other.t_wait = seq.t_admit
 
     def _refuse(self, seq: Sequence, exc: Exception) -> None:
         """End a request that failed while being admitted, releasing its slot and cells."""

@@ -141,7 +141,7 @@ class Sequence:
         self._stops = StopMatcher(request.stop)
         self._unsent_tokens: list[int] = []
         self._unsent_logprobs: list[TokenLogprob] = []
-        self.t_submit = self.t_wait = time.perf_counter()  # t_wait: since its request last got a slot
+        self.t_submit = self.t_wait = time.perf_counter()  # t_wait: since its request last held a slot
         self.t_admit = self.t_first = self.t_prompt_done = 0.0
         self.seed = seed  # None: the request's seed, or a fresh one
         self._stopped = False
