@@ -48,7 +48,7 @@ EXAMPLES = 6  # per operation and mode
 
 @pytest.fixture(scope="module")
 def node(gemma_path, tmp_path_factory):
-    settings_ = node_settings(gemma_path, tmp_path_factory.mktemp("fuzz"), **{"model.context_length": 128})
+    settings_ = node_settings(gemma_path, tmp_path_factory.mktemp("fuzz"), **{"model.context_length": 1024})  # 256 a sequence
     engine = open_engine(settings_, progress=False)
     live = LiveNode(settings_, engine=engine).start()
     yield live
