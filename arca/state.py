@@ -72,6 +72,9 @@ class ServerStats:
 
     connections_received: int = 0
     rejected_connections: int = 0
+    auth_failures: int = 0  # AUTH / HELLO AUTH with a wrong user or password (INFO acl_access_denied_auth)
+    auth_failures_logged_at: float = 0.0  # monotonic time of the last log line about them
+    auth_failures_unlogged: int = 0  # failures since that line
     commands_processed: int = 0
     protocol_errors: int = 0
     commits: int = 0

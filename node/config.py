@@ -55,6 +55,12 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "max_concurrent_requests", int, 64,
          "HTTP requests in flight at once; more are answered 503."),
     _opt("server", "max_queue", int, 64, "Requests waiting for a slot; beyond it: overloaded (503)."),
+    _opt("server", "max_queue_wait_s", float, 30.0,
+         "Longest a live request waits for a slot and KV room, in seconds; then 503 + Retry-After (0 = no bound)."),
+    _opt("server", "max_sessions", int, 1000,
+         "Chat sessions kept; past it the least recently used is dropped (the expired first)."),
+    _opt("server", "max_sessions_per_client", int, 100,
+         "Chat sessions one client (API key and address) may hold; past it POST /v1/sessions is 429 (0 = no bound)."),
     _opt("server", "max_request_size_mb", int, 8, "Largest request body accepted, in MB (413 above)."),
     _opt("server", "enable_cors", bool, False, "Send CORS headers (browsers on other origins)."),
     _opt("server", "enable_metrics", bool, True, "Serve Prometheus metrics on /metrics."),
@@ -77,7 +83,10 @@ OPTIONS: tuple[Option, ...] = (
     _opt("batch", "directory", str, "", "Batch API files and progress (SQLite); empty = <home>/batches."),
     _opt("batch", "max_file_mb", int, 100, "Largest file POST /v1/files accepts, in MB (413 above)."),
     _opt("batch", "max_storage_mb", int, 2048,
-         "Bytes all stored files may take, in MB; an upload past it is refused (507), never evicted."),
+         "Bytes all stored files and running batches' results may take, in MB; an upload past it is refused "
+         "(507), a batch whose results reach it fails (storage_full); nothing is evicted."),
+    _opt("batch", "max_files_per_client", int, 1000,
+         "Uploaded files one client (API key and address) may keep; past it POST /v1/files is 429 (0 = no bound)."),
     _opt("batch", "max_lines", int, 50_000, "Most request lines one batch input file may hold."),
     _opt("batch", "concurrency", int, 0,
          "Batch lines in flight at once; 0 = the engine's slots minus interactive_slots."),
@@ -156,6 +165,9 @@ class ServerSettings:
     api_key: str | None
     parallel: int
     max_queue: int
+    max_queue_wait_s: float
+    max_sessions: int
+    max_sessions_per_client: int
     max_concurrent_requests: int
     max_request_size_mb: int
     enable_cors: bool
@@ -224,6 +236,7 @@ class BatchSettings:
     directory: Path
     max_file_mb: int
     max_storage_mb: int
+    max_files_per_client: int
     max_lines: int
     concurrency: int
     interactive_slots: int
@@ -309,6 +322,9 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "server.port": _port,
     "server.max_concurrent_requests": _at_least(1),
     "server.max_queue": _at_least(1),
+    "server.max_queue_wait_s": _at_least(0),
+    "server.max_sessions": _at_least(1),
+    "server.max_sessions_per_client": _at_least(0),
     "server.max_request_size_mb": _at_least(1),
     "server.parallel": _at_least(0),
     "speculative.sources": _sources,
@@ -322,6 +338,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "arca.corpus_max_streams": _at_least(1),
     "batch.max_file_mb": _at_least(1),
     "batch.max_storage_mb": _at_least(1),
+    "batch.max_files_per_client": _at_least(0),
     "batch.max_lines": _at_least(1),
     "batch.concurrency": _at_least(0),
     "batch.interactive_slots": _at_least(0),

@@ -117,6 +117,7 @@ def _info_sections(ctx: CommandContext) -> dict[str, dict]:
             "total_commands_processed": stats.commands_processed,
             "instantaneous_ops_per_sec": stats.ops_per_sec,
             "rejected_connections": stats.rejected_connections,
+            "acl_access_denied_auth": stats.auth_failures,
             "total_protocol_errors": stats.protocol_errors,
             "keyspace_hits": archive.get("arca", {}).get("keyspace_hits", 0),
             "keyspace_misses": archive.get("arca", {}).get("keyspace_misses", 0),

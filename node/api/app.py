@@ -46,6 +46,7 @@ from node.api.errors import Handler, PayloadTooLarge, Unauthorized, anthropic_ro
 from node.api.ollama_routes import setup_ollama_routes
 from node.api.responses_routes import setup_responses_routes
 from node.api.routes import cost_line_ms, setup_routes
+from node.serving.errors import InvalidRequest
 from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
 from node.archive.mirror import CorpusMirror
@@ -62,7 +63,7 @@ from node.serving.conclave.runner import ConclavePolicy
 from node.serving.embeddings import EmbeddingLimits
 from node.serving.service import CompletionService, ServiceOptions
 from node.sessions.archived import ArchivedSessionStore
-from node.sessions.store import Sessions, SessionStore
+from node.sessions.store import SessionLimits, Sessions, SessionStore
 from node.speculative.controller import Controller
 from node.speculative.palimpsest import Palimpsest
 
@@ -149,6 +150,9 @@ def auth_middleware(api_key: str) -> Middleware:
         path = request.path
         if path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/"):
             return await handler(request)
+        for name in ("Authorization", "x-api-key"):
+            if len(request.headers.getall(name, ())) > 1:  # which one counts is a guess: refuse both
+                raise InvalidRequest(f"Send one '{name}' header, not several", code="duplicate_header", param=name)
         if hmac.compare_digest(header(request, "Authorization"), expected):
             return await handler(request)
         if anthropic_route(request):
@@ -221,7 +225,8 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         service = CompletionService(engine, archive, model, metrics, ServiceOptions(
             observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
             l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave),
-            embeddings=EmbeddingLimits(settings.embeddings.max_inputs, settings.embeddings.max_request_tokens)),
+            embeddings=EmbeddingLimits(settings.embeddings.max_inputs, settings.embeddings.max_request_tokens),
+            max_queue_wait_s=settings.server.max_queue_wait_s),
             cache=cache, fleet=fleet, sessions=sessions)
         warm_grammars = getattr(engine, "warm_grammars", None)
         if warm_grammars is not None:  # the grammar engine's vocabulary, built before the first structured request
@@ -260,9 +265,12 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
 
 async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
     """Sessions in the remote archive (any node continues any session), else under <home>/sessions."""
+    limits = SessionLimits(max_sessions=settings.server.max_sessions,
+                           max_per_owner=settings.server.max_sessions_per_client)
     if archive.state() != "embedded":
-        return ArchivedSessionStore(archive)
-    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions")
+        return ArchivedSessionStore(archive, limits)
+    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions",
+                                                            limits)
 
 
 async def start_batches(settings: NodeSettings, state: NodeState, engine: EngineClient) -> BatchRunner:
@@ -270,7 +278,7 @@ async def start_batches(settings: NodeSettings, state: NodeState, engine: Engine
     batch = settings.batch
     store = await asyncio.get_running_loop().run_in_executor(None, partial(
         BatchStore.open, batch.directory, max_file_bytes=batch.max_file_mb * MIB,
-        max_storage_bytes=batch.max_storage_mb * MIB))
+        max_storage_bytes=batch.max_storage_mb * MIB, max_files_per_owner=batch.max_files_per_client))
     slots = int(engine.stats().get("slots_total", 0) or 0) or settings.server.parallel or 1
     concurrency = batch.concurrency or max(1, slots - batch.interactive_slots)
     runner = BatchRunner(store, ApiLines(state), concurrency=concurrency, max_lines=batch.max_lines)

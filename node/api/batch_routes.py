@@ -11,11 +11,13 @@ the work is done by node/batches (store, validation, runner).
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from node.api.cache_routes import client_of
 from node.api.routes import json_response, read_json
 from node.api.state import STATE
 from node.batches.errors import BatchConflict
@@ -24,6 +26,7 @@ from node.batches.runner import BatchRunner
 from node.batches.store import FileRecord
 from node.batches.validation import check_upload
 from node.serving.errors import InvalidRequest, NotFound, UnsupportedFeature
+from shared.text import clip
 
 PURPOSES = ("batch",)
 WINDOWS = ("24h",)
@@ -81,10 +84,14 @@ async def receive(request: web.Request, runner: BatchRunner) -> FileRecord | Non
         if part.name == "purpose":
             purpose = (await part.text()).strip()
         elif part.name == "file":
+            if record is not None:  # the first is not kept: the request is refused as a whole
+                await store.call(store.delete_file, record.id)
+                raise InvalidRequest("The upload has more than one 'file' field: send one file per request",
+                                     param="file", code="invalid_upload")
             if purpose not in PURPOSES:
                 raise InvalidRequest(f"'purpose' must be one of {', '.join(PURPOSES)} (sent before 'file'), "
                                      f"got {purpose!r}", param="purpose")
-            upload = await store.begin_upload()
+            upload = await store.begin_upload(client_of(request))
             try:
                 while chunk := await part.read_chunk(CHUNK):
                     await upload.write(chunk)
@@ -102,7 +109,7 @@ async def file_record(request: web.Request) -> FileRecord:
     file_id = request.match_info["file_id"]
     record = await store.call(store.get_file, file_id)
     if record is None:
-        raise NotFound(f"No file with id '{file_id}'", code="file_not_found", param="file_id")
+        raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="file_id")
     return record
 
 
@@ -121,7 +128,15 @@ async def file_content(request: web.Request) -> web.FileResponse:
     record = await file_record(request)
     path = runner_of(request).store.file_path(record.id)
     return web.FileResponse(path, headers={"Content-Type": "application/octet-stream",
-                                           "Content-Disposition": f'attachment; filename="{record.filename}"'})
+                                           "Content-Disposition": content_disposition(record.filename)})
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header for any stored name (RFC 6266): a plain ASCII `filename` without
+    quotes, backslashes or control characters, and the exact name as `filename*` in UTF-8."""
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in filename) or "download"
+    exact = urllib.parse.quote(filename, safe="")
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{exact}"
 
 
 async def delete_file(request: web.Request) -> web.Response:
@@ -165,7 +180,7 @@ async def create_batch(request: web.Request) -> web.Response:
     metadata = parse_metadata(body.get("metadata"))
     record = await store.call(store.get_file, file_id)
     if record is None:
-        raise NotFound(f"No file with id '{file_id}'", code="file_not_found", param="input_file_id")
+        raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="input_file_id")
     if record.purpose != "batch":
         raise InvalidRequest(f"The file '{file_id}' was not uploaded with purpose 'batch'", param="input_file_id")
     batch = await store.call(store.create_batch, file_id, endpoint, window, metadata)
@@ -178,7 +193,7 @@ async def get_batch(request: web.Request) -> web.Response:
     batch_id = request.match_info["batch_id"]
     batch = await store.call(store.get_batch, batch_id)
     if batch is None:
-        raise NotFound(f"No batch with id '{batch_id}'", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch with id '{clip(batch_id)}'", code="batch_not_found", param="batch_id")
     return json_response(batch.to_object())
 
 
@@ -195,7 +210,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
     batch_id = request.match_info["batch_id"]
     batch = await store.call(store.request_cancel, batch_id)
     if batch is None:
-        raise NotFound(f"No batch with id '{batch_id}'", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch with id '{clip(batch_id)}'", code="batch_not_found", param="batch_id")
     if batch.status not in ("cancelling", "cancelled"):
         raise BatchConflict(f"A batch that is {batch.status} cannot be cancelled", param="batch_id")
     runner.cancel(batch_id)

@@ -7,10 +7,13 @@ time taken. Sessions: `POST /v1/sessions` creates one; chat requests carrying it
 `session` field or the `X-Reame-Session` header, handled in routes.py) continue it;
 `GET /v1/sessions/{id}` shows it, `POST .../save` waits until its KV is on disk,
 `POST .../load` brings its KV back into RAM (prefilling what no tier holds), `DELETE`
-forgets it. Unknown ids are 404 `session_not_found` (mapped in errors.py).
+forgets it. Unknown ids are 404 `session_not_found` (mapped in errors.py); a client (its
+key and address) past `[server] max_sessions_per_client` sessions gets 429 `too_many_sessions`.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from aiohttp import web
 
@@ -60,9 +63,15 @@ def _turns(request: web.Request) -> SessionTurns:
     return turns
 
 
+def client_of(request: web.Request) -> str:
+    """Who a request comes from, for per-client bounds: a digest of its key and address."""
+    key = request.headers.get("Authorization", "")
+    return hashlib.sha256(f"{key}\n{request.remote or ''}".encode("utf-8", "replace")).hexdigest()[:24]
+
+
 async def create_session(request: web.Request) -> web.Response:
     turns = _turns(request)
-    session = await turns.store.create()
+    session = await turns.store.create(client_of(request))
     return json_response(turns.store.describe(session))
 
 

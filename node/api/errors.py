@@ -24,12 +24,13 @@ from typing import Awaitable, Callable, Mapping
 import orjson
 from aiohttp import web
 
-from node.batches.errors import FileTooLarge, StorageFull
+from node.batches.errors import FileTooLarge, StorageFull, TooManyFiles
 from node.serving.errors import (
     GenerationFailed, InvalidRequest, NotFound, Overloaded, ServingError,
 )
-from node.sessions.store import SessionNotFound, SessionsUnavailable
+from node.sessions.store import SessionNotFound, SessionsUnavailable, TooManySessions
 from node.sessions.warm import WarmFailed
+from shared.text import clip
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ STATUSES: Mapping[type[ServingError], tuple[int, str]] = {
     PayloadTooLarge: (413, "invalid_request_error"),
     FileTooLarge: (413, "invalid_request_error"),
     StorageFull: (507, "server_error"),
+    TooManyFiles: (429, "rate_limit_error"),
     NotFound: (404, "invalid_request_error"),
     Overloaded: (503, "server_error"),
     GenerationFailed: (500, "server_error"),
@@ -119,11 +121,13 @@ def error_reply(exc: BaseException, request: web.Request | None = None, *,
         return ErrorReply(status, kind, exc.code, exc.message, exc.param, headers)
     if isinstance(exc, SessionNotFound):
         return ErrorReply(404, "invalid_request_error", "session_not_found", str(exc), "session")
+    if isinstance(exc, TooManySessions):
+        return ErrorReply(429, "rate_limit_error", "too_many_sessions", str(exc), "session")
     if isinstance(exc, SessionsUnavailable):
         return ErrorReply(503, "server_error", "sessions_unavailable", str(exc), "session",
                           headers={"Retry-After": "1"})
     if isinstance(exc, WarmFailed):
-        return ErrorReply(503, "server_error", "overloaded", str(exc), headers={"Retry-After": "1"})
+        return ErrorReply(503, "server_error", "overloaded", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         return _http_reply(exc, request)
     return ErrorReply(500, "server_error", "internal_error", unexpected, unexpected=True)
@@ -133,11 +137,11 @@ def _http_reply(exc: web.HTTPException, request: web.Request | None) -> ErrorRep
     """aiohttp raised it (routing, body size): the same failure in OpenAI's words."""
     method, path = (request.method, request.path) if request is not None else ("?", "?")
     if isinstance(exc, web.HTTPNotFound):
-        return ErrorReply(404, "invalid_request_error", "not_found", f"Unknown path: {method} {path}")
+        return ErrorReply(404, "invalid_request_error", "not_found", f"Unknown path: {method} {clip(path)}")
     if isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
         return ErrorReply(405, "invalid_request_error", "method_not_allowed",
-                          f"Method {method} is not allowed on {path}; use {allowed}", headers={"Allow": allowed})
+                          f"Method {method} is not allowed on {clip(path)}; use {allowed}", headers={"Allow": allowed})
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return ErrorReply(413, "invalid_request_error", "request_too_large",
                           exc.text or "Request body is larger than the limit")

@@ -382,6 +382,7 @@ ERROR: Schema = {
 STATUS_TEXT = {
     200: "success", 400: "invalid request: the field is named in error.param", 401: "missing or wrong API key",
     404: "unknown path, model or session", 405: "wrong method", 413: "body over the size limit",
+    429: "this client's bound of sessions or files is reached",
     500: "a bug in the node (never expected)", 503: "overloaded or shutting down; see Retry-After",
     507: "the stored files' byte budget is spent ([batch] max_storage_mb)",
 }
@@ -485,7 +486,7 @@ def paths() -> dict[str, Any]:
         "/v1/warm": {"post": {
             "summary": "Prefill a prompt or chat into the prefix cache before anyone asks",
             "requestBody": json_body("WarmRequest"), "responses": responses(200, 400, 401, 404, 413, 503)}},
-        "/v1/sessions": {"post": {"summary": "Create a chat session", "responses": responses(200, 400, 401)}},
+        "/v1/sessions": {"post": {"summary": "Create a chat session", "responses": responses(200, 400, 401, 429)}},
         "/v1/sessions/{session}": {
             "get": {"summary": "A session and its history", "parameters": SESSION_PATH,
                     "responses": responses(200, 400, 401, 404)},
@@ -500,7 +501,7 @@ def paths() -> dict[str, Any]:
         "/v1/files": {
             "post": {"summary": "Upload a batch input file (multipart: purpose, file)",
                      "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": FILE_UPLOAD}}},
-                     "responses": responses(200, 400, 401, 413, 507)},
+                     "responses": responses(200, 400, 401, 413, 429, 507)},
             "get": {"summary": "Stored files, newest first", "parameters": [
                 {"name": "purpose", "in": "query", "schema": {"type": "string"}},
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10_000}},

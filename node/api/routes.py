@@ -28,6 +28,7 @@ from node.api.sse import DONE_FRAME, data_frames, openai_error_frame, stream_fra
 from node.api.state import STATE, NodeState
 from node.serving.engine_client import EngineClient
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
+from shared.text import clip
 from node.serving.metrics import CONTENT_TYPE
 from node.serving.answer import Answer
 from node.serving.requests import ChatRequest
@@ -69,7 +70,7 @@ async def make_plan(planner: Callable[[T], R], req: T, body_size: int) -> R:
 
 def check_model(state: NodeState, name: str | None) -> None:
     if not state.model.accepts(name):
-        raise ModelNotFound(f"The model '{name}' does not exist; this node serves '{state.model.model_id}'",
+        raise ModelNotFound(f"The model '{clip(name or '')}' does not exist; this node serves '{state.model.model_id}'",
                             param="model")
 
 

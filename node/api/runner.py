@@ -20,6 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from node.api.app import create_app
 from node.api.routes import cost_line_ms
 from node.api.state import STATE
+from shared.text import redact_url
 from node.config import NodeSettings
 from node.engine.kernels import describe as describe_kernels
 
@@ -81,7 +82,7 @@ async def serve(settings: NodeSettings) -> int:
         log.error("cannot listen on %s:%s: %s", server.host, server.port, exc)
         return 1
     state = runner.app[STATE]
-    log.info("archive: %s", "remote ARCA " + settings.arca.remote if settings.arca.remote else "embedded")
+    log.info("archive: %s", "remote ARCA " + redact_url(settings.arca.remote) if settings.arca.remote else "embedded")
     log.info("kernels: %s", describe_kernels(state.engine.kernel_report(), cost_line_ms(state.engine)))
     log.info(how_to_call(server.host, port, state.model.model_id, server.api_key))
     await stop.wait()

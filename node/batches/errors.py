@@ -21,3 +21,9 @@ class BatchConflict(InvalidRequest):
     """The batch's status does not allow what was asked (cancel a finished batch, ...)."""
 
     default_code = "invalid_batch_status"
+
+
+class TooManyFiles(ServingError):
+    """One client keeps `[batch] max_files_per_client` uploads already (429)."""
+
+    default_code = "too_many_files"

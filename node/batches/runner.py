@@ -7,7 +7,11 @@ and becomes `in_progress` with its lines, or `failed` with the errors. The lines
 priority), at most `concurrency` at once and in input order of starting; each result is
 committed as it ends, so a killed node resumes with exactly the unfinished lines. A line
 the engine has no room for (overloaded) is tried again after `retry_s`; any other failure
-of a line is that line's error, and the batch goes on. With nothing left the batch is
+of a line is that line's error, and the batch goes on. A result that would take the stored
+bytes past `[batch] max_storage_mb` fails the whole batch (`storage_full`): the lines in
+flight are stopped and its results dropped; the node and the other batches go on.
+Validation reads and parses the input on a thread of its own, so the store's one thread
+(every files and batches route) never waits for it. With nothing left the batch is
 `finalizing`, then `completed` with its output and error files written in input order.
 
 Cancelling (`cancel()`): the lines in flight are stopped (they stay unfinished), the batch
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from node.batches.errors import StorageFull
 from node.batches.lines import InputLine, LineExecutor, output_line
 from node.batches.store import BatchRecord, BatchStore
 from node.batches.validation import read_lines
@@ -38,6 +43,7 @@ class BatchRunner:
         self.retry_s = retry_s
         self._wake = asyncio.Event()
         self._cancelled: set[str] = set()
+        self._full: dict[str, str] = {}  # batches whose results reached the storage budget: why
         self._task: asyncio.Task[None] | None = None
         self._current: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -82,6 +88,13 @@ class BatchRunner:
             batch = await self._validate(batch_id, str(batch.row["input_file_id"]), str(batch.row["endpoint"]))
         if batch.status == "in_progress" and batch_id not in self._cancelled:
             await self._run_lines(batch_id)
+            full = self._full.pop(batch_id, None)
+            if full is not None:
+                log.warning("batch %s failed: %s", batch_id, full)
+                await self.store.call(self.store.fail_running, batch_id, [
+                    {"code": "storage_full", "message": full, "param": None, "line": None}])
+                self._cancelled.discard(batch_id)
+                return
             await self.store.call(self.store.mark_finalizing, batch_id)
         final = await self.store.call(self.store.finalize, batch_id)
         if final.status in ("completed", "cancelled"):
@@ -93,8 +106,8 @@ class BatchRunner:
 
     async def _validate(self, batch_id: str, file_id: str, endpoint: str) -> BatchRecord:
         path = self.store.file_path(file_id)
-        try:
-            lines, errors = await self.store.call(read_lines, path, endpoint, self.executor, self.max_lines)
+        try:  # on a thread of its own: parsing every line's body must not hold the store's thread
+            lines, errors = await asyncio.to_thread(read_lines, path, endpoint, self.executor, self.max_lines)
         except FileNotFoundError:
             lines, errors = [], [{"code": "file_not_found", "message": f"The input file {file_id} was deleted",
                                   "param": "input_file_id", "line": None}]
@@ -108,13 +121,13 @@ class BatchRunner:
         room = asyncio.Semaphore(self.concurrency)
         after = 0
         try:
-            while batch_id not in self._cancelled:
+            while batch_id not in self._cancelled and batch_id not in self._full:
                 page = await self.store.call(self.store.pending_lines, batch_id, after, PAGE)
                 if not page:
                     break
                 for line in page:
                     await room.acquire()
-                    if batch_id in self._cancelled:
+                    if batch_id in self._cancelled or batch_id in self._full:
                         room.release()
                         break
                     task = asyncio.create_task(self._line(batch_id, line))
@@ -138,5 +151,11 @@ class BatchRunner:
             if not result.retry:
                 break
             await asyncio.sleep(self.retry_s)
-        await self.store.call(self.store.finish_line, batch_id, line.number, result.ok,
-                              output_line(line.custom_id, result))
+        try:
+            await self.store.call(self.store.finish_line, batch_id, line.number, result.ok,
+                                  output_line(line.custom_id, result))
+        except StorageFull as exc:  # the batch fails, the node goes on
+            self._full.setdefault(batch_id, exc.message)
+            for task in list(self._in_flight):
+                if task is not asyncio.current_task():
+                    task.cancel()

@@ -11,8 +11,11 @@ lines) and the error file (failed lines) in input order and drops the lines' row
 transaction. WAL with synchronous=NORMAL: a killed process loses no committed line.
 
 Budgets: an upload over `max_file_bytes` is refused (413), as is one that would take all
-stored files past `max_storage_bytes` (507); output files are always written (results are
-never dropped) and count against the budget of later uploads. Blocking calls run on the
+stored files past `max_storage_bytes` (507). The results of running batches count too, from
+the moment they are committed: a result that would pass the budget is refused
+(`StorageFull`) and its batch fails (`fail_running`: its lines and results dropped, the node
+goes on). When a batch ends its rows are deleted, the WAL is checkpointed and truncated and a
+database with much free space is rewritten (VACUUM), so the disk gets the space back. Blocking calls run on the
 store's one thread through `call()`; the event loop never waits on SQLite or the disk.
 """
 
@@ -30,16 +33,18 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import orjson
 
-from node.batches.errors import FileTooLarge, StorageFull
+from node.batches.errors import FileTooLarge, StorageFull, TooManyFiles
 from node.batches.lines import InputLine
 
 T = TypeVar("T")
 WINDOW_S = 24 * 3600
+WAL_LIMIT = 16 << 20  # bytes a checkpointed WAL keeps
+COMPACT_BYTES = 16 << 20  # free pages past this: the database is rewritten once a batch ends
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL);
+    created_at INTEGER NOT NULL, owner TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, input_file_id TEXT NOT NULL, endpoint TEXT NOT NULL, completion_window TEXT NOT NULL,
     status TEXT NOT NULL, created_at INTEGER NOT NULL, in_progress_at INTEGER, finalizing_at INTEGER,
@@ -98,9 +103,10 @@ class BatchRecord:
 class Upload:
     """One file being received: bytes go to a temp file, counted against both budgets."""
 
-    def __init__(self, store: "BatchStore", path: Path) -> None:
+    def __init__(self, store: "BatchStore", path: Path, owner: str = "") -> None:
         self.store = store
         self.path = path
+        self.owner = owner
         self.size = 0
         self.handle = open(path, "wb")
 
@@ -112,11 +118,12 @@ class Upload:
         await self.store.call(self.handle.write, chunk)
 
     async def commit(self, filename: str, purpose: str, check: Callable[[Path], None] | None = None) -> FileRecord:
-        """Store it (after `check(path)` passed, on the store's thread)."""
+        """Store it once `check(path)` passed (on a thread of its own: reading the whole file must
+        not hold the store's thread)."""
         await self.store.call(self.handle.close)
         if check is not None:
-            await self.store.call(check, self.path)
-        return await self.store.call(self.store.add_file, self.path, filename, purpose)
+            await asyncio.to_thread(check, self.path)
+        return await self.store.call(self.store.add_file, self.path, filename, purpose, self.owner)
 
     async def abort(self) -> None:
         await self.store.call(self._discard)
@@ -127,19 +134,24 @@ class Upload:
 
 
 class BatchStore:
-    def __init__(self, directory: Path, *, max_file_bytes: int, max_storage_bytes: int) -> None:
+    def __init__(self, directory: Path, *, max_file_bytes: int, max_storage_bytes: int,
+                 max_files_per_owner: int = 0) -> None:
         self.directory = directory
+        self.max_files_per_owner = max_files_per_owner  # uploads one client may keep; 0: no bound
         self.max_file_bytes = max_file_bytes
         self.max_storage_bytes = max_storage_bytes
         self.files_dir = directory / "files"
         self.tmp_dir = directory / "tmp"
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reame-batches")
         self._db: sqlite3.Connection | None = None
+        self._results = 0  # bytes of line results in the database, not yet in output files
 
     @classmethod
-    def open(cls, directory: Path, *, max_file_bytes: int, max_storage_bytes: int) -> "BatchStore":
+    def open(cls, directory: Path, *, max_file_bytes: int, max_storage_bytes: int,
+             max_files_per_owner: int = 0) -> "BatchStore":
         """Blocking: create or open the database and clear what a crash left behind."""
-        store = cls(directory, max_file_bytes=max_file_bytes, max_storage_bytes=max_storage_bytes)
+        store = cls(directory, max_file_bytes=max_file_bytes, max_storage_bytes=max_storage_bytes,
+                    max_files_per_owner=max_files_per_owner)
         store._thread.submit(store._open).result()
         return store
 
@@ -150,8 +162,13 @@ class BatchStore:
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")  # a checkpointed WAL is cut back to this
         db.executescript(SCHEMA)
+        if "owner" not in {row[1] for row in db.execute("PRAGMA table_info(files)")}:  # a store of an older node
+            db.execute("ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
         self._db = db
+        self._results = int(db.execute("SELECT COALESCE(SUM(LENGTH(result)), 0) FROM lines WHERE done = 1")
+                            .fetchone()[0])
         for leftover in self.tmp_dir.iterdir():
             leftover.unlink(missing_ok=True)
         known = {row[0] for row in db.execute("SELECT id FROM files")}
@@ -177,26 +194,41 @@ class BatchStore:
 
     # -- files --------------------------------------------------------------------------------
 
-    async def begin_upload(self) -> Upload:
-        used = await self.call(self.stored_bytes)
+    async def begin_upload(self, owner: str = "") -> Upload:
+        """An upload of `owner` (who sends it); StorageFull past the byte budget, TooManyFiles
+        when the owner keeps `max_files_per_owner` uploads already."""
+        used, held = await self.call(lambda: (self.stored_bytes(), self.files_of(owner)))
         if used >= self.max_storage_bytes:
             raise StorageFull(f"Stored files already take {used} bytes of the {self.max_storage_bytes} allowed "
                               f"([batch] max_storage_mb); delete some with DELETE /v1/files/{{id}}")
-        return await self.call(lambda: Upload(self, self.tmp_dir / uuid.uuid4().hex))
+        if 0 < self.max_files_per_owner <= held:
+            raise TooManyFiles(f"This client already keeps {held} uploaded files, the most one client may "
+                               f"([batch] max_files_per_client); delete some with DELETE /v1/files/{{id}}")
+        return await self.call(lambda: Upload(self, self.tmp_dir / uuid.uuid4().hex, owner))
+
+    def files_of(self, owner: str) -> int:
+        """Uploads `owner` keeps (output files are not counted)."""
+        return int(self.db.execute("SELECT COUNT(*) FROM files WHERE owner = ? AND purpose = 'batch'",
+                                   (owner,)).fetchone()[0])
 
     def stored_bytes(self) -> int:
-        return int(self.db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()[0])
+        """Bytes the budget counts: every stored file and the results not yet written to one."""
+        return int(self.db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()[0]) + self._results
 
-    def add_file(self, source: Path, filename: str, purpose: str) -> FileRecord:
+    def add_file(self, source: Path, filename: str, purpose: str, owner: str = "") -> FileRecord:
         size = source.stat().st_size
+        if purpose == "batch" and 0 < self.max_files_per_owner <= self.files_of(owner):  # uploads side by side
+            source.unlink(missing_ok=True)
+            raise TooManyFiles(f"This client already keeps {self.max_files_per_owner} uploaded files, the most "
+                               f"one client may ([batch] max_files_per_client); delete some with DELETE /v1/files/{{id}}")
         if purpose == "batch" and self.stored_bytes() + size > self.max_storage_bytes:
             source.unlink(missing_ok=True)
             raise StorageFull(f"Storing {size} more bytes would pass the budget of {self.max_storage_bytes} "
                               f"bytes ([batch] max_storage_mb)")
         record = FileRecord(f"file-{uuid.uuid4().hex[:24]}", filename, purpose, size, int(time.time()))
         os.replace(source, self.files_dir / record.id)
-        self.db.execute("INSERT INTO files (id, filename, purpose, bytes, created_at) VALUES (?, ?, ?, ?, ?)",
-                        (record.id, record.filename, record.purpose, record.bytes, record.created_at))
+        self.db.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
+                        (record.id, record.filename, record.purpose, record.bytes, record.created_at, owner))
         return record
 
     def get_file(self, file_id: str) -> FileRecord | None:
@@ -300,15 +332,52 @@ class BatchStore:
         return [InputLine(row[0], row[1], row[2], bytes(row[3])) for row in rows]
 
     def finish_line(self, batch_id: str, line: int, ok: bool, result: bytes) -> bool:
-        """Record a line's result once; False when it was already finished."""
+        """Record a line's result once; False when it was already finished. StorageFull (nothing
+        recorded) when the result would take the stored bytes past the budget."""
         db = self.db
+        used = self.stored_bytes()
+        if used + len(result) > self.max_storage_bytes:
+            raise StorageFull(f"The batch's results would take the stored bytes past the budget of "
+                              f"{self.max_storage_bytes} bytes ([batch] max_storage_mb; {used} used)")
         with _transaction(db):
             done = db.execute("UPDATE lines SET done = 1, ok = ?, result = ? WHERE batch_id = ? AND line = ? "
                               "AND done = 0", (int(ok), result, batch_id, line)).rowcount
             if done:
                 column = "completed" if ok else "failed"
                 db.execute(f"UPDATE batches SET {column} = {column} + 1 WHERE id = ?", (batch_id,))
+        if done:
+            self._results += len(result)
         return bool(done)
+
+    def fail_running(self, batch_id: str, errors: list[dict[str, Any]]) -> BatchRecord:
+        """A running batch that cannot go on (its results reached the storage budget): failed with
+        `errors`, its lines and results dropped, the database given back its space."""
+        db = self.db
+        with _transaction(db):
+            dropped = self._drop_lines(batch_id)
+            db.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ? "
+                       "WHERE id = ? AND status IN ('in_progress', 'finalizing', 'cancelling')",
+                       (int(time.time()), orjson.dumps({"object": "list", "data": errors}).decode(), batch_id))
+        self._results -= dropped
+        self._compact()
+        return self._batch(batch_id)
+
+    def _drop_lines(self, batch_id: str) -> int:
+        """Delete the batch's lines (inside a transaction); the bytes of results they held."""
+        held = int(self.db.execute("SELECT COALESCE(SUM(LENGTH(result)), 0) FROM lines WHERE batch_id = ? "
+                                   "AND done = 1", (batch_id,)).fetchone()[0])
+        self.db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
+        return held
+
+    def _compact(self) -> None:
+        """Give the space of deleted rows back to the disk: the WAL checkpointed and truncated, and
+        the database rewritten when more than `COMPACT_BYTES` of it is free pages."""
+        db = self.db
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        free = db.execute("PRAGMA freelist_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
+        if free > COMPACT_BYTES:
+            db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def mark_finalizing(self, batch_id: str) -> None:
         self.db.execute("UPDATE batches SET status = 'finalizing', finalizing_at = ? "
@@ -338,7 +407,9 @@ class BatchStore:
                 ids[ok] = record.id
             db.execute(f"UPDATE batches SET status = ?, {final}_at = ?, output_file_id = ?, error_file_id = ? "
                        "WHERE id = ?", (final, now, ids[True], ids[False], batch_id))
-            db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
+            dropped = self._drop_lines(batch_id)
+        self._results -= dropped
+        self._compact()
         return self._batch(batch_id)
 
     def _write_results(self, batch_id: str, ok: bool) -> tuple[Path | None, int]:

@@ -81,6 +81,9 @@ def _check_line(number: int, value: Any, endpoint: str, executor: LineExecutor, 
         return _error(number, "invalid_body", "'body' must be a JSON object", "body")
     if body.get("stream"):
         return _error(number, "invalid_body", "'body.stream' cannot be true in a batch", "body.stream")
+    if "session" in body:
+        return _error(number, "invalid_body", "'body.session' cannot be used in a batch: each line is a request "
+                      "of its own, outside any session", "body.session")
     try:
         executor.check(endpoint, body)
     except ServingError as exc:

@@ -34,6 +34,8 @@ class EngineConfig:
     speculator: Speculator | None = None
     max_draft: int = 0                # most draft tokens per sequence per step (0: no speculation)
     interactive_slots: int = 0        # slots batch-priority requests leave free for interactive ones
+    seq_cells: int = 0                # most KV cells one sequence may use (prompt + max_tokens); 0: n_ctx // n_parallel
+    group_slots: int = 0              # most slots one request (n, best_of, a Conclave) holds at once; 0: n_parallel - 1
     swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
     flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
     extra_buffers: str = "auto"       # AMX / repack buffer types: auto (the kernel probe), on, off (kernels.py)
@@ -57,5 +59,19 @@ class EngineConfig:
                                  f"got {self.interactive_slots}")
         if self.embed_batch_tokens < 1 or self.embed_max_queue < 1:
             raise InvalidRequest("embed_batch_tokens and embed_max_queue must be positive")
+        if not 0 <= self.seq_cells <= self.n_ctx or not 0 <= self.group_slots <= self.n_parallel:
+            raise InvalidRequest(f"seq_cells must be in 0..n_ctx ({self.n_ctx}) and group_slots in 0..n_parallel "
+                                 f"({self.n_parallel})")
         if not 0 < self.step_token_budget <= self.n_batch:
             raise InvalidRequest("step_token_budget must be in 1..n_batch")
+
+    @property
+    def cells_per_seq(self) -> int:
+        """The per-sequence context: a sequence's prompt + max_tokens may not exceed it, so one
+        request cannot reserve the cells every slot shares."""
+        return self.seq_cells or max(16, self.n_ctx // self.n_parallel)
+
+    @property
+    def slots_per_group(self) -> int:
+        """Slots the sequences of one request may hold at once: the others' share stays free."""
+        return self.group_slots or max(1, self.n_parallel - 1)

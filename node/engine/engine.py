@@ -9,7 +9,8 @@
 engine thread between generation steps (node/engine/embedder.py); `embedding_info` says how.
 
 `submit` validates what can be judged without the model running (empty prompt, token
-ids, prompt + max_tokens against the context, a grammar that does not compile) and raises;
+ids, prompt + max_tokens against the per-sequence context `EngineConfig.cells_per_seq`, a
+grammar that does not compile) and raises;
 everything else that goes wrong for one request arrives as `Finished(reason="error")` on
 its handle.
 
@@ -60,6 +61,11 @@ class Handle:
         """Stop generating: the slot is freed at the next step, a Finished("cancelled") follows."""
         self._channel.cancelled = True
         self._scheduler.wake()
+
+    async def started(self) -> int:
+        """Wait until the generation holds a slot or has ended; > 0: it ended unstarted because
+        no room came free within its `max_wait_s`, retry after that many seconds."""
+        return await self._channel.started()
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -112,7 +118,7 @@ class Engine:
         self._scheduler = Scheduler(
             self._model, self._ctx,
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft,
-                            config.interactive_slots),
+                            config.interactive_slots, config.slots_per_group),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
             threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None, embedder=self._embedder)
         self.grammars = GrammarCompiler(self._model.vocab, self._model.n_vocab, self._model.info.eog_tokens)
@@ -207,9 +213,14 @@ class Engine:
         for req in reqs:
             self._validate(req, 1)
         longest = max(req.max_tokens for req in reqs)
-        need = len(prompt) + (len(reqs) + spare) * (longest + self.config.max_draft + 1)
-        if group is None and need > self._ctx.n_ctx:
-            raise PromptTooLong(len(prompt), (len(reqs) + spare) * longest, self._ctx.n_ctx)
+        # what the group reserves at most: the prompt, the candidates it runs at once and the spare
+        at_once = min(len(reqs), self.config.slots_per_group) + spare
+        limit = min(self._ctx.n_ctx, self.config.slots_per_group * self.config.cells_per_seq)
+        need = len(prompt) + at_once * (longest + self.config.max_draft + 1)
+        if group is None and need > limit:
+            raise PromptTooLong(len(prompt), at_once * longest, limit,
+                                f" one request may hold ({self.config.slots_per_group} slots of "
+                                f"{self.config.cells_per_seq})")
         loop = loop if loop is not None else _running_loop()
         joining = group is not None
         group_id = group if group is not None else next(self._groups)
@@ -269,7 +280,11 @@ class Engine:
         if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= n_vocab:
             raise InvalidRequest(f"prompt token ids must be in 0..{n_vocab - 1}")
         validate_params(req.sampling, n_vocab)  # a 400 at submit, not a failure inside the engine thread
-        need = len(req.prompt_tokens) + n * (req.max_tokens + self.config.max_draft)
+        per_seq = self.config.cells_per_seq
+        if len(req.prompt_tokens) + req.max_tokens > per_seq:
+            raise PromptTooLong(len(req.prompt_tokens), req.max_tokens, per_seq, " per sequence")
+        # n > 1: the prompt once and the choices the request runs at once (the rest wait their turn)
+        need = len(req.prompt_tokens) + min(n, self.config.slots_per_group) * (req.max_tokens + self.config.max_draft)
         if need > self._ctx.n_ctx:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)
 

@@ -26,18 +26,23 @@ class EngineClosed(EngineError):
 class EngineOverloaded(EngineError):
     """The bounded wait queue is full; the caller should retry later (HTTP 503)."""
 
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
 
 class InvalidRequest(EngineError):
     """A request the engine can never run as given (bad token id, bad sampling value)."""
 
 
 class PromptTooLong(InvalidRequest):
-    """prompt + max_tokens can never fit the context, however empty the engine is."""
+    """prompt + max_tokens can never fit the context (per sequence: `n_ctx` is the share of
+    the KV one sequence may use), however empty the engine is."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int, what: str = "") -> None:
         super().__init__(
             f"prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds "
-            f"the context of {n_ctx} tokens"
+            f"the context of {n_ctx} tokens{what}"
         )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens

@@ -4,7 +4,12 @@ Each step (all on the one thread that owns the llama context):
 1. cancelled requests end and their slots are freed;
 2. queued requests are admitted, interactive ones first (`GenerationRequest.priority`;
    arrival order within a class), while a slot is free and the KV budget (budget.py) can
-   hold what they may grow to: prompt + max_tokens (+ draft room). A batch-priority
+   hold what they may grow to: prompt + max_tokens (+ draft room; the engine refuses at
+   submit a sequence over the per-sequence context, so one request cannot reserve every
+   cell). The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
+   most, and a request holding fewer slots is admitted before one holding more. A request
+   still waiting after its `max_wait_s` ends unstarted with `Finished.retry_after_s` (the
+   waiting members of a request that holds slots count their wait from its last step). A batch-priority
    request takes a slot only while more than `interactive_slots` are free, so a live
    request arriving during a batch finds a slot at once. A request that is admitted can
    therefore never run out of KV; the rest wait in a bounded queue (`EngineOverloaded`
@@ -77,6 +82,7 @@ class SchedulerLimits:
     step_token_budget: int
     max_draft: int = 0
     interactive_slots: int = 0  # slots batch-priority requests leave free
+    group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
 
 
 def _priority(seq: Sequence) -> int:
@@ -196,6 +202,7 @@ class Scheduler:
         start = time.perf_counter()
         self._reap_cancelled()
         self._admit()
+        self._expire_waiting()
         entries = self._plan()
         embedded = self._embed(busy=bool(self._active))
         if not entries:
@@ -245,6 +252,41 @@ class Scheduler:
         for seq in gone:
             seq.finish("cancelled")
 
+    def _expire_waiting(self) -> None:
+        """After admission: refuse the waiting requests whose `max_wait_s` has passed (a request
+        with sequences running is being served: its waiting ones count from now)."""
+        now = time.perf_counter()
+        serving = {s.group for s in self._active}
+        with self._lock:
+            for seq in self._queue:
+                if seq.group in serving:
+                    seq.t_wait = now
+            late = [s for s in self._queue if 0 < s.request.max_wait_s < now - s.t_wait]
+            for seq in late:
+                self._queue.remove(seq)
+        if late:
+            retry = self._retry_after()
+            for seq in late:
+                seq.finish("error", f"no slot or KV room came free within {seq.request.max_wait_s:g} s "
+                                    f"({len(self._active)} requests running); retry in {retry} s", retry)
+
+    def _retry_after(self) -> int:
+        """Seconds until the soonest running request must end (its max_tokens at the recent step time)."""
+        steps = self.counters["steps"]
+        step_s = self.counters["step_ms"] / steps / 1000 if steps else 0.05
+        left = min((s.request.max_tokens - s.n_sampled + s.prefill_left // max(1, self._limits.step_token_budget)
+                    for s in self._active), default=0)
+        return max(1, min(300, round(left * step_s)))
+
+    def _held(self) -> collections.Counter[int]:
+        """Slots each group holds now."""
+        return collections.Counter(seq.group for seq in self._active)
+
+    def _room_for(self, seq: Sequence, held: collections.Counter[int]) -> bool:
+        """Whether seq's group may take one more slot (a request holds `group_slots` at most)."""
+        cap = self._limits.group_slots
+        return cap <= 0 or held[seq.group] < cap
+
     # -- admission ----------------------------------------------------------------------------
 
     def _admit(self) -> None:
@@ -268,10 +310,15 @@ class Scheduler:
     def _next_waiting(self) -> Sequence | None:
         """The head of the queue: its first request of the most urgent class (interactive before
         batch, arrival order within a class). A batch request only while more slots are free
-        than the ones kept for interactive work (`interactive_slots`)."""
-        if not self._queue:
+        than the ones kept for interactive work (`interactive_slots`); a request whose sequences
+        hold `group_slots` slots already waits for one of them to end."""
+        held = self._held()
+        eligible = [seq for seq in self._queue if self._room_for(seq, held)]
+        if not eligible:
             return None
-        head = min(self._queue, key=_priority)  # min keeps the first of equals: arrival order
+        # a request holding fewer slots goes first: one asking for many (n, best_of, a Conclave)
+        # shares the slots with the others waiting instead of taking them in turn
+        head = min(eligible, key=lambda seq: (seq.request.priority, held[seq.group]))  # min keeps arrival order
         if head.request.priority > INTERACTIVE and len(self._budget.free_slots) <= self._limits.interactive_slots:
             return None
         return head
@@ -284,6 +331,8 @@ class Scheduler:
         for seq in forks:
             if not self._budget.free_slots:
                 return
+            if not self._room_for(seq, self._held()):
+                continue
             source = self._fork_source(seq)
             if source is None or source.share is None:
                 continue  # no member holds the prompt (yet, or any more): admitted as any request
@@ -314,8 +363,7 @@ class Scheduler:
         assert source.share is not None
         seq.make_sampler(self._model.n_vocab)
         self._budget.take_fork(seq, own, source.share)
-        seq.t_admit = time.perf_counter()
-        self._active.append(seq)
+        self._admitted(seq)
         seq.phase = Phase.PREFILL
         self._ctx.seq_rm(seq.slot)
         n = len(seq.prompt) - 1
@@ -329,8 +377,7 @@ class Scheduler:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
         seq.make_sampler(self._model.n_vocab)
         self._budget.take(seq, own, leader.share if leader else None)
-        seq.t_admit = time.perf_counter()
-        self._active.append(seq)
+        self._admitted(seq)
         if leader is not None:
             seq.phase, seq.leader = Phase.FOLLOWER, leader
             leader.followers.append(seq)
@@ -339,6 +386,12 @@ class Scheduler:
             seq.phase = Phase.PREFILL
             self._ctx.seq_rm(seq.slot)
             self._restore_prefix(seq)
+
+    def _admitted(self, seq: Sequence) -> None:
+        """seq holds its slot: it is active and its caller is told."""
+        seq.t_admit = time.perf_counter()
+        self._active.append(seq)
+        seq.channel.mark_started()
 
     def _refuse(self, seq: Sequence, exc: Exception) -> None:
         """End a request that failed while being admitted, releasing its slot and cells."""

@@ -30,13 +30,34 @@ from node.engine.types import Event, Finished, FinishReason, GenerationRequest, 
 class Channel:
     """Events out to the caller, the cancel flag in from the caller."""
 
-    __slots__ = ("cancelled", "_loop", "_async_queue", "_sync_queue")
+    __slots__ = ("cancelled", "retry_after_s", "_loop", "_async_queue", "_sync_queue", "_started")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.cancelled = False
+        self.retry_after_s = 0  # > 0: ended unstarted, no room came free in time
         self._loop = loop
         self._async_queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
         self._sync_queue: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if loop is None else None
+        self._started: asyncio.Event | None = asyncio.Event() if loop is not None else None
+
+    def mark_started(self, retry_after_s: int = 0) -> None:
+        """Called on the engine thread when the request gets its slot or ends (whichever is first)."""
+        if self._started is None or self._started.is_set():
+            return
+        if retry_after_s:
+            self.retry_after_s = retry_after_s
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._started.set)
+        except RuntimeError:  # the caller's loop is closed
+            self.cancelled = True
+
+    async def started(self) -> int:
+        """Wait until the request holds a slot or has ended; its `retry_after_s` (0: not refused)."""
+        if self._started is None:
+            raise RuntimeError("this handle was submitted without an event loop")
+        await self._started.wait()
+        return self.retry_after_s
 
     def push(self, event: Event) -> None:
         """Called on the engine thread; never blocks. A closed loop counts as a cancel."""
@@ -91,8 +112,9 @@ class Sequence:
     __slots__ = (
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "n_cached", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
-        "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs", "t_submit",
-        "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "spare", "fork",
+        "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs",
+        "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "spare",
+        "fork",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
@@ -120,7 +142,7 @@ class Sequence:
         self._stops = StopMatcher(request.stop)
         self._unsent_tokens: list[int] = []
         self._unsent_logprobs: list[TokenLogprob] = []
-        self.t_submit = time.perf_counter()
+        self.t_submit = self.t_wait = time.perf_counter()  # t_wait: since its request last held a slot
         self.t_admit = self.t_first = self.t_prompt_done = 0.0
         self.seed = seed  # None: the request's seed, or a fresh one
         self._stopped = False
@@ -175,7 +197,7 @@ class Sequence:
         self._unsent_tokens.clear()
         self._unsent_logprobs.clear()
 
-    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+    def finish(self, reason: FinishReason, error: str | None = None, retry_after_s: int = 0) -> None:
         """Release held text (unless a stop string ended it) and push the last event."""
         if not self._stopped:
             scan = self._stops.feed(self._detok.flush())
@@ -188,5 +210,6 @@ class Sequence:
         if self.t_prompt_done and self.t_admit:
             timings["prefill_s"] = self.t_prompt_done - self.t_admit
         self.phase = Phase.DONE
+        self.channel.mark_started(retry_after_s)
         self.channel.push(Finished(reason, len(self.prompt), self.n_sampled, tuple(self.generated), error, timings,
-                                   self.n_cached, self.stop_matched))
+                                   self.n_cached, self.stop_matched, retry_after_s))

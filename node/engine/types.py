@@ -73,6 +73,9 @@ class GenerationRequest:
     # INTERACTIVE (live requests) or BATCH (batch lines): interactive work is admitted first, and
     # batch work leaves `EngineConfig.interactive_slots` slots to it (node/engine/scheduler.py).
     priority: int = INTERACTIVE
+    # Longest wait in the queue for a slot and KV cells, in seconds (0: as long as it takes);
+    # past it the request ends unstarted with `Finished.retry_after_s` set (a 503 to clients).
+    max_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class Finished:
     timings: Mapping[str, float] = field(default_factory=dict)  # ttft_s, prefill_s, decode_s
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
     stop_sequence: str | None = None  # the stop string that ended the text (reason "stop")
+    retry_after_s: int = 0  # > 0: never started, the wait for room passed `max_wait_s`; retry after this
 
 
 Event = TextDelta | Finished

@@ -1,8 +1,9 @@
 """The answer to one plan: L1 lookups, engine submits, events in order, cancel on leaving.
 
 `service.answer(plan)` (node/serving/service.py) is an async context manager: entering it
-looks every keyed job up in L1 and submits the misses to the engine (so overload and
-too-long prompts fail before any byte is sent); iterating `answer.events()` yields
+looks every keyed job up in L1, submits the misses to the engine and waits until each
+holds a slot (so overload, too-long prompts and a wait for room past the queue's bound
+fail before any byte is sent); iterating `answer.events()` yields
 `ChoiceText` and `ChoiceDone` in generation order, hits replayed exactly as they once
 streamed (a Conclave's or best_of's job through node/serving/conclave/events.py); leaving it
 cancels whatever is still generating, which is how a client that goes
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Sequence
 from node.engine.types import Finished, GenerationHandle, TextDelta
 from node.serving.conclave.events import best_of_events, conclave_events
 from node.serving.conclave.runner import ConclaveRun
-from node.serving.errors import GenerationFailed
+from node.serving.errors import Overloaded, generation_failure
 from node.serving.l1 import Piece, StoredAnswer, StoredChoice
 from node.serving.plan import COMPLETED, ChoiceDone, ChoiceEvent, ChoiceText, Job, Plan
 
@@ -63,6 +64,7 @@ class Answer:
                     self._handles.append(self.service.submit_best_of(job))
                 else:
                     self._handles.append(self.service.submit(job))
+            await self._started()
         except BaseException:
             self._cancel()
             self.service.ledger.leave()
@@ -73,6 +75,18 @@ class Answer:
     def generated(self) -> tuple[int, ...] | None:
         """Choice 0's generated token ids once it finished (None: replayed from L1, or not done)."""
         return self._generated
+
+    async def _started(self) -> None:
+        """Wait until each submitted job's first generation holds a slot (so a request the engine
+        gives up on, no room having come free within the queue's wait bound, is a 503 before
+        any byte of the answer is sent)."""
+        firsts = [handles[0] for handles in self._handles if handles]
+        firsts += [run.candidates[0].handle for run in self._runs.values() if run.candidates]
+        waits = [started() for started in (getattr(handle, "started", None) for handle in firsts) if started]
+        for retry_after_s in await asyncio.gather(*waits):
+            if retry_after_s > 0:
+                raise Overloaded("No slot or KV room came free within this node's queue wait bound "
+                                 "([server] max_queue_wait_s); retry later", retry_after_s=retry_after_s)
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._cancel()
@@ -141,7 +155,7 @@ class Answer:
                 elif isinstance(event, Finished):
                     finished[offset] = event
                     if event.reason not in COMPLETED:
-                        raise GenerationFailed(f"Generation {event.reason}: {event.error or 'no detail'}")
+                        raise generation_failure(event.reason, event.error, event.retry_after_s)
                     self.service.metrics.generated_tokens.inc(event.completion_tokens)
                     if index == 0:
                         self._generated = event.generated

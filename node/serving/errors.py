@@ -61,3 +61,11 @@ class GenerationFailed(ServingError):
     """The engine ended a generation with an error (it keeps serving everyone else)."""
 
     default_code = "internal_error"
+
+
+def generation_failure(reason: str, error: str | None, retry_after_s: int = 0) -> ServingError:
+    """What a generation the engine ended without completing becomes: `Overloaded` when it never
+    started because no room came free in time (`Finished.retry_after_s`), else `GenerationFailed`."""
+    if retry_after_s > 0:
+        return Overloaded(f"The node is busy: {error or 'no room came free in time'}", retry_after_s=retry_after_s)
+    return GenerationFailed(f"Generation {reason}: {error or 'no detail'}")

@@ -85,6 +85,7 @@ class ServiceOptions:
     observe_prompt_tokens: int = 64
     max_pending_writes: int = 256
     prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
+    max_queue_wait_s: float = 0.0  # a live request waiting longer for a slot is a 503 (0: no bound)
     conclave: ConclavePolicy = field(default_factory=ConclavePolicy)
     embeddings: EmbeddingLimits = field(default_factory=EmbeddingLimits)
 
@@ -216,6 +217,7 @@ class CompletionService:
             prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
             stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
             store_final_state=store_final_state, speculation=options.speculation, priority=priority,
+            max_wait_s=self.options.max_queue_wait_s if priority == INTERACTIVE else 0.0,  # batch lines wait
         )
         return Job(number * options.n, tokens, echo, request, options.n, key, options.conclave,
                    max(options.best_of, options.n))
@@ -257,7 +259,8 @@ class CompletionService:
             raise InvalidRequest("The prefix cache is off on this node ([cache] enabled = false)",
                                  code="cache_disabled")
         return await warm(lambda request: self.submit_request(request, 1)[0], self.cache, tokens,
-                          fleet=self.fleet, prefetch_timeout_s=self.options.prefetch_timeout_s)
+                          fleet=self.fleet, prefetch_timeout_s=self.options.prefetch_timeout_s,
+                          max_wait_s=self.options.max_queue_wait_s)
 
     def submit(self, job: Job) -> Sequence[GenerationHandle]:
         return self.submit_request(job.request, job.n)
@@ -297,8 +300,9 @@ class CompletionService:
     def _engine_errors(self) -> Iterator[None]:
         try:
             yield
-        except engine_errors.EngineOverloaded:
-            raise Overloaded("Every slot and queue place is taken; retry shortly", retry_after_s=1) from None
+        except engine_errors.EngineOverloaded as exc:
+            raise Overloaded("Every slot and queue place is taken; retry shortly",
+                             retry_after_s=exc.retry_after_s) from None
         except engine_errors.EngineClosed:
             raise Overloaded("The node is shutting down", retry_after_s=5) from None
         except engine_errors.PromptTooLong as exc:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from node.archive.errors import ArchiveUnavailable
 from node.sessions.store import (
-    Session, SessionLimits, SessionNotFound, SessionsUnavailable, describe, new_session, valid_id,
+    Session, SessionLimits, SessionNotFound, SessionsUnavailable, check_owner, describe, new_session, valid_id,
 )
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,9 @@ class ArchivedSessionStore:
             dropped, _ = self._known.popitem(last=False)
             self._unsaved.discard(dropped)
 
-    async def create(self) -> Session:
-        session = new_session()
+    async def create(self, owner: str = "") -> Session:
+        check_owner(self._known.values(), owner, self.limits, time.time())  # the ones this node holds
+        session = new_session(owner)
         try:
             await self.archive.session_put(session.id, session.to_json(), self._ttl)
         except ArchiveUnavailable as exc:

@@ -10,8 +10,10 @@ previous turn, and the conversation is never prefilled again.
 `SessionStore` (the embedded mode) keeps sessions in memory and one JSON file each under
 `<home>/sessions/` (written to a temp file and renamed: a crash leaves the old version or the
 new one, never a torn file), so they survive restarts. The count is bounded (creating one
-past `max_sessions` drops the least recently used) and each expires `ttl_s` after its last
-use. With a remote archive, node/sessions/archived.py keeps them in the archive instead, so
+past `max_sessions` drops the expired ones, then the least recently used) and each expires
+`ttl_s` after its last use. One client (its API key and address, `Session.owner`) holds
+`max_per_owner` sessions at most: past it creating one is `TooManySessions`, so no client can
+push everyone else's sessions out. With a remote archive, node/sessions/archived.py keeps them in the archive instead, so
 any node of the fleet continues any session. Unknown, expired and malformed ids are all
 `SessionNotFound`; `SessionsUnavailable` means the sessions cannot be read right now.
 """
@@ -26,9 +28,11 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 import orjson
+
+from shared.text import clip
 
 log = logging.getLogger(__name__)
 ID_PATTERN = re.compile(r"sess_[0-9a-f]{24}")
@@ -36,12 +40,22 @@ ID_PATTERN = re.compile(r"sess_[0-9a-f]{24}")
 
 class SessionNotFound(LookupError):
     def __init__(self, session_id: str) -> None:
-        super().__init__(f"No session '{session_id}' (unknown, deleted or expired)")
+        super().__init__(f"No session '{clip(session_id)}' (unknown, deleted or expired)")
         self.session_id = session_id
 
 
 class SessionsUnavailable(RuntimeError):
     """The store holding sessions cannot be reached (a remote archive that is down)."""
+
+
+class TooManySessions(RuntimeError):
+    """One client (API key and address) already holds `max_per_owner` sessions (HTTP 429)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"This client already holds {limit} sessions, the most one client may keep "
+                         f"([server] max_sessions_per_client); DELETE /v1/sessions/{{id}} one it no longer "
+                         f"uses, or let it expire")
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,23 +65,34 @@ class Session:
     updated: float
     messages: tuple[dict[str, str], ...] = ()
     tokens: tuple[int, ...] = ()
+    owner: str = ""  # who created it (a digest of the API key and client address): bounds per client
 
     def to_json(self) -> bytes:
         return orjson.dumps({"id": self.id, "created": self.created, "updated": self.updated,
-                             "messages": list(self.messages), "tokens": list(self.tokens)})
+                             "messages": list(self.messages), "tokens": list(self.tokens), "owner": self.owner})
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Session":
         data = orjson.loads(raw)
         return cls(str(data["id"]), float(data["created"]), float(data["updated"]),
                    tuple({"role": str(m["role"]), "content": str(m["content"])} for m in data["messages"]),
-                   tuple(int(t) for t in data["tokens"]))
+                   tuple(int(t) for t in data["tokens"]), str(data.get("owner", "")))
 
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
     max_sessions: int = 1000
     ttl_s: float = 7 * 24 * 3600
+    max_per_owner: int = 100  # sessions one client may hold; 0: no bound
+
+
+def check_owner(sessions: Iterable[Session], owner: str, limits: SessionLimits, now: float) -> None:
+    """TooManySessions when `owner` already holds its bound of live sessions."""
+    if limits.max_per_owner <= 0:
+        return
+    held = sum(1 for session in sessions if session.owner == owner and now - session.updated <= limits.ttl_s)
+    if held >= limits.max_per_owner:
+        raise TooManySessions(limits.max_per_owner)
 
 
 class Sessions(Protocol):
@@ -77,7 +102,8 @@ class Sessions(Protocol):
 
     def __len__(self) -> int:
         """Sessions this node holds (all of them locally; those it has used, with an archive)."""
-    async def create(self) -> Session: ...
+    async def create(self, owner: str = "") -> Session:
+        """A new session of `owner`; TooManySessions when it holds `max_per_owner` already."""
     async def get(self, session_id: str) -> Session:
         """The session; SessionNotFound (unknown, expired, malformed) or SessionsUnavailable."""
     def lock(self, session_id: str) -> asyncio.Lock:
@@ -97,9 +123,9 @@ def valid_id(session_id: str) -> bool:
     return ID_PATTERN.fullmatch(session_id or "") is not None
 
 
-def new_session() -> Session:
+def new_session(owner: str = "") -> Session:
     now = time.time()
-    return Session(f"sess_{secrets.token_hex(12)}", now, now)
+    return Session(f"sess_{secrets.token_hex(12)}", now, now, owner=owner)
 
 
 @dataclass(slots=True)
@@ -136,9 +162,10 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    async def create(self) -> Session:
+    async def create(self, owner: str = "") -> Session:
+        check_owner(self._sessions.values(), owner, self.limits, time.time())
         self._trim(1)
-        session = new_session()
+        session = new_session(owner)
         await self.save(session)
         return session
 
@@ -186,7 +213,10 @@ class SessionStore:
         self._path(session_id).unlink(missing_ok=True)
 
     def _trim(self, room: int) -> None:
-        """Drop the least recently used sessions until `room` more fit the bound."""
+        """Drop expired sessions, then the least recently used (the idlest) until `room` more fit the bound."""
+        now = time.time()
+        for session in [s for s in self._sessions.values() if now - s.updated > self.limits.ttl_s]:
+            self._forget(session.id)
         excess = len(self._sessions) + room - self.limits.max_sessions
         if excess <= 0:
             return

@@ -23,7 +23,12 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 class WarmFailed(EngineError):
-    """The engine ended the warm-up without completing it (cancelled or failed)."""
+    """The engine ended the warm-up without completing it (cancelled, failed, or no room came
+    free within the queue's wait bound: then retry after `retry_after_s`)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +50,7 @@ def held_tokens(cache: PrefixCache, tokens: Sequence[int]) -> int:
 
 async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: PrefixCache,
                tokens: Sequence[int], *, fleet: FleetTier | None = None, prefetch_timeout_s: float = 2.0,
-               ) -> WarmResult:
+               max_wait_s: float = 0.0) -> WarmResult:
     """Prefill `tokens` through the engine so the cache stores them (module docstring).
 
     `submit` hands the request to the engine (the service maps engine errors to its own there).
@@ -54,7 +59,7 @@ async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: P
     if fleet is not None:
         await fleet.prefetch_within(tokens, prefetch_timeout_s)
     cached = held_tokens(cache, tokens)
-    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, sampling=GREEDY)
+    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, sampling=GREEDY, max_wait_s=max_wait_s)
     handle = submit(request)
     finished: Finished | None = None
     try:
@@ -63,6 +68,8 @@ async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: P
                 finished = event
     finally:
         handle.cancel()
+    if finished is not None and finished.retry_after_s > 0:
+        raise WarmFailed(f"warming {len(tokens)} tokens never started: {finished.error}", finished.retry_after_s)
     if finished is None or finished.reason not in ("stop", "length"):
         detail = finished.error if finished is not None and finished.error else "no detail"
         raise WarmFailed(f"warming {len(tokens)} tokens ended early: {detail}")

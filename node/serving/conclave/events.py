@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Sequence
 from node.engine.types import GenerationHandle
 from node.serving.conclave.runner import Candidate, ConclaveRun
 from node.serving.conclave.select import best, run_all
-from node.serving.errors import GenerationFailed
+from node.serving.errors import generation_failure
 from node.serving.l1 import Piece, StoredChoice
 from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText, Job
 
@@ -75,8 +75,8 @@ async def best_of_events(service: CompletionService, job: Job, handles: Sequence
     chosen = best(candidates, job.n)
     if len(chosen) < job.n:
         failed = next((c.finished for c in candidates if not c.completed and c.finished is not None), None)
-        raise GenerationFailed(f"Generation {failed.reason if failed else 'failed'}: "
-                               f"{(failed.error if failed else None) or 'no detail'}")
+        raise generation_failure(failed.reason if failed else "failed", failed.error if failed else None,
+                                 failed.retry_after_s if failed else 0)
     for offset, candidate in enumerate(chosen):
         assert candidate.finished is not None
         for event in _replay(job.first_choice + offset, candidate, logprobs):

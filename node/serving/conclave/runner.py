@@ -34,7 +34,7 @@ from node.config import ConclaveSettings
 from node.engine.errors import EngineError
 from node.engine.types import Finished, GenerationHandle, GenerationRequest, TextDelta
 from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, tally
-from node.serving.errors import GenerationFailed, ServingError
+from node.serving.errors import GenerationFailed, ServingError, generation_failure
 from node.serving.l1 import Piece
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,10 @@ class ConclaveRun:
                 running = len(self._candidates) - finished
             if running == 0:
                 if not texts:
-                    reason = candidate.finished.error if candidate.finished else None
+                    ended = candidate.finished
+                    if ended is not None and ended.retry_after_s > 0:
+                        raise generation_failure(ended.reason, ended.error, ended.retry_after_s)
+                    reason = ended.error if ended else None
                     raise GenerationFailed(f"Every Conclave candidate failed: {reason or 'no detail'}")
                 verdict = decide(texts, self.n, json_only=self._json_only)
         cancelled = await self._stop_running()

@@ -187,7 +187,7 @@ def endless(engine) -> dict:
 
 
 async def test_disconnect_cancels_streamed_and_unstreamed_generations(plain, engine):
-    body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, **endless(engine),
+    body = {**CHAT, "max_tokens": 900, "temperature": 0.8, **endless(engine),
             "messages": [{"role": "user", "content": "Tell a long story."}]}
     greedy = {**body, "temperature": 0, "stream": True}
     before = engine.stats()["generated_tokens"]
@@ -205,7 +205,7 @@ async def test_disconnect_cancels_streamed_and_unstreamed_generations(plain, eng
         with pytest.raises(asyncio.TimeoutError):
             await session.post(f"{plain.url}/v1/chat/completions", json=body)
     await wait_idle(engine)
-    assert engine.stats()["generated_tokens"] - before < 400  # far from the 3000 asked for
+    assert engine.stats()["generated_tokens"] - before < 400  # far from the 1800 asked for
 
 
 async def test_auth_on_everything_but_health(nodes):
@@ -227,7 +227,7 @@ async def test_auth_on_everything_but_health(nodes):
 
 async def test_over_the_in_flight_limit_is_503_with_retry_after(nodes, engine):
     single = nodes["single"]
-    body = {**CHAT, "max_tokens": 1500, "temperature": 0.8, "stream": True, **endless(engine)}
+    body = {**CHAT, "max_tokens": 900, "temperature": 0.8, "stream": True, **endless(engine)}
     async with aiohttp.ClientSession() as session:
         running = await session.post(f"{single.url}/v1/chat/completions", json=body)
         await running.content.readuntil(b"\n\n")

@@ -51,7 +51,9 @@ EXAMPLES = 6  # per operation and mode
 
 @pytest.fixture(scope="module")
 def node(gemma_path, tmp_path_factory):
-    settings_ = node_settings(gemma_path, tmp_path_factory.mktemp("fuzz"), **{"model.context_length": 128})
+    settings_ = node_settings(gemma_path, tmp_path_factory.mktemp("fuzz"), **{
+        "model.context_length": 512,  # 128 a sequence, as long as a request could be at 128 cells in all
+        "server.max_queue_wait_s": 0})  # generated requests of n x max_tokens queue behind each other: no 503
     engine = open_engine(settings_, progress=False)
     live = LiveNode(settings_, engine=engine).start()
     yield live

@@ -98,9 +98,10 @@ def test_cancel_frees_the_slot_at_once(engine):
 
 @pytest.fixture(scope="module")
 def small_engine(gemma_path):
-    """A 512-cell context: two 200-token prompts fill it, so a flood must queue."""
+    """A 512-cell context: two 200-token prompts fill it, so a flood must queue (a sequence may
+    use 256 cells, not the default 512 / 4, so one such prompt fits a sequence)."""
     eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=512, n_parallel=4, n_batch=256,
-                              max_queue=6, step_token_budget=64))
+                              max_queue=6, step_token_budget=64, seq_cells=256))
     yield eng
     eng.close()
 
