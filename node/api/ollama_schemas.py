@@ -243,7 +243,11 @@ def parse_embed(body: Any, *, key: str) -> tuple[str | None, list[str], int | No
     the model, the texts and `dimensions` (None: the model's width)."""
     fields = Fields(body)
     parse_keep_alive(fields)
-    option_fields(fields)
+    options = option_fields(fields)  # checked as /api/generate checks them, though embeddings sample nothing
+    options.integer("num_predict", None, -2, MAX_TOKENS_LIMIT)
+    options.integer("num_ctx", None, 1, MAX_CONTEXT_TOKENS)
+    parse_sampling(options)
+    parse_stop(options)
     fields.boolean("truncate", True)
     dimensions = fields.integer("dimensions", None, 1, MAX_TOKENS_LIMIT)
     value = fields.body.get(key)

@@ -342,7 +342,10 @@ def test_a_structured_conclave_votes_on_valid_parsed_answers(node):
     for answer in votes:  # the vote is on the parsed value (canonical JSON), never on spelling
         jsonschema.validate(json.loads(answer), SCHEMA)
     assert json.dumps(winner, sort_keys=True, separators=(",", ":")) in votes
-    assert sum(votes.values()) == len(finished)
+    if reply["reame"]["stopped_early"]:  # decided by a majority: a candidate finishing after it has no vote
+        assert 2 <= sum(votes.values()) <= len(finished)
+    else:
+        assert sum(votes.values()) == len(finished)
 
 
 NOTE = {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": "string", "maxLength": 8},
@@ -426,7 +429,8 @@ def test_cancelled_losers_free_their_kv_with_speculation_on(node):
     majority stops it mid-generation, while it drafts."""
     def shape(requests, group):
         first = requests[0]
-        return [dataclasses.replace(r, sampling=first.sampling, max_tokens=first.max_tokens * (8 if i == 2 else 1))
+        greedy = dataclasses.replace(first.sampling, temperature=0.0)  # the first two agree whatever the kernels
+        return [dataclasses.replace(r, sampling=greedy, max_tokens=first.max_tokens * (8 if i == 2 else 1))
                 for i, r in enumerate(requests)]
 
     cancelled = metric(node.url, "reame_conclave_candidates_total", outcome="cancelled")

@@ -54,7 +54,7 @@ def test_list_show_ps_and_version(client, node):
     assert shown.modelinfo["general.architecture"] == "gemma3"
     assert client.show(f"{MODEL}:latest").details == shown.details
     running = client.ps().models
-    assert running[0].name == f"{MODEL}:latest" and running[0].context_length == 2048
+    assert running[0].name == f"{MODEL}:latest" and running[0].context_length == node.state.model.n_ctx
     assert running[0].expires_at.year == 9999  # loaded for as long as the node runs
     status, _, body = http_json("GET", f"{node.url}/api/version", headers=AUTH)
     assert status == 200 and body["version"]
