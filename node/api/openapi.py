@@ -566,7 +566,7 @@ OLLAMA_COMMON: dict[str, Schema] = {
     "format": {"anyOf": [{"enum": ["json", ""]}, JSON_SCHEMA],
                "description": "\"json\" (any JSON object) or a JSON Schema the answer must match"},
     "keep_alive": OLLAMA_KEEP_ALIVE,
-    "think": {"enum": [False], "description": "thinking is not supported: anything but false is a 400"},
+    "think": {"enum": [False, None], "description": "thinking is not supported: anything but false (or null, as absent) is a 400"},
     "logprobs": boolean("log-probabilities of each generated token"),
     "top_logprobs": integer(0, limits.MAX_TOP_LOGPROBS, "alternatives per token (with logprobs)"),
 }
