@@ -74,6 +74,7 @@ def all_modules() -> list[str]:
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+@pytest.mark.slow  # a fresh interpreter per module
 def test_every_module_imports_alone():
     modules = all_modules()
     assert len(modules) > 50 and "node.serving.service" in modules

@@ -24,6 +24,8 @@ from node.engine import sampling
 from node.engine.sampling import TokenSampler
 from node.engine.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # 20,000 draws a case: make test runs them, make test-fast does not
+
 V = 8
 DRAWS = 20_000
 LOGITS = np.array([2.0, 1.6, 1.2, 0.9, 0.5, 0.1, -0.4, -1.0], dtype=np.float32)
