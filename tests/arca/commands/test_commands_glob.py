@@ -259,3 +259,15 @@ def test_keys_inside_multi_runs_whole(ctx):
     assert run(ctx, "MULTI") == "OK"
     run(ctx, "KEYS", "m9*")
     assert sorted(run(ctx, "EXEC")[0]) == sorted([b"m9"] + [b"m9%d" % i for i in range(10)])
+
+
+def test_an_adversarial_pattern_matches_in_bounded_wall_time():
+    """Not the step counter the matcher keeps itself: the clock. Many stars over a long key that
+    almost matches is what makes a backtracking glob matcher exponential (Redis bounds it too)."""
+    pattern = compile_glob(b"*a" * 24 + b"b")
+    key = b"a" * 16_000
+    start = time.perf_counter()
+    matched, _ = pattern.steps(key)
+    elapsed = time.perf_counter() - start
+    assert not matched
+    assert elapsed < 2.0, f"{elapsed:.2f} s for one adversarial match"
