@@ -35,8 +35,9 @@ from node.api.ollama_schemas import (
     OllamaGenerate, Window, parse_chat, parse_embed, parse_generate, parse_load, parse_model, parse_window,
 )
 from node.api.ollama_shapes import OllamaReply, loaded, model_entry, model_show
-from node.api.routes import answering, chat_turn, check_model, json_response, make_plan, read_json, streamed
+from node.api.routes import answering, chat_turn, check_model, json_response, make_plan, read_json
 from node.api.shapes import tool_readers
+from node.api.sse import streamed
 from node.api.state import STATE, NodeState
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, UnsupportedFeature
 from node.serving.plan import Plan

@@ -14,14 +14,13 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
 import orjson
 from aiohttp import web
 
 from node import __version__
 from node.api import openapi
-from node.api.errors import ErrorReply, error_reply
 from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
 from node.api.sse import DONE_FRAME, data_frames, openai_error_frame, stream_frames
@@ -171,24 +170,6 @@ async def stream_answer(request: web.Request, plan: Plan, result, identity: Iden
         yield DONE_FRAME
 
     return await stream_frames(request, headers, frames(), openai_error_frame)
-
-
-async def streamed(request: web.Request, body: Awaitable[None],
-                   fail: Callable[[ErrorReply], Awaitable[None]]) -> None:
-    """Runs the body of a stream that already has its 200: a client that goes away cancels the
-    generation; any other failure is told in-band by `fail` (the status cannot change any more)."""
-    try:
-        await body
-    except ConnectionResetError:
-        log.info("client went away during a stream; its generation is cancelled")
-    except Exception as exc:
-        reply = error_reply(exc, request, unexpected="The generation failed")
-        if reply.unexpected:
-            log.exception("stream failed after it started")
-        try:
-            await fail(reply)
-        except ConnectionResetError:
-            pass  # nobody is left to tell
 
 
 async def models(request: web.Request) -> web.Response:

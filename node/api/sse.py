@@ -13,7 +13,7 @@ handles the client going away and a failure after the stream started.
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Callable, Iterable, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 import orjson
 from aiohttp import web
@@ -51,11 +51,28 @@ async def stream_frames(request: web.Request, headers: Mapping[str, str], frames
     written as `failure(reply)`, a client that went away ends the generation."""
     stream = EventStream(request, headers)
     await stream.open()
-    try:
+
+    async def body() -> None:
         async for data in frames:
             if data:
                 await stream.response.write(data)
         await stream.end()
+
+    async def fail(reply: ErrorReply) -> None:
+        await stream.response.write(failure(reply))
+        await stream.end()
+
+    await streamed(request, body(), fail)
+    return stream.response
+
+
+async def streamed(request: web.Request, body: Awaitable[None],
+                   fail: Callable[[ErrorReply], Awaitable[None]]) -> None:
+    """Runs the body of a stream that already has its 200 (SSE here, Ollama's NDJSON too): a
+    client that goes away cancels the generation; any other failure is told in-band by `fail`
+    (the status cannot change any more)."""
+    try:
+        await body
     except ConnectionResetError:
         log.info("client went away during a stream; its generation is cancelled")
     except Exception as exc:
@@ -63,11 +80,9 @@ async def stream_frames(request: web.Request, headers: Mapping[str, str], frames
         if reply.unexpected:
             log.exception("stream failed after it started")
         try:
-            await stream.response.write(failure(reply))
-            await stream.end()
+            await fail(reply)
         except ConnectionResetError:
             pass  # nobody is left to tell
-    return stream.response
 
 
 class EventStream:
