@@ -37,7 +37,7 @@ def haproxy_binary() -> str | None:
 class FleetProcesses:
     base: Path
     model: Path
-    ctx: int = 1024
+    ctx: int = 2048  # two sequences of 1024: the shared test document is ~530 tokens
     parallel: int = 2
     threads: int = 1
     node_env: dict[str, str] = field(default_factory=dict)
