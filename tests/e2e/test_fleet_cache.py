@@ -35,7 +35,7 @@ def fleet(gemma_path, tmp_path_factory):
             home = base / name
             settings = node_settings(gemma_path, home, **{
                 "model.threads": 1, "cache.enabled": True, "cache.directory": str(home / "kv"),
-                "arca.remote": f"127.0.0.1:{arca.port}", "arca.observe": False, "arca.timeout_ms": 1000})
+                "arca.remote": f"127.0.0.1:{arca.port}", "arca.observe": False, "arca.timeout_ms": 10000})  # a loaded 2-core host can take seconds per fetch
             nodes.append(LiveNode(settings).start())
         yield arca, nodes
     finally:
