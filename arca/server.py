@@ -10,11 +10,12 @@ import asyncio
 import logging
 import ssl
 import time
-from typing import Any
+from typing import Any, Callable
 
 from arca.commit import GroupCommit
 from arca.connection import Connection
 from arca.state import ServerOptions, ServerState
+from arca.tls_stream import TLSStream
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,10 @@ class ArcaServer:
             listeners.append((options.tls_port, options.tls_context))
         try:
             for port, context in listeners:
-                server = await self.loop.create_server(
-                    lambda: Connection(self), options.host, port, reuse_address=True, backlog=511, ssl=context,
-                    ssl_handshake_timeout=10.0 if context is not None else None)
+                factory: Callable[[], asyncio.Protocol] = lambda: Connection(self)  # noqa: E731
+                if context is not None:
+                    factory = self._tls_factory(context)
+                server = await self.loop.create_server(factory, options.host, port, reuse_address=True, backlog=511)
                 self._servers.append(server)
                 bound.append(server.sockets[0].getsockname()[:2])
         except BaseException:
@@ -71,6 +73,21 @@ class ArcaServer:
         self.commits.start(self.loop)
         self._idle_timer = self.loop.call_later(IDLE_CHECK_SECONDS, self._idle_check)
         return host, port
+
+    def _tls_factory(self, context: ssl.SSLContext) -> Callable[[], asyncio.Protocol]:
+        """TLS done by arca/tls_stream.py (not the loop's), so a refused handshake sends its
+        alert; each refusal is counted for INFO and logged (throttled) with the peer."""
+        stats = self.state.stats
+
+        def refused(peer: str, reason: str, error: ssl.SSLError | None) -> None:
+            if isinstance(error, ssl.SSLCertVerificationError):
+                stats.tls_cert_rejected += 1
+            unlogged = stats.tls_failures.count(time.monotonic())
+            if unlogged:
+                log.warning("TLS connection from %s refused: %s (%d refusal(s) since the last such line, "
+                            "%d since start)", peer, reason, unlogged, stats.tls_failures.total)
+
+        return lambda: TLSStream(context, lambda: Connection(self), refused)
 
     # -- idle-time maintenance
 

@@ -66,15 +66,42 @@ class ClientState:
         )
 
 
+# A kind of refusal is logged at most once per this many seconds (a client that guesses
+# passwords or retries a bad certificate in a loop cannot flood the log).
+REFUSALS_LOG_EVERY_S = 10.0
+
+
+@dataclass(slots=True)
+class Refusals:
+    """A count of refusals of one kind, and how many the log has not mentioned yet."""
+
+    total: int = 0
+    unlogged: int = 0  # refusals since the last log line about them
+    logged_at: float = float("-inf")  # monotonic time of that line
+
+    def count(self, now: float) -> int:
+        """Count one; the number to log now (this one and the unlogged before it), or 0 when
+        the last line is less than REFUSALS_LOG_EVERY_S old."""
+        self.total += 1
+        self.unlogged += 1
+        if now - self.logged_at < REFUSALS_LOG_EVERY_S:
+            return 0
+        unlogged, self.unlogged, self.logged_at = self.unlogged, 0, now
+        return unlogged
+
+
 @dataclass(slots=True)
 class ServerStats:
     """Counters reported by INFO stats."""
 
     connections_received: int = 0
     rejected_connections: int = 0
-    auth_failures: int = 0  # AUTH / HELLO AUTH with a wrong user or password (INFO acl_access_denied_auth)
-    auth_failures_logged_at: float = 0.0  # monotonic time of the last log line about them
-    auth_failures_unlogged: int = 0  # failures since that line
+    # AUTH / HELLO AUTH with a wrong user or password (INFO acl_access_denied_auth)
+    auth_failures: "Refusals" = field(default_factory=lambda: Refusals())
+    # TLS handshakes refused: a client certificate that does not verify, a protocol error,
+    # no handshake in time (INFO tls_handshake_failures, tls_client_cert_rejected)
+    tls_failures: "Refusals" = field(default_factory=lambda: Refusals())
+    tls_cert_rejected: int = 0
     commands_processed: int = 0
     protocol_errors: int = 0
     commits: int = 0

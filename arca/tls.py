@@ -4,7 +4,7 @@
 `tls-ca-cert-file` is the CA that client certificates must chain to; `tls-auth-clients`
 says whether a client must present one (`yes`, the default as in Redis), may (`optional`:
 one that is presented must verify) or is not asked (`no`). A certificate that does not
-verify fails the handshake; under `yes`, a client that presents none completes it and is
+verify fails the handshake with a TLS alert (arca/tls_stream.py runs the handshake); under `yes`, a client that presents none completes it and is
 then told `-DENIED TLS client certificate required` and closed (arca/connection.py), so the
 refusal is a clear error on both sides instead of a connection reset. A client certificate proves who
 connects, not what it may do: with no password, protected mode treats a TLS listener like

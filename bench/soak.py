@@ -14,7 +14,8 @@ RESP errors while it is down are expected and counted apart (a write that failed
 acknowledged; a SET in flight at the kill may have landed either way, so both values are
 accepted for that key). The node must keep answering throughout (a down ARCA is a miss).
 
-At the end: every acknowledged SET value, OBSERVE stream and KVPUT blob is read back; RSS
+At the end: the node's engine back at idle (bench/stream_load.py: every slot free, nothing
+active or queued, KV cells used and reserved as before the load), every acknowledged SET value, OBSERVE stream and KVPUT blob is read back; RSS
 of both processes and the disk they use are sampled every 15 s, and after warm-up (the
 first 30% of the run) each must stay flat: RSS within max(10%, 24 MiB) of its level at the
 end of warm-up, disk (the SQLite WAL aside) within 16 MiB, and the WAL under its documented
@@ -51,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host import print_header  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from node_process import default_model, node_server  # noqa: E402
+from stream_load import IDLE_KEYS, TOPICS, idle_figures, rss_mib, stream_chat, wait_idle  # noqa: E402
 
 from arca.launch import free_port, spawn_arca  # noqa: E402
 
@@ -60,7 +62,6 @@ KV_KEYS = 300
 KV_BLOB = 32 * 1024
 WAL_BOUND_MIB = 128 + 8  # docs/ARCA.md: under 128 MiB plus one commit's writes
 CORPUS_MB = 2  # small, so the corpus reaches its budget (and evicts oldest first) during warm-up
-TOPICS = ["rivers", "colors", "fruits", "planets", "tools", "birds", "cities", "metals"]
 
 
 @dataclass
@@ -222,30 +223,23 @@ async def http_client(url: str, index: int, deadline: float, tally: Tally) -> No
         path, body, abandon = http_request(rng, asked, index * 1_000_000 + number)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
+                if body.get("stream"):
+                    outcome = await stream_chat(session, url, body, abandon)
+                    if outcome == "abandoned":
+                        tally.ok["abandoned stream"] += 1
+                    elif outcome == "done":
+                        tally.ok[path + " stream"] += 1
+                    else:
+                        tally.fail(f"{path}: {outcome}")
+                    continue
                 async with session.post(url + path, json=body) as response:
                     if response.status != 200:
                         tally.fail(f"{path} -> {response.status}: {(await response.text())[:200]}")
                         continue
-                    if abandon:
-                        await response.content.readany()
-                        tally.ok["abandoned stream"] += 1
-                        continue  # leaving the block closes the connection mid-stream
-                    text = await response.text()
-                    if body.get("stream") and "[DONE]" not in text:
-                        tally.fail(f"{path}: stream without [DONE]")
-                    elif body.get("stream") and "event: error" in text:
-                        tally.fail(f"{path}: stream ended with an error event: {text[-300:]}")
-                    else:
-                        tally.ok[path + (" stream" if body.get("stream") else "")] += 1
+                    await response.read()
+                    tally.ok[path] += 1
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             tally.fail(f"{path}: {error!r}")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def largest_files(*paths: Path, count: int = 5) -> list[tuple[float, str]]:
@@ -360,6 +354,7 @@ async def soak(args: argparse.Namespace, model: Path) -> int:
             env = {"REAME_ARCA_REMOTE": f"127.0.0.1:{arca.port}", "REAME_CACHE_ENABLED": "true"}
             with node_server(str(model), ctx=2048, parallel=4, env=env, home=root / "node") as (url, node, home):
                 tally, accepted, streams = Tally(), {}, {}
+                idle = idle_figures(url)
                 samples: list[tuple[float, float, float, float, float]] = []
                 start = time.monotonic()
                 deadline = start + seconds
@@ -371,6 +366,11 @@ async def soak(args: argparse.Namespace, model: Path) -> int:
                 tasks.append(restart_arca(arca, start + 0.15 * seconds, tally))
                 await asyncio.gather(*tasks)
                 counts = await verify(arca, accepted, streams, tally)
+                figures, waited = wait_idle(url, {**idle, "slots_free": idle["slots_total"]})
+                print(f"engine {waited:.1f} s after the load: {figures} (at idle before it: {idle})")
+                if any(figures[key] != idle[key] for key in IDLE_KEYS if key != "slots_free") \
+                        or figures["slots_free"] != figures["slots_total"]:
+                    tally.fail(f"the engine did not come back to idle: {figures}, before the load {idle}")
                 print("largest files at the end:", ", ".join(
                     f"{name} {size:.1f} MiB" for size, name in largest_files(arca.directory, home)))
                 with urllib.request.urlopen(url + "/health", timeout=10) as health:

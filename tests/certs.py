@@ -1,6 +1,7 @@
 """Test certificates made with the openssl command line: a CA, a server certificate for
 127.0.0.1 and localhost (also usable as a client's: cluster nodes present it to each other on
-the TLS cluster bus), a client certificate, and a second CA that signed none of them."""
+the TLS cluster bus), a client certificate, a second CA that signed none of them, and a client
+certificate that second CA signed (one the first CA's servers must refuse)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class Certs:
     client_cert: Path
     client_key: Path
     other_ca: Path  # trusts nothing of the above
+    stranger_cert: Path  # a client certificate signed by other_ca
+    stranger_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -49,8 +52,9 @@ def make_certs(directory: Path) -> Certs:
         pytest.skip("the openssl command line is not installed")
     directory.mkdir(parents=True, exist_ok=True)
     ca = _ca(directory, "test-ca")
-    other, _ = _ca(directory, "other-ca")
+    other = _ca(directory, "other-ca")
     server = _signed(directory, "server", ca, "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
                      "extendedKeyUsage=serverAuth,clientAuth\n")
     client = _signed(directory, "client", ca, "extendedKeyUsage=clientAuth\n")
-    return Certs(ca[0], server[0], server[1], client[0], client[1], other)
+    stranger = _signed(directory, "stranger", other, "extendedKeyUsage=clientAuth\n")
+    return Certs(ca[0], server[0], server[1], client[0], client[1], other[0], stranger[0], stranger[1])

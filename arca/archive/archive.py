@@ -20,7 +20,7 @@ from .entries import Entries, Entry
 from .errors import ArchiveCorruptError, ArchiveError
 from .journal import GroupCommit
 from .kvblocks import KVBlocks
-from .store import Store
+from .store import Store, WalBoundError
 from .watch import Watcher
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,10 @@ class Archive:
         return bool(self._maintain(self._entries.maintenance_step))
 
     def _maintain(self, step) -> int:
+        try:
+            self._store.bound_wal()
+        except WalBoundError:
+            return 0  # maintenance waits, like commits, until the WAL can start over
         try:
             with self._store.transaction() as conn:
                 return step(conn)

@@ -7,19 +7,26 @@ threshold, i.e. on the thread serving clients, where it showed up as stalls of u
 So the main connection has automatic checkpoints off and a `Checkpointer` thread, with a
 connection of its own, runs `PRAGMA wal_checkpoint(PASSIVE)` whenever the WAL has grown
 past `wal_bytes` (checked every `interval` seconds). A passive checkpoint takes no lock
-that writers need: commits go on while it copies. When it has copied everything, the
-next commit starts the WAL over from its beginning, so the file stops growing.
+that writers need: commits go on while it copies. The WAL starts over from its beginning
+only when a commit finds every frame in it copied.
 
-Under sustained writes a passive checkpoint never catches up: commits keep appending
-while it copies, so it never copies everything and the WAL never starts over (it grew
-by 15 MB/s, without end, under mixed L1/L4/L3 writes). So when a passive checkpoint
-ends with more than `restart_bytes` still in the log, the thread follows it at once
-with `wal_checkpoint(RESTART)`, which holds writers while it copies what the passive one
-left (the commits of a fraction of a second) and makes the next commit start the WAL
-over. `journal_size_limit` then trims the file back. `Store.bound_wal` is the backstop
-on the committing thread: a WAL past `WAL_HARD_BYTES` is checkpointed (RESTART) before
-the next commit, whatever the thread is doing. Together: the WAL file stays below
-WAL_HARD_BYTES plus the writes of one commit.
+Under sustained writes that never happens: a passive checkpoint copies the frames that
+were in the log when it started, and the commits made while it copied are there when it
+ends, so the log is never wholly copied and grows by every byte written (15 MB/s under
+mixed L1/L4/L3 writes). (The pragma's "frames copied" equals its "frames in the log" then:
+both count the log as it was when the checkpoint started, so comparing them says nothing.)
+So whenever the log held more than `restart_bytes` when a passive checkpoint started, the
+thread follows it at once with `wal_checkpoint(RESTART)`, which holds writers while it
+copies what the passive one left (the commits of a fraction of a second) and starts the
+log over; `journal_size_limit` then trims the file at the next commit. The WAL file thus
+stays near `restart_bytes` plus the writes of one checkpoint's duration.
+
+`Store.bound_wal` is the backstop on the committing thread, for a disk too slow for the
+thread or a reader (another process) holding an old snapshot: a WAL past
+`WAL_HARD_BYTES` is checkpointed (RESTART) before the next commit, waiting up to
+`RESTART_WAIT_SECONDS`; if it still cannot start over, the commit fails (the server then
+refuses writes and retries, as on a full disk) rather than append past the bound. So the
+WAL file never exceeds WAL_HARD_BYTES plus the writes of one commit.
 """
 
 from __future__ import annotations
@@ -27,16 +34,21 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 # A passive checkpoint starts once the WAL file holds this much...
 CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024
-# ...a RESTART checkpoint follows one that left this much behind...
+# ...a RESTART checkpoint follows one that found this much in the log...
 RESTART_WAL_BYTES = 64 * 1024 * 1024
 # ...and the committing thread itself checkpoints a WAL past this size (the stated bound).
 WAL_HARD_BYTES = 128 * 1024 * 1024
+# The thread's RESTART holds writers while it waits for readers: at most this long, and after
+# one that could not finish (a reader holding an old snapshot) the next waits this long.
+RESTART_BUSY_SECONDS = 0.5
+RESTART_BACKOFF_SECONDS = 2.0
 
 
 class Checkpointer:
@@ -52,6 +64,7 @@ class Checkpointer:
         self.restarts = 0
         self.failures = 0
         self._failing = False
+        self._restart_not_before = 0.0
         self._thread = threading.Thread(target=self._run, name="arca-checkpoint", daemon=True)
         self._thread.start()
 
@@ -64,7 +77,8 @@ class Checkpointer:
     def _run(self) -> None:
         conn = None
         try:
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False,
+                                   timeout=RESTART_BUSY_SECONDS)
             conn.execute("PRAGMA wal_autocheckpoint=0")
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             while not self._stop.wait(self._interval):
@@ -78,12 +92,15 @@ class Checkpointer:
 
     def checkpoint(self, conn: sqlite3.Connection, page_size: int = 4096) -> None:
         try:
-            _, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             self.checkpoints += 1
-            if copied < frames and frames * page_size >= self._restart_bytes:
-                # Writers outran it: copy the rest while holding them, so the WAL starts over.
-                conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-                self.restarts += 1
+            if frames * page_size >= self._restart_bytes and time.monotonic() >= self._restart_not_before:
+                # Commits went on while it copied, so the log is not wholly copied and will
+                # not start over by itself: copy the rest while holding them, and start it over.
+                if conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]:
+                    self._restart_not_before = time.monotonic() + RESTART_BACKOFF_SECONDS
+                else:
+                    self.restarts += 1
         except sqlite3.Error as error:  # a full disk, say: try again next time
             self.failures += 1
             if not self._failing:  # once, not every interval while it lasts

@@ -60,6 +60,10 @@ class GroupCommit:
         started = time.perf_counter()
         try:
             self._store.bound_wal()
+        except ArchiveError:  # nothing was written: every part's writes stay pending
+            self.failures += 1
+            raise
+        try:
             with self._store.transaction() as conn:
                 for part in parts:
                     part.write_pending(conn)

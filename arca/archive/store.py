@@ -31,13 +31,23 @@ from .errors import ArchiveCorruptError, ArchiveError
 
 log = logging.getLogger(__name__)
 
+MIB = 1024 * 1024
+
 SCHEMA_VERSION = 2
 # The WAL file is truncated back to this size when it starts over after a checkpoint.
 WAL_SIZE_LIMIT = RESTART_WAL_BYTES
 # A commit waits this long for a lock (a RESTART checkpoint holds writers briefly).
 BUSY_TIMEOUT_SECONDS = 30.0
-# How long a commit waits for the background checkpoint before checkpointing past the bound.
+# How long a commit that finds the WAL past WAL_HARD_BYTES waits for a checkpoint to start
+# it over before failing; while commits fail that way, each retry waits only the second figure.
 RESTART_WAIT_SECONDS = 5.0
+RESTART_RETRY_WAIT_SECONDS = 0.1
+# How often the checkpointer thread looks at the WAL.
+CHECKPOINT_INTERVAL_SECONDS = 0.1
+
+
+class WalBoundError(ArchiveError):
+    """The WAL is past its bound and no checkpoint could start it over: the commit is refused."""
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -86,8 +96,10 @@ class Store:
         except BaseException:
             self._lock_file.close()
             raise
-        self._checkpointer = Checkpointer(self.path, CHECKPOINT_WAL_BYTES)
+        self._checkpointer = Checkpointer(self.path, CHECKPOINT_WAL_BYTES, CHECKPOINT_INTERVAL_SECONDS,
+                                          RESTART_WAL_BYTES)
         self.forced_checkpoints = 0
+        self._wal_refused = False  # the last commit was refused by the WAL bound
 
     def _open(self, config: ArchiveConfig) -> sqlite3.Connection:
         try:
@@ -202,21 +214,38 @@ class Store:
 
     def bound_wal(self) -> None:
         """Before a commit: checkpoint here (RESTART) if the WAL has passed WAL_HARD_BYTES,
-        which only happens when the checkpointer thread cannot keep up (see checkpoint.py)."""
-        if self._checkpointer.wal_size() <= WAL_HARD_BYTES:
+        which only happens when the checkpointer thread cannot keep up or a reader pins the
+        WAL (see checkpoint.py); raise WalBoundError if it cannot be started over in time."""
+        size = self._checkpointer.wal_size()
+        if size <= WAL_HARD_BYTES:
+            self._wal_refused = False
             return
         # The background thread may be in a checkpoint of its own (then SQLite answers busy
-        # at once): wait for it to finish, holding this commit, a few seconds at most.
-        deadline = time.monotonic() + RESTART_WAIT_SECONDS
-        while True:
-            try:
-                busy = self.connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
-            except sqlite3.Error as error:  # the commit itself will tell whether the disk is full
-                log.debug("checkpoint before a commit failed: %s", error)
-                return
-            if not busy or time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
+        # at once): try again until it is done, holding this commit. A reader holding an old
+        # snapshot makes the RESTART wait in SQLite's busy handler, given the time left.
+        wait = RESTART_RETRY_WAIT_SECONDS if self._wal_refused else RESTART_WAIT_SECONDS
+        deadline = time.monotonic() + wait
+        conn = self.connection
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                conn.execute(f"PRAGMA busy_timeout={max(1, int(left * 1000))}")
+                if not conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]:
+                    break
+                if time.monotonic() >= deadline:
+                    self._wal_refused = True
+                    raise WalBoundError(
+                        f"the WAL of {self.path} holds {size / MIB:.0f} MiB, past its bound of "
+                        f"{WAL_HARD_BYTES / MIB:.0f} MiB, and no checkpoint could start it over within "
+                        f"{wait:g} s (a reader holding an old snapshot, or a disk too slow for the "
+                        "writes); the commit waits until one can")
+                time.sleep(0.005)
+        except sqlite3.Error as error:  # the commit itself will tell whether the disk is full
+            log.debug("checkpoint before a commit failed: %s", error)
+            return
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+        self._wal_refused = False
         self.forced_checkpoints += 1
 
     @property

@@ -15,7 +15,6 @@ REDIS_COMPAT_VERSION = "7.0.0"  # the Redis release whose commands and replies A
 PONG = Status("PONG")
 WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 BAD_NAME = "ERR Client names cannot contain spaces, newlines or special characters."
-AUTH_LOG_EVERY_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -53,15 +52,12 @@ def _check_password(ctx: CommandContext, user: bytes, password: bytes) -> None:
 
 def _count_failure(ctx: CommandContext) -> None:
     """Count a failed AUTH (INFO stats acl_access_denied_auth) and say so in the log, at most one
-    line every AUTH_LOG_EVERY_S seconds (a password-guessing client cannot flood the log)."""
-    stats = ctx.server.stats
-    stats.auth_failures += 1
-    stats.auth_failures_unlogged += 1
-    now = time.monotonic()
-    if now - stats.auth_failures_logged_at >= AUTH_LOG_EVERY_S:
+    line every REFUSALS_LOG_EVERY_S seconds (a password-guessing client cannot flood the log)."""
+    failures = ctx.server.stats.auth_failures
+    unlogged = failures.count(time.monotonic())
+    if unlogged:
         log.warning("AUTH failed from %s (%d failure(s) since the last such line, %d since start)",
-                    ctx.client.addr or "?", stats.auth_failures_unlogged, stats.auth_failures)
-        stats.auth_failures_logged_at, stats.auth_failures_unlogged = now, 0
+                    ctx.client.addr or "?", unlogged, failures.total)
 
 
 @command("AUTH", arity=-2, flags=("fast", "no_auth"), group="connection", summary="Authenticate to the server", args="[username] password")

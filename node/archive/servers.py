@@ -49,6 +49,11 @@ def connection_kwargs(address: ArchiveAddress, tls: TlsFiles, timeout: float) ->
     return kwargs
 
 
+# The TLS alerts (as OpenSSL names them) a server sends about the client's certificate.
+_CLIENT_CERT_ALERTS = ("ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALERT_CERTIFICATE_UNKNOWN",
+                       "ALERT_CERTIFICATE_REQUIRED", "ALERT_UNSUPPORTED_CERTIFICATE", "ALERT_CERTIFICATE_EXPIRED")
+
+
 def describe_failure(exc: BaseException) -> str:
     """What went wrong, in words that say what to fix."""
     import redis.exceptions as errors
@@ -60,6 +65,9 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLError) or isinstance(cause, ssl.SSLError) or "SSL" in text or "certificate" in text:
         if "DENIED" in text:  # an ARCA asking for this node's certificate
             return f"TLS client certificate refused ({text}); set [arca] tls_cert_file and tls_key_file"
+        if any(alert in text for alert in _CLIENT_CERT_ALERTS):  # the server's alert about this node's certificate
+            return (f"TLS client certificate refused by the server ({text}); [arca] tls_cert_file must be "
+                    "signed by the CA the server trusts (its tls-ca-cert-file)")
         return f"TLS handshake failed ({text}); check the certificates ([arca] tls_* keys)"
     return text
 

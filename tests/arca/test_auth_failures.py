@@ -1,5 +1,5 @@
 """Failed AUTH attempts are counted (INFO stats acl_access_denied_auth, as Redis names it) and
-logged, at most one line per AUTH_LOG_EVERY_S, over a real socket."""
+logged, at most one line per REFUSALS_LOG_EVERY_S, over a real socket."""
 
 from __future__ import annotations
 
@@ -21,4 +21,4 @@ def test_failed_auth_is_counted_and_logged_without_flooding(arca_factory, caplog
     with redis.Redis(host="127.0.0.1", port=server.port, password="hunter2", protocol=2) as good:
         assert good.info("stats")["acl_access_denied_auth"] == 46
     lines = [r.getMessage() for r in caplog.records if "AUTH failed" in r.getMessage()]
-    assert len(lines) == 1 and "127.0.0.1" in lines[0], lines  # one line per AUTH_LOG_EVERY_S, not 46
+    assert len(lines) == 1 and "127.0.0.1" in lines[0], lines  # one line per REFUSALS_LOG_EVERY_S, not 46

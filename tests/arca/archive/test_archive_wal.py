@@ -4,10 +4,13 @@ with RESTART, and the committing thread checkpoints a WAL past WAL_HARD_BYTES it
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 import arca.archive.store as store_module
 from arca.archive import Archive, ArchiveConfig
+from arca.archive.errors import ArchiveError
 
 
 def wal_size(directory: Path) -> int:
@@ -35,3 +38,74 @@ def test_commits_checkpoint_a_wal_past_the_hard_bound(tmp_path, monkeypatch):
         assert arc.kv_get(b"block-0") is not None and arc.get(b"key-159") == b"v" * 1000
     with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
         assert arc.kv_get(b"block-159") is not None and arc.get(b"key-0") == b"v" * 1000
+
+
+def _fast_checkpoints(monkeypatch, *, restart: int, hard: int = 1 << 40) -> None:
+    """Small thresholds and a 10 ms checkpointer, so a few MiB of writes exercise them."""
+    monkeypatch.setattr(store_module, "CHECKPOINT_WAL_BYTES", 1 << 20)
+    monkeypatch.setattr(store_module, "CHECKPOINT_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr(store_module, "RESTART_WAL_BYTES", restart)
+    monkeypatch.setattr(store_module, "WAL_HARD_BYTES", hard)
+    monkeypatch.setattr(store_module, "WAL_SIZE_LIMIT", 1 << 20)
+
+
+def test_the_checkpointer_thread_restarts_the_wal_under_sustained_commits(tmp_path, monkeypatch):
+    """Commits that never pause: each passive checkpoint copies every frame it saw, but the
+    commits made while it copied keep the log from ever being wholly copied, so only a RESTART
+    starts it over. Before the fix the thread restarted only after a passive checkpoint that
+    copied less than it saw (never, with no reader), and the WAL grew with every byte written
+    (here to ~40 MiB) until the committing thread's backstop (off here) caught it."""
+    _fast_checkpoints(monkeypatch, restart=4 << 20)
+    directory = tmp_path / "arca"
+    with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
+        peak = 0
+        for i in range(640):  # 40 MiB
+            arc.kv_put(b"block-%d" % i, os.urandom(64 << 10))
+            arc.commit()
+            time.sleep(0.001)
+            peak = max(peak, wal_size(directory))
+        assert peak <= (4 << 20) + (6 << 20), peak / (1 << 20)
+        assert arc.info()["persistence"]["wal_restart_checkpoints"] >= 3
+    with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
+        assert all(arc.kv_get(b"block-%d" % i) is not None for i in range(0, 640, 7))
+
+
+def test_a_wal_that_cannot_be_checkpointed_refuses_commits_rather_than_pass_its_bound(tmp_path, monkeypatch):
+    """A reader holding an old snapshot (another process reading the file) pins the WAL: no
+    checkpoint can start it over. The commit that finds it past the bound waits
+    RESTART_WAIT_SECONDS, then fails (the server refuses writes, -MISCONF, and retries);
+    its writes stay pending and commit once the reader lets go. Before the fix the commit
+    waited the full busy timeout and then appended anyway, past the bound."""
+    _fast_checkpoints(monkeypatch, restart=1 << 40, hard=4 << 20)
+    monkeypatch.setattr(store_module, "CHECKPOINT_WAL_BYTES", 1 << 40)  # the backstop alone
+    monkeypatch.setattr(store_module, "RESTART_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_SECONDS", 2.0)
+    directory = tmp_path / "arca"
+    with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
+        arc.kv_put(b"first", b"x" * 1000)
+        arc.commit()
+        reader = sqlite3.connect(directory / "archive.db", isolation_level=None)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM kv_blocks").fetchone()[0] == 1
+        refused = None
+        started = time.monotonic()
+        for i in range(64):  # 16 MiB, four times the bound
+            arc.kv_put(b"block-%d" % i, os.urandom(256 << 10))
+            try:
+                arc.commit()
+            except ArchiveError as error:
+                refused = error
+                break
+        waited = time.monotonic() - started
+        assert refused is not None and "WAL" in str(refused), refused
+        assert wal_size(directory) <= (4 << 20) + (512 << 10)
+        assert waited < 0.3 + 1.5, waited  # one wait of RESTART_WAIT_SECONDS, not the busy timeout
+        assert arc.info()["persistence"]["commit_failures"] == 1
+        assert arc.pending_writes >= 1  # the refused commit's writes are kept
+        reader.execute("ROLLBACK")
+        reader.close()
+        arc.commit()  # the reader gone, the checkpoint completes and the commit goes through
+        assert arc.pending_writes == 0
+        last = i
+    with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
+        assert all(arc.kv_get(b"block-%d" % j) is not None for j in range(last + 1))

@@ -364,3 +364,30 @@ async def test_the_mirror_resumes_a_redis_stream_from_its_persisted_cursor(redis
         assert palimpsest.continuation([104, 1, 2, 3], 2) == (4, 5) and palimpsest.stats().streams == 6
     finally:
         await archive.close()
+
+
+async def test_an_arca_refusing_this_nodes_certificate_is_named_as_such(tmp_path, certs, caplog):
+    """ARCA over TLS whose CA did not sign the node's certificate: the node's log says the
+    server refused the certificate (the TLS alert), where it used to say only "Connection
+    closed by server."."""
+    from arca.launch import free_port
+    from arca.tls import server_context
+    from tests.arca.arca_harness import start_server
+
+    caplog.set_level(logging.ERROR, logger="node.archive")
+    context = server_context(str(certs.server_cert), str(certs.server_key), str(certs.ca), "yes")
+    server = start_server(tmp_path / "arca", tls_port=free_port(), tls_context=context)
+    try:
+        archive = RemoteArchive(address=parse_address(f"rediss://127.0.0.1:{server.state.tls_port}"),
+                                tls=TlsFiles(str(certs.ca), str(certs.stranger_cert), str(certs.stranger_key)),
+                                timeout_ms=3000)
+        await archive.start()
+        try:
+            assert archive.state() == "degraded"
+            assert await archive.get(b"answer") is None
+        finally:
+            await archive.close()
+    finally:
+        server.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("client certificate refused by the server" in m and "UNKNOWN_CA" in m for m in errors), errors
