@@ -40,6 +40,7 @@ def arca_counts(fleet: FleetProcesses) -> tuple[int, int, int]:
     return fleet.redis().dbsize(), int(info["corpus_streams"]), int(info["kv_blocks"])
 
 
+@pytest.mark.timeout(900)  # two ~2,400-token prefills: ~15 s on a quiet machine, minutes on a loaded one
 def test_sigterm_right_after_an_answer_still_shares_l1_l4_and_l3(tmp_path, gemma_path):
     pytest.importorskip("llama_cpp", reason="node extra not installed")
     with FleetProcesses(tmp_path, gemma_path, ctx=4096, parallel=1, threads=2) as fleet:
@@ -53,7 +54,7 @@ def test_sigterm_right_after_an_answer_still_shares_l1_l4_and_l3(tmp_path, gemma
         assert fleet.node_processes["a"].wait(60) == 0
         answers, streams, blobs = arca_counts(fleet)
         log = (tmp_path / "node-a.log").read_text()
-        assert "shutdown: flushed" in log, log[-3000:]
+        assert "shutdown: flushed" in log or "shutdown: no archive writes pending" in log, log[-3000:]
         assert answers >= 1 and streams >= 1, (answers, streams, log[-3000:])
         # 1,024, 2,048 and ~2,400 tokens at ~6.3 KiB a token (f16 KV; measured 13 parts for
         # 2,048 tokens) in parts of 1 MiB: 7 + 13 + 15 parts; without the last state, 20
