@@ -1,11 +1,11 @@
 """L3 across the fleet: a ~2,500-token prefix on node B, prefilled cold against restored from
 what node A stored in ARCA, in the same run.
 
-    .venv/bin/python bench/l3_fleet.py [--rounds 2] [--lines 130] [--threads 2] [--model PATH]
+    .venv/bin/python bench/l3_fleet.py [--rounds 2] [--lines 105] [--threads 2] [--model PATH]
 
 Processes (tests/e2e/fleet_processes.py): a real `reame arca` and nodes on it (f16 KV, prefix
 cache on, 4,096-token context, one sequence). Each round has two fresh documents of `--lines`
-lines (~19 tokens each) and a question:
+lines (~24 tokens each) and a question:
 
   L3    a new node A warms document 1 (`POST /v1/warm`) and is stopped with SIGTERM at once:
         its graceful stop flushes the states to ARCA. Node B then asks a question on
@@ -123,7 +123,7 @@ def report(rows: list, loads: list[float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--lines", type=int, default=130, help="document lines, ~19 tokens each")
+    parser.add_argument("--lines", type=int, default=105, help="document lines, ~24 tokens each (105: ~2,500)")
     parser.add_argument("--threads", type=int, default=2)
     args = parse_with_model(parser)
     print_header(args.model, threads=args.threads)
