@@ -57,6 +57,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "max_queue", int, 64, "Requests waiting for a slot; beyond it: overloaded (503)."),
     _opt("server", "max_queue_wait_s", float, 30.0,
          "Longest a live request waits for a slot and KV room, in seconds; then 503 + Retry-After (0 = no bound)."),
+    _opt("server", "shutdown_flush_s", float, 10.0,
+         "On SIGTERM or Ctrl-C, longest wait for pending archive writes (L1 answers, L4 corpus, L3 states) to "
+         "reach the archive, in seconds; what is left is logged and dropped."),
     _opt("server", "max_sessions", int, 1000,
          "Chat sessions kept; past it the least recently used is dropped (the expired first)."),
     _opt("server", "max_sessions_per_client", int, 100,
@@ -166,6 +169,7 @@ class ServerSettings:
     parallel: int
     max_queue: int
     max_queue_wait_s: float
+    shutdown_flush_s: float
     max_sessions: int
     max_sessions_per_client: int
     max_concurrent_requests: int
@@ -323,6 +327,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "server.max_concurrent_requests": _at_least(1),
     "server.max_queue": _at_least(1),
     "server.max_queue_wait_s": _at_least(0),
+    "server.shutdown_flush_s": _at_least(0),
     "server.max_sessions": _at_least(1),
     "server.max_sessions_per_client": _at_least(0),
     "server.max_request_size_mb": _at_least(1),

@@ -13,8 +13,9 @@ With speculation on, the archive draft source (the Palimpsest) is fed by an L4 m
 under `<home>/mirror` (one per server the corpus comes from). The Batch API (node/batches) keeps its store under `[batch] directory`
 and runs its lines through the same service at batch priority; the savings sampler
 (node/serving/savings.py) feeds /v1/reame/stats and the periodic savings log line. Shutdown
-order: batch lines in flight (left unfinished for the next start), sampler, pending writes,
-batch store, mirror, fleet pushes, engine, cache, archive.
+order: batch lines in flight (left unfinished for the next start), then the pending archive
+writes and prefix states, flushed within `[server] shutdown_flush_s` (node/serving/flush.py),
+then sampler, batch store, mirror, fleet tier, engine, cache, archive.
 Ollama's API (node/api/ollama_routes.py) is set up beside OpenAI's, under /api/.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
@@ -56,6 +57,7 @@ from node.cache.fleet import FleetConfig, FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
+from node.serving.flush import flush_pending
 from node.serving.metrics import CacheStats, KernelSeries, LiveStats, Metrics, SpeculationSeries
 from node.serving.model import describe_model
 from node.serving.savings import Savings, SavingsConfig
@@ -244,7 +246,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
         yield
         if batches is not None:
             await batches.close()
-        await service.drain()
+        await flush_pending(service, settings.server.shutdown_flush_s)
         service.grammar_workers.close()
     finally:
         if sampler is not None:

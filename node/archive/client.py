@@ -44,6 +44,10 @@ class ArchiveClient(Protocol):
     async def kv_get(self, key: bytes) -> bytes | None: ...
     async def kv_put(self, key: bytes, blob: bytes) -> None: ...
     async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]: ...
+    async def kv_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The blobs under `keys` in one round trip (a state's parts); None where missing."""
+    async def kv_put_many(self, items: Sequence[tuple[bytes, bytes]]) -> bool:
+        """Store (key, blob) pairs in order in one round trip; True when all were taken."""
     async def session_get(self, session_id: str) -> bytes | None:
         """A stored session's bytes, None when there is none; raises ArchiveUnavailable."""
     async def session_put(self, session_id: str, blob: bytes, ttl_s: int) -> None:

@@ -89,6 +89,17 @@ class EmbeddedArchive:
     async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]:
         return await self._call("kv_exists", [False] * len(keys), lambda arc: arc.kv_exists(list(keys)))
 
+    async def kv_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return await self._call("kv_get", [None] * len(keys), lambda arc: [arc.kv_get(key) for key in keys])
+
+    async def kv_put_many(self, items: Sequence[tuple[bytes, bytes]]) -> bool:
+        def put(arc: Archive) -> bool:
+            for key, blob in items:
+                arc.kv_put(key, blob)
+            return True
+
+        return await self._call("kv_put", False, put, writes=True)
+
     async def session_get(self, session_id: str) -> bytes | None:
         return await self._call("session_get", None, lambda arc: arc.get(SESSION_PREFIX + session_id.encode()))
 

@@ -171,22 +171,44 @@ class RemoteArchive:
 
     # -- L3 ------------------------------------------------------------------------------------
 
+    def _kv_name(self, key: bytes) -> bytes:
+        return rm.l3_key(key) if self._redis else key
+
+    def _kv_get_command(self, key: bytes) -> tuple[Any, ...]:
+        if not self._redis:
+            return ("ARCA.KVGET", key)
+        name, ttl = rm.l3_key(key), self.limits.kv_ttl_s
+        return ("GETEX", name, "PX", ttl * 1000) if ttl else ("GET", name)
+
+    def _kv_put_command(self, key: bytes, blob: bytes) -> tuple[Any, ...]:
+        if not self._redis:
+            return ("ARCA.KVPUT", key, blob)
+        name, ttl = rm.l3_key(key), self.limits.kv_ttl_s
+        return ("SET", name, blob, *(("PX", ttl * 1000) if ttl else ()))
+
     async def kv_get(self, key: bytes) -> bytes | None:
-        if self._redis:
-            name = rm.l3_key(key)
-            ttl = self.limits.kv_ttl_s
-            if ttl:
-                return await self._call("kv_get", None, "GETEX", name, "PX", ttl * 1000, key=name)
-            return await self._call("kv_get", None, "GET", name, key=name)
-        return await self._call("kv_get", None, "ARCA.KVGET", key)
+        return await self._call("kv_get", None, *self._kv_get_command(key), key=self._kv_name(key))
 
     async def kv_put(self, key: bytes, blob: bytes) -> None:
-        if self._redis:
-            name = rm.l3_key(key)
-            ttl = self.limits.kv_ttl_s
-            await self._call("kv_put", None, "SET", name, blob, *(("PX", ttl * 1000) if ttl else ()), key=name)
-            return
-        await self._call("kv_put", None, "ARCA.KVPUT", key, blob)
+        await self._call("kv_put", None, *self._kv_put_command(key, blob), key=self._kv_name(key))
+
+    async def kv_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The blobs under `keys` (the parts of one state) in one pipeline: one round trip
+        instead of one per part. All None when the server is away."""
+        if not keys:
+            return []
+        replies = await self._many("kv_get", [self._kv_name(k) for k in keys],
+                                   [self._kv_get_command(k) for k in keys], bulk=True)
+        return [None] * len(keys) if replies is None else [None if r is None else bytes(r) for r in replies]
+
+    async def kv_put_many(self, items: Sequence[tuple[bytes, bytes]]) -> bool:
+        """Store the blobs in order, in one pipeline; True when the server took every one
+        (stored, or already present: L3 keys are write-once)."""
+        if not items:
+            return True
+        replies = await self._many("kv_put", [self._kv_name(k) for k, _ in items],
+                                   [self._kv_put_command(k, blob) for k, blob in items], bulk=True)
+        return replies is not None
 
     async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]:
         if not keys:
@@ -194,28 +216,36 @@ class RemoteArchive:
         missing = [False] * len(keys)
         if self._redis:
             names = [rm.l3_key(key) for key in keys]
-            found = await self._many("kv_exists", names)
-            return missing if found is None else found
+            found = await self._many("kv_exists", names, [("EXISTS", name) for name in names])
+            return missing if found is None else [bool(n) for n in found]
         return await self._call("kv_exists", missing, "ARCA.KVEXISTS", *keys,
                                 convert=lambda reply: [bool(flag) for flag in reply])
 
-    async def _many(self, operation: str, names: list[bytes]) -> list[bool] | None:
-        """EXISTS of each key (one pipeline on one server; per key on a cluster)."""
+    async def _many(self, operation: str, names: list[bytes], commands: list[tuple[Any, ...]], *,
+                    bulk: bool = False) -> list[Any] | None:
+        """The replies of `commands` on the keys `names` (one pipeline on one server; each master
+        its keys on a cluster); None when a server is away or refused one. A bulk transfer (L3
+        parts of 1 MiB) gets the bulk pool's longer per-reply timeout (node/archive/servers.py)
+        and, as a whole, the answer-path allowance of each command, summed."""
+        if self.kind == "unknown" and not await self.ping():
+            return None
         breakers = {id(b): b for b in (self.servers.breaker_for(name) for name in names)}
         if not all(b.closed for b in breakers.values()):
             return None
+        bound = self.timeout * 2 * (len(commands) if bulk else 1)
         try:
-            found = await asyncio.wait_for(self.servers.exists_each(names), self.timeout * 2)
+            return await asyncio.wait_for(self.servers.each(commands, bulk=bulk), bound)
         except self._reply_error as exc:
             self.counters.error(operation)
             log.warning("archive %s refused %s: %s", self.name, operation, exc)
             return None
         except self._transport_errors as exc:
             self.counters.error(operation)
+            reason = describe_failure(exc)
+            self.servers.report(reason)
             for breaker in breakers.values():
-                breaker.failed(ArchiveUnavailable(describe_failure(exc)))
+                breaker.failed(ArchiveUnavailable(reason))
             return None
-        return found
 
     # -- sessions --------------------------------------------------------------------------
 

@@ -10,7 +10,12 @@ has taken the slots over (failover), the old master's breaker retires and the ke
 new master.
 
 Both answer `breaker_for(key)` (the breaker guarding the server that holds `key`),
-`execute(*command)`, `exists_each(keys)` and `state()`; neither knows the archive's tiers.
+`execute(*command)`, `each(commands)` (one pipeline, one round trip per server) and `state()`;
+neither knows the archive's tiers. `each(..., bulk=True)` is for L3's megabyte transfers: on a
+single server they run on a small pool of their own whose per-reply socket timeout is
+`BULK_TIMEOUT_FACTOR` times the archive timeout, since a 1 MB part whose write waits for the
+server's group commit is not a dead server, and the short answer-path timeout had such writes
+fail (and open the breaker) whenever the host was busy.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from node.archive.breaker import Breaker
 from node.archive.errors import ArchiveUnavailable
 
 log = logging.getLogger(__name__)
+BULK_TIMEOUT_FACTOR = 10
+BULK_CONNECTIONS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,11 @@ class SingleServer(Servers):
             host=address.host, port=address.port, max_connections=max_connections, timeout=timeout,
             retry=Retry(NoBackoff(), 0), **kwargs)
         self.client = redis.Redis(connection_pool=self.pool, retry=Retry(NoBackoff(), 0))
+        bulk_timeout = timeout * BULK_TIMEOUT_FACTOR
+        self.bulk_pool = redis.BlockingConnectionPool(
+            host=address.host, port=address.port, max_connections=BULK_CONNECTIONS, timeout=bulk_timeout,
+            retry=Retry(NoBackoff(), 0), **{**kwargs, "socket_timeout": bulk_timeout})
+        self.bulk_client = redis.Redis(connection_pool=self.bulk_pool, retry=Retry(NoBackoff(), 0))
 
     def breaker_for(self, key: bytes | None) -> Breaker:
         return self.breaker
@@ -144,11 +156,12 @@ class SingleServer(Servers):
     async def execute(self, *command: Any) -> Any:
         return await self.client.execute_command(*command)
 
-    async def exists_each(self, keys: Sequence[bytes]) -> list[bool]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-        return [bool(n) for n in await pipe.execute()]
+    async def each(self, commands: Sequence[Sequence[Any]], *, bulk: bool = False) -> list[Any]:
+        """The replies of `commands`, sent in one pipeline on one connection (in order)."""
+        pipe = (self.bulk_client if bulk else self.client).pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute())
 
     async def raw(self, *command: Any) -> Any:
         """One command without redis-py's reply parsing (COMMAND INFO of an unknown name)."""
@@ -168,6 +181,7 @@ class SingleServer(Servers):
     async def close(self) -> None:
         await self.breaker.stop_watching()
         await self.client.aclose()
+        await self.bulk_client.aclose()
 
 
 class ClusterServers(Servers):
@@ -210,12 +224,12 @@ class ClusterServers(Servers):
     async def execute(self, *command: Any) -> Any:
         return await self.client.execute_command(*command)
 
-    async def exists_each(self, keys: Sequence[bytes]) -> list[bool]:
-        """One pipeline: redis-py sends each master its keys at once, the masters in parallel."""
+    async def each(self, commands: Sequence[Sequence[Any]], *, bulk: bool = False) -> list[Any]:
+        """One pipeline: redis-py sends each master its commands at once, the masters in parallel."""
         pipe = self.client.pipeline()
-        for key in keys:
-            pipe.exists(key)
-        return [bool(n) for n in await pipe.execute()]
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute())
 
     def breakers(self) -> list[Breaker]:
         return [self.breaker, *self._masters.values()]

@@ -2,7 +2,7 @@
 
 KV states are large (megabytes each) and answers small: under one memory budget a few states
 evict thousands of answers. `SplitArchive` sends the L3 operations (kv_get, kv_put,
-kv_exists) to one remote archive and everything else (L1, L4, sessions) to the other, each
+kv_exists, kv_get_many, kv_put_many) to one remote archive and everything else (L1, L4, sessions) to the other, each
 with its own breakers, so either may be down without the other; errors of both are counted
 in one `counters`. `/health` is `degraded` while either is.
 """
@@ -61,6 +61,12 @@ class SplitArchive:
 
     async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]:
         return await self.kv.kv_exists(keys)
+
+    async def kv_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return await self.kv.kv_get_many(keys)
+
+    async def kv_put_many(self, items: Sequence[tuple[bytes, bytes]]) -> bool:
+        return await self.kv.kv_put_many(items)
 
     async def session_get(self, session_id: str) -> bytes | None:
         return await self.main.session_get(session_id)

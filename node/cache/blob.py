@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Sequence, Union
 
 import zstandard
 
@@ -36,6 +36,7 @@ HEADER_BYTES = _FIELDS.size + _CHECKSUM.size
 # A state larger than this is certainly a damaged header (a 128k-token f16 context of a 70B
 # model is still well under it).
 MAX_STATE_BYTES = 64 << 30
+Buffer = Union[bytes, memoryview]
 
 
 class BlobError(ValueError):
@@ -102,15 +103,23 @@ def _parse_header(header: bytes, expected_key: bytes | None) -> _Header:
     return _Header(flags, n_tokens, raw_len, payload_len, key, checksum, fields)
 
 
-def _finish(head: _Header, payload: bytes) -> StateBlob:
-    if len(payload) != head.payload_len:
-        raise BlobError(f"truncated payload ({len(payload)} of {head.payload_len} bytes)")
-    if zlib.crc32(payload, zlib.crc32(head.fields)) != head.checksum:
+def _finish(head: _Header, pieces: Sequence[Buffer]) -> StateBlob:
+    """Verify the payload held in `pieces` (one buffer, or an archived state's parts in order)
+    and unpack it; the checksum runs over the pieces in place, and the state is assembled
+    once (a join of the pieces, or the zstd frame's output)."""
+    size = sum(len(piece) for piece in pieces)
+    if size != head.payload_len:
+        raise BlobError(f"truncated payload ({size} of {head.payload_len} bytes)")
+    checksum = zlib.crc32(head.fields)
+    for piece in pieces:
+        checksum = zlib.crc32(piece, checksum)
+    if checksum != head.checksum:
         raise BlobError("checksum mismatch")
-    state = payload
+    whole = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
+    state = whole
     if head.flags & FLAG_ZSTD:
         try:
-            state = zstandard.ZstdDecompressor().decompress(payload, max_output_size=head.raw_len)
+            state = zstandard.ZstdDecompressor().decompress(whole, max_output_size=head.raw_len)
         except zstandard.ZstdError as exc:
             raise BlobError(f"zstd frame does not decode: {exc}") from None
     if len(state) != head.raw_len:
@@ -119,11 +128,22 @@ def _finish(head: _Header, payload: bytes) -> StateBlob:
 
 
 def decode(blob: bytes, expected_key: bytes | None = None) -> StateBlob:
-    """Verify and unpack a blob held in memory (as fetched from ARCA)."""
-    head = _parse_header(blob[:HEADER_BYTES], expected_key)
-    if len(blob) != HEADER_BYTES + head.payload_len:
-        raise BlobError(f"blob is {len(blob)} bytes, header says {HEADER_BYTES + head.payload_len}")
-    return _finish(head, blob[HEADER_BYTES:])
+    """Verify and unpack a blob held in memory."""
+    return decode_parts([blob], expected_key)
+
+
+def decode_parts(parts: Sequence[Buffer], expected_key: bytes | None = None) -> StateBlob:
+    """Verify and unpack a blob held in several buffers back to back (the parts of a state
+    fetched from ARCA), without first joining them into one: that join and the payload's slice
+    were two copies of the whole state, tens of ms for a 2,500-token state on a busy host."""
+    views = [memoryview(part) for part in parts if len(part)]
+    if not views or len(views[0]) < HEADER_BYTES:
+        views = [memoryview(b"".join(views))]
+    head = _parse_header(bytes(views[0][:HEADER_BYTES]), expected_key)
+    size = sum(len(view) for view in views)
+    if size != HEADER_BYTES + head.payload_len:
+        raise BlobError(f"blob is {size} bytes, header says {HEADER_BYTES + head.payload_len}")
+    return _finish(head, [views[0][HEADER_BYTES:], *views[1:]])
 
 
 def read(stream: BinaryIO, expected_key: bytes | None = None) -> StateBlob:
@@ -132,5 +152,5 @@ def read(stream: BinaryIO, expected_key: bytes | None = None) -> StateBlob:
     payload = stream.read(head.payload_len)
     if stream.read(1):
         raise BlobError("trailing bytes after payload")
-    return _finish(head, payload)
+    return _finish(head, [payload])
 

@@ -1,22 +1,25 @@
 """The fleet tier (ARCA L3): saved states shared by every node that talks to one archive.
 
 Before a request reaches the engine, `await prefetch(prompt_tokens)` preloads the local disk
-tier into RAM and asks the archive which
-of the prompt's boundaries it holds (one ARCA.KVEXISTS for the whole chain), fetches the
-longest one that beats what this node already holds (ARCA.KVGET), verifies it and adopts it
-into the local RAM and disk tiers; the engine's lookup then finds it without touching the
-network. After a prefill, states this node newly stored are pushed (ARCA.KVPUT) off the
-request path, with a bounded number in flight. The archive client never raises on a down
-ARCA (contract 5), and every failure here is caught and counted: a down ARCA only costs the
-speed-up.
+tier into RAM and asks the archive which of the prompt's boundaries it holds (one
+ARCA.KVEXISTS for the whole chain), fetches the longest one that beats what this node already
+holds, verifies it and adopts it into the local RAM and disk tiers; the engine's lookup then
+finds it without touching the network. After a prefill, states this node newly stored are
+pushed off the request path: `max_pushes_in_flight` at once, up to `max_pushes_waiting` more
+queued (beyond that dropped, counted), each tried `push_attempts` times. `flush(timeout_s)`
+pushes everything stored so far (a node's graceful stop). The archive client never raises
+on a down ARCA (contract 5), and every failure here is caught and counted: a down ARCA only
+costs the speed-up.
 
 Blobs travel in the disk format (node/cache/blob.py), so a node verifies what it fetches.
-A state of several MB is split into parts of `part_bytes` (1 MiB): each ARCA command then
-stays within the archive client's short timeout (a 14 MB KVPUT takes ~350 ms against a
-200 ms timeout; a 1 MB part ~25 ms), and no command monopolises the daemon. Part 0 lives
-under the hex of the chained block hash and starts with b"RKVP" and the part count; part i
-under "<hex>.<i>". Parts are pushed last to first, so a present part 0 means all parts were
-written; a part evicted since is a miss, and the reassembled blob is verified as a whole.
+A state of several MB is split into parts of `part_bytes` (1 MiB), so no command monopolises
+the daemon. Part 0 lives under the hex of the chained block hash and starts with b"RKVP" and
+the part count; part i under "<hex>.<i>". A fetch reads part 0, then all other parts in one
+pipelined round trip (`kv_get_many`), and verifies them in place (`blob.decode_parts`: the
+checksum over the parts, one copy into the state). A push writes parts 1.. in one pipeline,
+then part 0, so a present part 0 means all parts were written; a part evicted since is a
+miss, and the reassembled blob is verified as a whole. Stage times are counted
+(`fleet_fetch_seconds`, `fleet_verify_seconds`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import logging
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -38,8 +42,8 @@ log = logging.getLogger(__name__)
 class KvArchive(Protocol):
     """The part of node/archive/client.py's ArchiveClient this tier uses."""
 
-    async def kv_get(self, key: bytes) -> bytes | None: ...
-    async def kv_put(self, key: bytes, blob: bytes) -> None: ...
+    async def kv_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+    async def kv_put_many(self, items: Sequence[tuple[bytes, bytes]]) -> bool: ...
     async def kv_exists(self, keys: Sequence[bytes]) -> list[bool]: ...
 
 
@@ -49,7 +53,9 @@ class FleetConfig:
     fetch: bool = True  # fetch missing prefixes from the archive before prefill
     min_push_tokens: int = 0  # states shorter than this are not worth a network round trip
     max_blob_bytes: int = 256 * MB  # larger states stay local
-    max_pushes_in_flight: int = 4  # beyond it, new pushes are dropped (counted)
+    max_pushes_in_flight: int = 4  # pushes sending at once; more wait their turn
+    max_pushes_waiting: int = 16  # beyond it, new pushes are dropped (counted)
+    push_attempts: int = 3  # a push that failed (a busy or restarting archive) is tried again
     part_bytes: int = 1 << 20  # ARCA value size per part of a state
 
 
@@ -87,6 +93,7 @@ class FleetTier:
         self.config = config
         self._loop = asyncio.get_running_loop()
         self._pushes: set[asyncio.Task[None]] = set()
+        self._sending = asyncio.Semaphore(config.max_pushes_in_flight)
         self._offered = 0  # handed over by the writer thread, not yet started on the loop
         self._offered_lock = threading.Lock()
         self._closed = False
@@ -114,11 +121,14 @@ class FleetTier:
             if best is None:
                 metrics.add(fleet_misses=1)
                 return 0
-            data = await self._fetch(best.key)
-            if data is None:
+            started = time.perf_counter()
+            parts = await self._fetch(best.key)
+            if parts is None:
                 metrics.add(fleet_misses=1)
                 return 0
-            entry = await asyncio.to_thread(blob.decode, data, best.key)
+            fetched = time.perf_counter()
+            entry = await asyncio.to_thread(blob.decode_parts, parts, best.key)
+            metrics.add(fleet_fetch_seconds=fetched - started, fleet_verify_seconds=time.perf_counter() - fetched)
         except BlobError as exc:
             log.warning("prefix cache: archive returned a damaged state: %s", exc)
             metrics.add(fleet_errors=1)
@@ -131,7 +141,7 @@ class FleetTier:
             metrics.add(fleet_errors=1)
             return 0
         self.cache.adopt(best.key, entry, publish=False)
-        metrics.add(fleet_hits=1, fleet_bytes_fetched=len(data))
+        metrics.add(fleet_hits=1, fleet_bytes_fetched=sum(len(part) for part in parts))
         return entry.n_tokens
 
     async def prefetch_within(self, prompt_tokens: Sequence[int], timeout_s: float) -> int:
@@ -144,16 +154,18 @@ class FleetTier:
             log.info("prefix cache: prefetch gave up after %.2f s", timeout_s)
             return 0
 
-    async def _fetch(self, key: bytes) -> bytes | None:
-        first = await self.archive.kv_get(archive_key(key))
+    async def _fetch(self, key: bytes) -> list[memoryview | bytes] | None:
+        """The state's parts as fetched (the blob, back to back): part 0, then every other part
+        in one pipelined round trip (a request per part, each with its own deadline, once queued
+        behind each other on the connections and the server and timed out under load)."""
+        (first,) = await self.archive.kv_get_many([archive_key(key)])
         if first is None:
             return None
         count = part_count(first, self.config.max_blob_bytes // self.config.part_bytes + 1)
-        rest = await asyncio.gather(*(self.archive.kv_get(archive_key(key, i)) for i in range(1, count)))
-        parts = [part for part in rest if part is not None]
-        if len(parts) < len(rest):
+        rest = await self.archive.kv_get_many([archive_key(key, i) for i in range(1, count)])
+        if any(part is None for part in rest):
             return None
-        return b"".join([first[_PART_HEADER.size :], *parts])
+        return [memoryview(first)[_PART_HEADER.size :], *(part for part in rest if part is not None)]
 
     async def drain(self) -> None:
         """Wait for the pushes offered so far to finish (tests, shutdown)."""
@@ -163,9 +175,29 @@ class FleetTier:
             else:
                 await asyncio.sleep(0.001)
 
+    async def flush(self, timeout_s: float) -> bool:
+        """Share every state stored so far: wait for the cache's writer to hand over what it
+        still holds, then for the pushes. False when `timeout_s` ran out first."""
+        loop = self._loop
+        deadline = loop.time() + timeout_s
+        written = await asyncio.to_thread(self.cache.flush, timeout_s)
+        try:
+            await asyncio.wait_for(self.drain(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return False
+        return written
+
+    @property
+    def pending(self) -> int:
+        """States handed over or pushing now."""
+        return self._offered + len(self._pushes)
+
     async def close(self) -> None:
+        """No new pushes; those still running are cancelled (flush first to keep them)."""
         self._closed = True
-        await self.drain()
+        for task in list(self._pushes):
+            task.cancel()
+        await asyncio.gather(*list(self._pushes), return_exceptions=True)
 
     # Called on the cache's writer thread.
     def _offer(self, key: bytes, n_tokens: int, header: bytes, payload: bytes) -> None:
@@ -184,7 +216,7 @@ class FleetTier:
     def _start_push(self, key: bytes, data: bytes) -> None:
         with self._offered_lock:
             self._offered -= 1
-        if len(self._pushes) >= self.config.max_pushes_in_flight:
+        if self._closed or len(self._pushes) >= self.config.max_pushes_in_flight + self.config.max_pushes_waiting:
             self.cache.metrics.add(fleet_pushes_dropped=1)
             return
         task = self._loop.create_task(self._push(key, data))
@@ -192,12 +224,21 @@ class FleetTier:
         task.add_done_callback(self._pushes.discard)
 
     async def _push(self, key: bytes, data: bytes) -> None:
+        """Parts 1.. in one pipeline, then part 0 (so a present part 0 means a whole state);
+        tried again after a failure, with a pause in which a breaker the failure opened can
+        close again."""
         parts = split_parts(data, self.config.part_bytes)
-        try:
-            for index in reversed(range(len(parts))):
-                await self.archive.kv_put(archive_key(key, index), parts[index])
-        except Exception:
-            log.warning("prefix cache: archive push failed", exc_info=True)
-            self.cache.metrics.add(fleet_errors=1)
-            return
-        self.cache.metrics.add(fleet_pushes=1, fleet_bytes_pushed=len(data))
+        rest = [(archive_key(key, index), parts[index]) for index in range(1, len(parts))]
+        async with self._sending:
+            for attempt in range(max(1, self.config.push_attempts)):
+                if attempt:
+                    await asyncio.sleep(0.5 * attempt)
+                try:
+                    if await self.archive.kv_put_many(rest) and \
+                            await self.archive.kv_put_many([(archive_key(key), parts[0])]):
+                        self.cache.metrics.add(fleet_pushes=1, fleet_bytes_pushed=len(data))
+                        return
+                except Exception:
+                    log.warning("prefix cache: archive push failed", exc_info=True)
+        log.warning("prefix cache: a state of %d bytes was not pushed to the archive", len(data))
+        self.cache.metrics.add(fleet_errors=1)

@@ -24,6 +24,8 @@ class CacheCounters:
     fleet_errors: int = 0
     fleet_timeouts: int = 0  # prefetches given up (the request prefilled instead)
     fleet_bytes_fetched: int = 0
+    fleet_fetch_seconds: float = 0.0  # fetching fleet states' parts from the archive
+    fleet_verify_seconds: float = 0.0  # verifying and assembling them
     fleet_pushes: int = 0
     fleet_bytes_pushed: int = 0
     fleet_pushes_dropped: int = 0

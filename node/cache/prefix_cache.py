@@ -6,7 +6,7 @@ boundaries longest first, RAM then disk; the ARCA tier (node/cache/fleet.py) is 
 RAM before the request reaches the engine, so the engine thread never waits on the network,
 and `preload` moves a disk-only prefix into RAM at the same moment, off the engine thread.
 `store` only puts the state in RAM and enqueues it; a writer thread the cache owns encodes
-it, publishes it on disk and offers it to the fleet pusher.
+it, offers it to the fleet pusher, then publishes it on disk.
 
 What is stored (each boundary at most once, never rewritten), for a prompt P:
   - the last boundary of P, so a conversation that extends P (the next turn) restores all
@@ -210,6 +210,12 @@ class PrefixCache:
                 return boundary.n_tokens
         return 0
 
+    @property
+    def pending(self) -> int:
+        """States queued for the writer (disk, fleet) and not written yet."""
+        with self._lock:
+            return len(self._pending)
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until queued states are written; False on timeout."""
         deadline = time.monotonic() + timeout
@@ -277,9 +283,9 @@ class PrefixCache:
     def _write(self, key: bytes, entry: StateBlob, publish: bool) -> None:
         level = self.config.zstd_level if self.config.compress else None
         header, payload = blob.encode_parts(key, entry.n_tokens, entry.state, zstd_level=level)
+        if publish:  # the fleet first: another node may be about to ask for this prefix
+            for sink in self._sinks:
+                sink(key, entry.n_tokens, header, payload)
         if self.disk is not None:
             written = self.disk.put(key, header, payload)
             self.metrics.add(bytes_stored_disk=written)
-        if publish:
-            for sink in self._sinks:
-                sink(key, entry.n_tokens, header, payload)

@@ -333,8 +333,12 @@ class LlamaContext:
         return bytes(memoryview(buf)[:written])
 
     def state_set(self, seq: int, state: bytes) -> bool:
-        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        return ll.llama_state_seq_set_data(self._ptr, buf, len(state), seq) > 0
+        # llama.cpp reads the bytes object's own buffer (it only reads, and `state` outlives the
+        # call): a copy into a ctypes array first cost as much as the restore itself.
+        if not isinstance(state, bytes):
+            state = bytes(state)
+        src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        return ll.llama_state_seq_set_data(self._ptr, src, len(state), seq) > 0
 
     def close(self) -> None:
         if self._ptr:

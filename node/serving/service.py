@@ -360,6 +360,11 @@ class CompletionService:
         await write
         self.metrics.archive_latency.labels(operation).observe(time.perf_counter() - started)
 
+    @property
+    def pending_writes(self) -> int:
+        """Archive writes (L1 answers, L4 observations) not finished yet."""
+        return len(self._writes)
+
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait (bounded) for pending archive writes; used at shutdown and by tests."""
         if self._writes:

@@ -101,6 +101,24 @@ def test_damaged_blobs_never_verify(level, damage):
         blob.decode(data, KEY)
     with pytest.raises(BlobError):
         blob.read(io.BytesIO(data), KEY)
+    with pytest.raises(BlobError):  # the same bytes as an archived state's parts
+        blob.decode_parts(_parts(data, 1000), KEY)
+
+
+def _parts(data: bytes, size: int) -> list:
+    return [memoryview(data)[i : i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("level", [None, 1])
+@pytest.mark.parametrize("size", [7, 1000, blob.HEADER_BYTES, 1 << 20])
+def test_blob_decodes_from_parts_in_place(level, size):
+    """A blob fetched as parts (some shorter than the header) verifies without being joined
+    first, and a damaged byte in any part fails it."""
+    data = blob.encode(KEY, 64, STATE, zstd_level=level)
+    assert blob.decode_parts(_parts(data, size), KEY) == blob.StateBlob(64, STATE)
+    for index in (5, len(data) // 2, len(data) - 1):
+        with pytest.raises(BlobError):
+            blob.decode_parts(_parts(_flip(data, index), size), KEY)
 
 
 def test_blob_under_another_key_is_rejected():
