@@ -58,7 +58,9 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     serve.add_argument("--serve", action="store_true", help="serve the OpenAI-compatible API")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8080)")
-    serve.add_argument("--api-key", help="require this bearer key on every route but /health")
+    serve.add_argument("--api-key", help="require this bearer key on every route (/health: status only without it)")
+    serve.add_argument("--api-keys", metavar="KEY,KEY", help="more bearer keys, comma-separated; each key is a "
+                       "tenant of its own (cached answers and prefix states are not shared between keys)")
     serve.add_argument("--arca", metavar="URL", help="shared archive: host:port, redis://, rediss://, "
                        "redis+cluster://... (default: embedded)")
     return parser
@@ -82,6 +84,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         "server.host": args.host,
         "server.port": args.port,
         "server.api_key": args.api_key,
+        "server.api_keys": args.api_keys,
         "arca.remote": args.arca,
     }
     return load_settings(args.config, flags)

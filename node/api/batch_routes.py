@@ -19,7 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from node.api.cache_routes import client_of
 from node.api.routes import json_response, read_json
-from node.api.state import STATE
+from node.api.state import STATE, tenant_of
 from node.batches.errors import BatchConflict
 from node.batches.lines import ENDPOINTS
 from node.batches.runner import BatchRunner
@@ -183,7 +183,7 @@ async def create_batch(request: web.Request) -> web.Response:
         raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="input_file_id")
     if record.purpose != "batch":
         raise InvalidRequest(f"The file '{file_id}' was not uploaded with purpose 'batch'", param="input_file_id")
-    batch = await store.call(store.create_batch, file_id, endpoint, window, metadata)
+    batch = await store.call(store.create_batch, file_id, endpoint, window, metadata, tenant_of(request))
     runner.wake()
     return json_response(batch.to_object())
 

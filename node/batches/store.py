@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS batches (
     completed_at INTEGER, failed_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
     expires_at INTEGER, metadata TEXT, errors TEXT, total INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-    output_file_id TEXT, error_file_id TEXT);
+    output_file_id TEXT, error_file_id TEXT, tenant TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS lines (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL,
     body BLOB NOT NULL, done INTEGER NOT NULL DEFAULT 0, ok INTEGER, result BLOB,
@@ -166,6 +166,8 @@ class BatchStore:
         db.executescript(SCHEMA)
         if "owner" not in {row[1] for row in db.execute("PRAGMA table_info(files)")}:  # a store of an older node
             db.execute("ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+        if "tenant" not in {row[1] for row in db.execute("PRAGMA table_info(batches)")}:
+            db.execute("ALTER TABLE batches ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
         self._db = db
         self._results = int(db.execute("SELECT COALESCE(SUM(LENGTH(result)), 0) FROM lines WHERE done = 1")
                             .fetchone()[0])
@@ -262,14 +264,16 @@ class BatchStore:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None) -> BatchRecord:
+    def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None,
+                     tenant: str = "") -> BatchRecord:
+        """`tenant`: whose key created it (node/serving/tenants.py): its lines use that tenant's caches."""
         now = int(time.time())
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
         self.db.execute(
             "INSERT INTO batches (id, input_file_id, endpoint, completion_window, status, created_at, expires_at, "
-            "metadata) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
+            "metadata, tenant) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
             (batch_id, input_file_id, endpoint, window, now, now + WINDOW_S,
-             orjson.dumps(metadata).decode() if metadata is not None else None))
+             orjson.dumps(metadata).decode() if metadata is not None else None, tenant))
         return self._batch(batch_id)
 
     def get_batch(self, batch_id: str) -> BatchRecord | None:

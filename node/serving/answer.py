@@ -53,7 +53,8 @@ class Answer:
                 self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
             misses = [job for job, stored in zip(jobs, self._stored) if stored is None]
             await asyncio.gather(*(self.service.prepare(job, self.plan.options.output) for job in misses[:1]))
-            await asyncio.gather(*(self.service.prefetch(job.prompt_tokens) for job in misses))
+            await asyncio.gather(*(self.service.prefetch(job.prompt_tokens, job.request.cache_scope)
+                                   for job in misses))
             for number, (job, stored) in enumerate(zip(jobs, self._stored)):
                 if stored is not None:
                     self._handles.append([])
