@@ -160,3 +160,16 @@ def test_every_key_is_documented():
     doc = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
     for opt in OPTIONS:
         assert f"| `{opt.key}` |" in doc and f"`{opt.env}`" in doc, opt.name
+
+
+def test_api_keys_add_to_the_single_key_from_file_env_and_flag(tmp_path):
+    env = {"REAME_HOME": str(tmp_path)}
+    settings = load_settings(write(tmp_path, "[server]\napi_key = one\napi_keys = two, three,,one\n"), {}, env=env)
+    assert settings.server.api_key == "one" and settings.server.keys == ("one", "two", "three")
+    assert load_settings(None, {}, env={**env, "REAME_SERVER_API_KEYS": "x,y"}).server.keys == ("x", "y")
+    assert load_settings(None, {}, env=env).server.keys == ()  # no key: one open tenant
+
+    from node.commands import build_parser, settings_from_args
+
+    args = build_parser("reame", model_positional=False).parse_args(["--serve", "--api-keys", "p,q", "--api-key", "k"])
+    assert settings_from_args(args).server.keys == ("k", "p", "q")
