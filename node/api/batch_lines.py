@@ -2,7 +2,9 @@
 
 `ApiLines` is the Batch API's `LineExecutor` (node/batches/lines.py). `check` parses a line's
 body with the endpoint's own parser (node/api/schemas.py) and checks its model, so a line is
-refused before the batch starts for exactly what the endpoint would refuse. `run` plans it
+refused before the batch starts for exactly what the endpoint would refuse. `run` waits
+for its turn while live requests are answered (node/serving/live_first.py: the line's parsing,
+planning, L1 replay and shaping run on the event loop, outside the engine's classes), plans it
 at batch priority (node/engine/types.py: interactive requests are admitted first), for the
 tenant whose key created the batch (its L1 answers and prefix states, node/serving/tenants.py), and
 collects the answer through the service, so L1, the prefix cache and speculation apply as
@@ -62,6 +64,7 @@ class ApiLines:
 
     async def run(self, url: str, body: bytes, tenant: str = OPEN) -> LineResult:
         state = self.state
+        await state.service.live_first.batch_turn()  # live requests first: see node/serving/live_first.py
         try:
             req = self.parse(url, orjson.loads(body))
             plan = await make_plan(partial(self.plan, tenant=tenant), req, len(body))

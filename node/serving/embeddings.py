@@ -160,6 +160,7 @@ class Embeddings:
         info = service.engine.embedding_info
         unique = list(dict.fromkeys(tokens))
         service.ledger.enter()
+        service.live_first.enter()  # a live request: batch lines wait for their turn meanwhile
         try:
             keys = [embedding_key(service.model.fingerprint, info.pooling, t, tenant) for t in unique] \
                 if service.options.l1_enabled else []
@@ -182,6 +183,7 @@ class Embeddings:
             rows = normalised(np.stack([vectors[t] for t in tokens]), dimensions)
         finally:
             service.ledger.leave()
+            service.live_first.leave()
         missed = set(misses)
         hit = [t not in missed for t in tokens]
         cached_tokens = sum(len(t) for t, h in zip(tokens, hit) if h)

@@ -65,6 +65,7 @@ from node.serving.grammar_workers import GrammarWorkers
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UnsupportedFeature
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 from node.serving.ledger import Ledger
+from node.serving.live_first import BATCH_INTERVAL_S, LiveFirst
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.plan import COMPLETED, Job, Plan
@@ -89,6 +90,7 @@ class ServiceOptions:
     max_pending_writes: int = 256
     prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
     max_queue_wait_s: float = 0.0  # a live request waiting longer for a slot is a 503 (0: no bound)
+    batch_interval_s: float = BATCH_INTERVAL_S  # while live requests are answered, one batch line per this
     conclave: ConclavePolicy = field(default_factory=ConclavePolicy)
     embeddings: EmbeddingLimits = field(default_factory=EmbeddingLimits)
 
@@ -112,6 +114,7 @@ class CompletionService:
         self.embeddings = Embeddings(self, options.embeddings)
         self.grammar_workers = GrammarWorkers()  # schema checks and grammar compiles, off the loop
         self.verified = structure.Verified()
+        self.live_first = LiveFirst(options.batch_interval_s)  # batch lines' loop work waits for live requests
 
     # ---- structure --------------------------------------------------------------------
 
