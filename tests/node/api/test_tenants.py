@@ -87,7 +87,7 @@ def test_every_api_scopes_its_hits_by_key(node, fake):
     assert len(fake.submitted) == before + 1  # B's is not
 
 
-def test_a_batch_uses_the_caches_of_the_key_that_created_it(node, fake):
+def test_a_batch_is_its_creators_and_uses_its_caches(node, fake):
     client = openai.OpenAI(base_url=f"{node.url}/v1", api_key=KEY_B, max_retries=0, timeout=60)
     line = b'{"custom_id": "one", "method": "POST", "url": "/v1/chat/completions", "body": ' \
            b'{"model": "fake", "messages": [{"role": "user", "content": "a batch of B"}], "max_tokens": 40, ' \
@@ -102,6 +102,23 @@ def test_a_batch_uses_the_caches_of_the_key_that_created_it(node, fake):
     node.call(node.state.service.drain())
     assert chat(node, "a batch of B", A)[0] == "miss"
     assert chat(node, "a batch of B", B)[0] == "hit"  # the batch's answer is B's
+
+    # B's files and batches are B's: absent from A's lists, 404 to A by id
+    output = client.batches.retrieve(batch.id).output_file_id
+    assert output and client.files.content(output).content
+    listed = {(path, item["id"]) for path in ("files", "batches")
+              for item in http_json("GET", f"{node.url}/v1/{path}", headers=B)[2]["data"]}
+    assert {("files", uploaded.id), ("files", output), ("batches", batch.id)} <= listed
+    for path in ("files", "batches"):
+        assert http_json("GET", f"{node.url}/v1/{path}", headers=A)[2]["data"] == []
+    for method, path in (("GET", f"/v1/files/{uploaded.id}"), ("GET", f"/v1/files/{output}/content"),
+                         ("DELETE", f"/v1/files/{output}"), ("GET", f"/v1/batches/{batch.id}"),
+                         ("POST", f"/v1/batches/{batch.id}/cancel")):
+        assert http_json(method, f"{node.url}{path}", headers=A)[0] == 404, (method, path)
+    status, _, _ = http_json("POST", f"{node.url}/v1/batches", {
+        "input_file_id": uploaded.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}, A)
+    assert status == 404
+    assert client.files.retrieve(output).id == output  # still there for B
 
 
 def test_health_says_only_its_status_without_the_key(node):
