@@ -155,3 +155,28 @@ def test_a_tenant_id_does_not_reveal_its_key():
     assert len(keys.entries) == 2
     assert keys.tenant_of(KEY_B.encode()) == ids[1] and keys.tenant_of(b"tenant-key-") is None
     assert not ApiKeys.of([])
+
+
+def test_a_second_node_on_the_same_archive_keeps_the_keys_apart(tmp_path):
+    """Two nodes with the same keys sharing one archive: what node 1 cached under A is node 2's
+    hit under A and its miss under B (the L1 key carries the key's tenant id, the same on every node)."""
+    import asyncio
+
+    from arca.archive import ArchiveConfig
+    from node.archive.client import EmbeddedArchive
+
+    shared = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=10**7, corpus_max_bytes=10**7,
+                                           kv_max_bytes=10**7))
+    engines = [FakeEngine(tmp_path / "fake.gguf"), FakeEngine(tmp_path / "fake.gguf")]
+    keys = {"arca.observe": False, "server.api_keys": f"{KEY_A},{KEY_B}"}
+    try:
+        with LiveNode(node_settings(engines[0].config.model_path, tmp_path / "one", **keys), engine=engines[0],
+                      archive=shared) as first, \
+             LiveNode(node_settings(engines[1].config.model_path, tmp_path / "two", **keys), engine=engines[1],
+                      archive=shared) as second:
+            assert chat(first, "asked on node one", A)[0] == "miss"
+            assert chat(second, "asked on node one", A)[0] == "hit"
+            assert chat(second, "asked on node one", B)[0] == "miss"
+            assert chat(first, "asked on node one", B)[0] == "hit"  # B's answer, from node two
+    finally:
+        asyncio.run(shared.close())
