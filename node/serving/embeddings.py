@@ -10,8 +10,8 @@ a plain projection onto the first components), from 1 to the model's width.
 
 Each distinct input is looked up in the archive under its own L1 key, apart from the
 completions' keys (`reame:emb:` + sha256 over the model's content fingerprint, the pooling,
-the tenant (node/serving/tenants.py) and the input's token ids), so an input seen before, alone or inside any other request,
-costs no compute. The record is the pooled vector before normalisation (little-endian float32
+the tenant (node/serving/tenants.py) and the input's token ids), so an input the same key sent
+before, alone or inside any other request, costs no compute. The record is the pooled vector before normalisation (little-endian float32
 with a magic, a version, a length and a CRC); a record that does not verify is a miss. The
 misses go to the engine in one submit (batched there, node/engine/embedder.py) and are
 written back in one background task after the answer. Limits, each a 400 naming the input:
