@@ -58,7 +58,9 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     serve.add_argument("--serve", action="store_true", help="serve the OpenAI-compatible API")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8080)")
-    serve.add_argument("--api-key", help="require this bearer key on every route but /health")
+    serve.add_argument("--api-key", help="require this bearer key on every route (/health: status only without it)")
+    serve.add_argument("--api-keys", metavar="KEY,KEY", help="more bearer keys, comma-separated; each key is a "
+                       "tenant of its own (cached answers and prefix states are not shared between keys)")
     serve.add_argument("--arca", metavar="URL", help="shared archive: host:port, redis://, rediss://, "
                        "redis+cluster://... (default: embedded)")
     return parser
@@ -82,6 +84,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         "server.host": args.host,
         "server.port": args.port,
         "server.api_key": args.api_key,
+        "server.api_keys": args.api_keys,
         "arca.remote": args.arca,
     }
     return load_settings(args.config, flags)
@@ -194,6 +197,9 @@ def cmd_warm(argv: Sequence[str]) -> int:
                         help="how later requests carry the document: " +
                         "; ".join(f"{name}: {doc}" for name, doc in WARM_AS.items()) + " (default: system)")
     parser.add_argument("--arca", metavar="URL", help="also push the states to this archive's L3 (host:port or a URL)")
+    parser.add_argument("--api-key", metavar="KEY", help="warm for the requests that carry this key only (each "
+                        "key is a tenant with prefix states of its own; default: every key of the config's "
+                        "[server] api_key and api_keys, or the one keyless tenant when it has none)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
     parser.add_argument("--extra-buffers", choices=("auto", "on", "off"),
                         help="llama.cpp's AMX and repacked-weight kernels (default auto: a probe decides)")
@@ -215,7 +221,8 @@ def cmd_warm(argv: Sequence[str]) -> int:
 
     engine = load_engine(settings)
     try:
-        return asyncio.run(warm_documents(engine, settings, documents, args.form))
+        return asyncio.run(warm_documents(engine, settings, documents, args.form,
+                                          warm_tenants(settings, args.api_key)))
     finally:
         engine.close()
         cache = engine.config.prefix_cache
@@ -223,7 +230,16 @@ def cmd_warm(argv: Sequence[str]) -> int:
             cache.close()
 
 
-async def warm_documents(engine: Engine, settings: NodeSettings, documents: list[tuple[Path, str]], form: str) -> int:
+def warm_tenants(settings: NodeSettings, api_key: str | None) -> tuple[str, ...]:
+    """The tenants `reame warm` prefills for: the key's, else every configured key's, else the keyless one."""
+    from node.serving.tenants import OPEN, tenant_id
+
+    keys = (api_key,) if api_key else settings.server.keys
+    return tuple(tenant_id(key) for key in keys) or (OPEN,)
+
+
+async def warm_documents(engine: Engine, settings: NodeSettings, documents: list[tuple[Path, str]], form: str,
+                         tenants: Sequence[str] = ("",)) -> int:
     import asyncio
 
     from node.archive.client import open_archive
@@ -249,9 +265,12 @@ async def warm_documents(engine: Engine, settings: NodeSettings, documents: list
                 tokens = tuple(engine.tokenize(text, add_bos=True, special=True))
             else:
                 tokens = rendered_tokens(engine, shared_prefix(template, [{"role": form, "content": text}]))
-            result = await warm(lambda request: engine.submit(request, loop), cache, tokens, fleet=fleet)
-            print(f"{path}: {result.tokens} tokens, {result.cached_tokens} were cached, "
-                  f"{result.stored_tokens} stored, {result.seconds:.2f} s", flush=True)
+            for number, tenant in enumerate(tenants, 1):
+                result = await warm(lambda request: engine.submit(request, loop), cache, tokens, fleet=fleet,
+                                    scope=tenant)
+                which = f" (key {number} of {len(tenants)})" if len(tenants) > 1 else ""
+                print(f"{path}{which}: {result.tokens} tokens, {result.cached_tokens} were cached, "
+                      f"{result.stored_tokens} stored, {result.seconds:.2f} s", flush=True)
         await asyncio.to_thread(cache.flush)
         if fleet is not None and archive is not None:
             await fleet.drain()

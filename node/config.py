@@ -67,7 +67,11 @@ OPTIONS: tuple[Option, ...] = (
     _opt("server", "max_request_size_mb", int, 8, "Largest request body accepted, in MB (413 above)."),
     _opt("server", "enable_cors", bool, False, "Send CORS headers (browsers on other origins)."),
     _opt("server", "enable_metrics", bool, True, "Serve Prometheus metrics on /metrics."),
-    _opt("server", "api_key", str, "", "Bearer key required on every route but /health; empty = none."),
+    _opt("server", "api_key", str, "",
+         "Bearer key required on every route (/health shows only its status without it); empty = none."),
+    _opt("server", "api_keys", str, "",
+         "More bearer keys, comma-separated, each accepted like api_key; each key is a tenant of its own: "
+         "cached answers and prefix states are not shared between keys (docs/API.md)."),
     _opt("server", "model_id", str, "", "Model name reported by /v1/models; empty = the alias."),
     _opt("server", "parallel", int, 0, "Sequences decoded together in one batch; 0 = auto (4)."),
     _opt("speculative", "enabled", bool, True,
@@ -166,6 +170,7 @@ class ServerSettings:
     host: str
     port: int
     api_key: str | None
+    api_keys: tuple[str, ...]
     parallel: int
     max_queue: int
     max_queue_wait_s: float
@@ -177,6 +182,11 @@ class ServerSettings:
     enable_cors: bool
     enable_metrics: bool
     model_id: str | None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key a request may present: api_key, then api_keys (none: the node is open)."""
+        return tuple(dict.fromkeys(key for key in ((self.api_key or ""), *self.api_keys) if key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +429,8 @@ def load_settings(config_file: Path | None, flags: Mapping[str, Any] | None = No
         model=ModelSettings(**section("model")),
         memory=MemorySettings(**section("memory")),
         server=ServerSettings(**{**server, "api_key": optional(server["api_key"]),
+                                 "api_keys": tuple(key.strip() for key in server["api_keys"].split(",")
+                                                   if key.strip()),
                                  "model_id": optional(server["model_id"])}),
         arca=ArcaSettings(**{**arca, "remote": optional(arca["remote"]), "kv_remote": optional(arca["kv_remote"]),
                              "password": optional(arca["password"]),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 from typing import AsyncIterator
 
 from aiohttp import web
@@ -28,7 +29,7 @@ from node.api.anthropic_schemas import parse_messages_body
 from node.api.errors import ErrorReply
 from node.api.routes import answering, check_model, json_response, make_plan, read_json
 from node.api.sse import named_frame, stream_frames
-from node.api.state import STATE
+from node.api.state import STATE, tenant_of
 from node.api.turn_items import CallArguments, CallStart, Item, Text, Turn, TurnEnd, turn_items
 from node.serving.plan import Plan
 from node.serving.requests import ChatRequest
@@ -140,7 +141,7 @@ async def plan_messages(request: web.Request, *, count_only: bool = False) -> tu
     req = parse_messages_body(body, count_only=count_only)
     check_model(state, req.model)
     await state.service.verify(req.options)  # schemas and grammars checked off the loop, within their budget
-    return req, await make_plan(state.service.plan_chat, req, size)
+    return req, await make_plan(partial(state.service.plan_chat, tenant=tenant_of(request)), req, size)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:

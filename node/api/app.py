@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import time
 from dataclasses import replace
@@ -48,7 +47,7 @@ from node.api.ollama_routes import setup_ollama_routes
 from node.api.responses_routes import setup_responses_routes
 from node.api.routes import cost_line_ms, setup_routes
 from node.serving.errors import InvalidRequest
-from node.api.state import SETTINGS, STATE, InFlightGate, NodeState
+from node.api.state import SETTINGS, STATE, TENANT, TRUSTED, InFlightGate, NodeState
 from node.archive.client import ArchiveClient, open_archive
 from node.archive.mirror import CorpusMirror
 from node.batches.runner import BatchRunner
@@ -64,6 +63,7 @@ from node.serving.savings import Savings, SavingsConfig
 from node.serving.conclave.runner import ConclavePolicy
 from node.serving.embeddings import EmbeddingLimits
 from node.serving.service import CompletionService, ServiceOptions
+from node.serving.tenants import ApiKeys
 from node.sessions.archived import ArchivedSessionStore
 from node.sessions.store import SessionLimits, Sessions, SessionStore
 from node.speculative.controller import Controller
@@ -136,10 +136,10 @@ def body_limit_middleware(limit: int, upload_limit: int) -> Middleware:
     return check_length
 
 
-def auth_middleware(api_key: str) -> Middleware:
-    """The key as a Bearer token; on Anthropic's Messages routes also as `x-api-key` (its clients' header)."""
-    expected = f"Bearer {api_key}".encode()
-    bare = api_key.encode()
+def auth_middleware(keys: ApiKeys) -> Middleware:
+    """A key as a Bearer token; on Anthropic's Messages routes also as `x-api-key` (its clients'
+    header). The key found names the request's tenant (node/serving/tenants.py). `/health`, the
+    chat page and its static files answer without a key (`/health` then says only its status)."""
 
     def header(request: web.Request, name: str) -> bytes:
         try:
@@ -147,19 +147,30 @@ def auth_middleware(api_key: str) -> Middleware:
         except UnicodeEncodeError:  # bytes that are not UTF-8 can never be the key
             return b""
 
+    def bearer(request: web.Request) -> str | None:
+        value = header(request, "Authorization")
+        return keys.tenant_of(value[7:]) if value.startswith(b"Bearer ") else None
+
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/"):
+        public = path in PUBLIC_PATHS or path in PAGE_PATHS or path.startswith("/static/")
+        tenant = None
+        duplicated = [name for name in ("Authorization", "x-api-key") if len(request.headers.getall(name, ())) > 1]
+        if duplicated and not public:  # which one counts is a guess: refuse both
+            raise InvalidRequest(f"Send one '{duplicated[0]}' header, not several", code="duplicate_header",
+                                 param=duplicated[0])
+        if not duplicated:
+            tenant = bearer(request)
+            if tenant is None and anthropic_route(request):
+                tenant = keys.tenant_of(header(request, "x-api-key"))
+        request[TRUSTED] = tenant is not None
+        if tenant is not None:
+            request[TENANT] = tenant
             return await handler(request)
-        for name in ("Authorization", "x-api-key"):
-            if len(request.headers.getall(name, ())) > 1:  # which one counts is a guess: refuse both
-                raise InvalidRequest(f"Send one '{name}' header, not several", code="duplicate_header", param=name)
-        if hmac.compare_digest(header(request, "Authorization"), expected):
+        if public:
             return await handler(request)
         if anthropic_route(request):
-            if hmac.compare_digest(header(request, "x-api-key"), bare):
-                return await handler(request)
             raise Unauthorized("Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'")
         raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'")
 
@@ -174,8 +185,9 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
         middlewares.append(cors_middleware)
     middlewares.append(error_middleware)
     middlewares.append(body_limit_middleware(server.max_request_size_mb * MIB, settings.batch.max_file_mb * MIB))
-    if server.api_key:
-        middlewares.append(auth_middleware(server.api_key))
+    keys = ApiKeys.of(server.keys)
+    if keys:
+        middlewares.append(auth_middleware(keys))
     app = web.Application(client_max_size=server.max_request_size_mb * MIB, middlewares=middlewares)
     app[SETTINGS] = settings
     app.cleanup_ctx.append(partial(node_resources, engine=engine, archive=archive))

@@ -6,7 +6,8 @@ first; `purpose`, `limit`, `after`), `GET /v1/files/{id}`, `GET /v1/files/{id}/c
 `DELETE /v1/files/{id}`. Batches: `POST /v1/batches` (`input_file_id`, `endpoint`,
 `completion_window` = 24h, `metadata`), `GET /v1/batches` (`limit`, `after`),
 `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`. Objects and statuses are OpenAI's;
-the work is done by node/batches (store, validation, runner).
+the work is done by node/batches (store, validation, runner). Each key (tenant, node/serving/
+tenants.py) sees only its own files and batches: another key's ids are 404 and absent from lists.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from node.api.cache_routes import client_of
 from node.api.routes import json_response, read_json
-from node.api.state import STATE
+from node.api.state import STATE, tenant_of
 from node.batches.errors import BatchConflict
 from node.batches.lines import ENDPOINTS
 from node.batches.runner import BatchRunner
@@ -91,7 +92,7 @@ async def receive(request: web.Request, runner: BatchRunner) -> FileRecord | Non
             if purpose not in PURPOSES:
                 raise InvalidRequest(f"'purpose' must be one of {', '.join(PURPOSES)} (sent before 'file'), "
                                      f"got {purpose!r}", param="purpose")
-            upload = await store.begin_upload(client_of(request))
+            upload = await store.begin_upload(client_of(request), tenant_of(request))
             try:
                 while chunk := await part.read_chunk(CHUNK):
                     await upload.write(chunk)
@@ -107,7 +108,7 @@ async def receive(request: web.Request, runner: BatchRunner) -> FileRecord | Non
 async def file_record(request: web.Request) -> FileRecord:
     store = runner_of(request).store
     file_id = request.match_info["file_id"]
-    record = await store.call(store.get_file, file_id)
+    record = await store.call(store.get_file, file_id, tenant_of(request))
     if record is None:
         raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="file_id")
     return record
@@ -116,7 +117,8 @@ async def file_record(request: web.Request) -> FileRecord:
 async def list_files(request: web.Request) -> web.Response:
     store = runner_of(request).store
     limit = limit_of(request, 10_000)
-    records = await store.call(store.list_files, request.query.get("purpose"), limit + 1, request.query.get("after"))
+    records = await store.call(store.list_files, request.query.get("purpose"), limit + 1, request.query.get("after"),
+                               tenant_of(request))
     return json_response(listing([record.to_object() for record in records], limit))
 
 
@@ -178,12 +180,12 @@ async def create_batch(request: web.Request) -> web.Response:
     if window not in WINDOWS:
         raise InvalidRequest("'completion_window' must be \"24h\"", param="completion_window")
     metadata = parse_metadata(body.get("metadata"))
-    record = await store.call(store.get_file, file_id)
+    record = await store.call(store.get_file, file_id, tenant_of(request))
     if record is None:
         raise NotFound(f"No file with id '{clip(file_id)}'", code="file_not_found", param="input_file_id")
     if record.purpose != "batch":
         raise InvalidRequest(f"The file '{file_id}' was not uploaded with purpose 'batch'", param="input_file_id")
-    batch = await store.call(store.create_batch, file_id, endpoint, window, metadata)
+    batch = await store.call(store.create_batch, file_id, endpoint, window, metadata, tenant_of(request))
     runner.wake()
     return json_response(batch.to_object())
 
@@ -191,7 +193,7 @@ async def create_batch(request: web.Request) -> web.Response:
 async def get_batch(request: web.Request) -> web.Response:
     store = runner_of(request).store
     batch_id = request.match_info["batch_id"]
-    batch = await store.call(store.get_batch, batch_id)
+    batch = await store.call(store.get_batch, batch_id, tenant_of(request))
     if batch is None:
         raise NotFound(f"No batch with id '{clip(batch_id)}'", code="batch_not_found", param="batch_id")
     return json_response(batch.to_object())
@@ -200,7 +202,7 @@ async def get_batch(request: web.Request) -> web.Response:
 async def list_batches(request: web.Request) -> web.Response:
     store = runner_of(request).store
     limit = limit_of(request)
-    batches = await store.call(store.list_batches, limit + 1, request.query.get("after"))
+    batches = await store.call(store.list_batches, limit + 1, request.query.get("after"), tenant_of(request))
     return json_response(listing([batch.to_object() for batch in batches], limit))
 
 
@@ -208,7 +210,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
     runner = runner_of(request)
     store = runner.store
     batch_id = request.match_info["batch_id"]
-    batch = await store.call(store.request_cancel, batch_id)
+    batch = await store.call(store.request_cancel, batch_id, tenant_of(request))
     if batch is None:
         raise NotFound(f"No batch with id '{clip(batch_id)}'", code="batch_not_found", param="batch_id")
     if batch.status not in ("cancelling", "cancelled"):

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from node.api.routes import check_model, json_response, make_plan, read_json
 from node.api.schemas import Fields, parse_messages
-from node.api.state import STATE, NodeState
+from node.api.state import STATE, NodeState, tenant_of
 from node.serving.errors import InvalidRequest
 from node.sessions.cuts import CutError, shared_prefix
 from node.sessions.turns import SessionTurns
@@ -52,7 +52,7 @@ async def warm(request: web.Request) -> web.Response:
     if len(tokens) >= state.model.n_ctx:
         raise InvalidRequest(f"{len(tokens)} tokens do not fit the context of {state.model.n_ctx}",
                              param="prompt", code="context_length_exceeded")
-    result = await state.service.warm(tokens)
+    result = await state.service.warm(tokens, tenant_of(request))
     return json_response({"object": "warm", "model": state.model.model_id, **result.as_dict()})
 
 
@@ -86,7 +86,7 @@ async def save_session(request: web.Request) -> web.Response:
     session_id = request.match_info["session"]
     async with turns.store.lock(session_id):
         session = await turns.store.get(session_id)
-        cached = await turns.save(session)
+        cached = await turns.save(session, tenant_of(request))
     return json_response({**turns.store.describe(session), "cached_tokens": cached})
 
 
@@ -95,7 +95,7 @@ async def load_session(request: web.Request) -> web.Response:
     session_id = request.match_info["session"]
     async with turns.store.lock(session_id):
         session = await turns.store.get(session_id)
-        result = await turns.load(session)
+        result = await turns.load(session, tenant_of(request))
     warmed = result.as_dict() if result is not None else {"cached_tokens": 0, "stored_tokens": 0, "seconds": 0.0}
     return json_response({**turns.store.describe(session), **warmed, "tokens": len(session.tokens)})
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from node.api.routes import check_model, json_response, read_json
 from node.api.schemas import Fields, is_token
-from node.api.state import STATE
+from node.api.state import STATE, tenant_of
 from node.serving.embeddings import EmbeddingInput
 from node.serving.errors import Overloaded
 
@@ -72,7 +72,7 @@ async def embeddings(request: web.Request) -> web.Response:
     if not state.gate.try_enter():
         raise Overloaded(f"{state.gate.limit} requests are already in flight; retry shortly")
     try:
-        vectors, usage = await state.service.embed(inputs, dimensions)
+        vectors, usage = await state.service.embed(inputs, dimensions, tenant_of(request))
     finally:
         state.gate.leave()
     payload = {

@@ -38,7 +38,7 @@ from node.api.ollama_shapes import OllamaReply, loaded, model_entry, model_show
 from node.api.routes import answering, chat_turn, check_model, json_response, make_plan, read_json
 from node.api.shapes import tool_readers
 from node.api.sse import streamed
-from node.api.state import STATE, NodeState
+from node.api.state import STATE, NodeState, tenant_of
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, UnsupportedFeature
 from node.serving.plan import Plan
 from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest
@@ -106,24 +106,28 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest(f"'context' holds token ids outside the vocabulary of {state.model.n_vocab}",
                              param="context", code="invalid_value")
     service = state.service
-    plan = await fitted_plan(lambda r: plan_generate(service, r), req, size, window, state.model.n_ctx)
+    tenant = tenant_of(request)
+    plan = await fitted_plan(lambda r: plan_generate(service, r, tenant), req, size, window, state.model.n_ctx)
     return await answer(request, state, plan, name, chat=False, context=not req.raw)
 
 
-def plan_generate(service: CompletionService, req: OllamaGenerate) -> Plan:
-    """A prompt as one user turn through the chat template, or raw; after `context`'s tokens when given."""
+def plan_generate(service: CompletionService, req: OllamaGenerate, tenant: str) -> Plan:
+    """A prompt as one user turn through the chat template, or raw; after `context`'s tokens when
+    given; for the tenant's caches."""
     messages = ((ChatMessage("system", req.system),) if req.system else ()) + (ChatMessage("user", req.prompt),)
     if req.context is None:
         if req.raw:
-            return service.plan_completion(CompletionRequest(req.model, (req.prompt,), False, req.options))
-        return service.plan_chat(ChatRequest(req.model, messages, req.options))
+            return service.plan_completion(CompletionRequest(req.model, (req.prompt,), False, req.options),
+                                           tenant=tenant)
+        return service.plan_chat(ChatRequest(req.model, messages, req.options), tenant=tenant)
     if req.raw:
         added = service.prompts.continuation(req.prompt) if req.prompt else ()
     else:
         added = service.prompts.chat([message.as_dict() for message in messages])
         if added and added[0] == service.model.bos_token:  # the context begins with it already
             added = added[1:]
-    return service.plan_completion(CompletionRequest(req.model, (req.context + tuple(added),), False, req.options))
+    return service.plan_completion(CompletionRequest(req.model, (req.context + tuple(added),), False, req.options),
+                                   tenant=tenant)
 
 
 async def answer(request: web.Request, state: NodeState, plan: Plan, name: str, *, chat: bool,
@@ -195,7 +199,7 @@ async def embed(request: web.Request) -> web.Response:
     model, texts, dimensions = parse_embed(body, key="input")
     check_model(state, model)
     started = time.perf_counter()
-    vectors, usage = await state.service.embed(texts, dimensions)
+    vectors, usage = await state.service.embed(texts, dimensions, tenant_of(request))
     return json_response({"model": reply_name(state, body), "embeddings": vectors.tolist(),
                           "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0,
                           "prompt_eval_count": usage.prompt_tokens})
@@ -206,7 +210,7 @@ async def embeddings(request: web.Request) -> web.Response:
     body, _ = await read_json(request)
     model, texts, dimensions = parse_embed(body, key="prompt")
     check_model(state, model)
-    vectors, _ = await state.service.embed(texts, dimensions)
+    vectors, _ = await state.service.embed(texts, dimensions, tenant_of(request))
     return json_response({"embedding": vectors[0].tolist()})
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -31,7 +32,7 @@ from node.api.responses_store import ResponseStore
 from node.api.routes import answering, check_model, json_response, make_plan, read_json
 from node.api.schemas import Fields
 from node.api.sse import named_frame, stream_frames
-from node.api.state import STATE, NodeState
+from node.api.state import STATE, NodeState, tenant_of
 from node.api.turn_items import CallArguments, CallStart, Item, Text, Turn, TurnEnd, turn_items
 from node.serving.plan import Plan
 from node.serving.requests import ChatMessage, ChatRequest, ToolCall
@@ -213,7 +214,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     conversation = (*history, *req.input)
     system = (ChatMessage("system", req.instructions),) if req.instructions else ()
     chat = ChatRequest(req.model, (*system, *conversation), req.options)
-    plan = await make_plan(state.service.plan_chat, chat, size)
+    plan = await make_plan(partial(state.service.plan_chat, tenant=tenant_of(request)), chat, size)
     draft = Draft(new_id("resp_"), state.model.model_id, req)
 
     async def keep(response: dict) -> None:

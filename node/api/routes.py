@@ -24,7 +24,7 @@ from node.api import openapi
 from node.api.schemas import parse_chat, parse_completion
 from node.api.shapes import ChunkMaker, Collector, Identity, tool_readers
 from node.api.sse import DONE_FRAME, data_frames, openai_error_frame, stream_frames
-from node.api.state import STATE, NodeState
+from node.api.state import STATE, NodeState, tenant_of, trusted
 from node.serving.engine_client import EngineClient
 from node.serving.errors import InvalidRequest, ModelNotFound, NotFound, Overloaded
 from shared.text import clip
@@ -79,7 +79,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = parse_completion(body)
     check_model(state, req.model)
     await state.service.verify(req.options)
-    return await answer(request, state, await make_plan(state.service.plan_completion, req, size))
+    planner = partial(state.service.plan_completion, tenant=tenant_of(request))
+    return await answer(request, state, await make_plan(planner, req, size))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -100,7 +101,7 @@ async def chat_turn(request: web.Request, state: NodeState, body: object, parse:
         req = parse(body, None)
         check_model(state, req.model)
         await state.service.verify(req.options)
-        yield req, state.service.plan_chat, {}
+        yield req, partial(state.service.plan_chat, tenant=tenant_of(request)), {}
         return
     turns = state.service.turns
     if turns is None:
@@ -110,7 +111,8 @@ async def chat_turn(request: web.Request, state: NodeState, body: object, parse:
         req = parse(body, history_calls(session.messages))  # tool results may answer the history's calls
         check_model(state, req.model)
         await state.service.verify(req.options)
-        yield req, partial(state.service.plan_chat, session=session), {SESSION_HEADER: session_id}
+        yield req, partial(state.service.plan_chat, session=session, tenant=tenant_of(request)), \
+            {SESSION_HEADER: session_id}
 
 
 def session_of(request: web.Request, body: object) -> str | None:
@@ -189,7 +191,11 @@ def model_card(state: NodeState) -> dict:
 
 
 async def health(request: web.Request) -> web.Response:
+    """The status alone to a caller without the key (a node with keys; what a load balancer
+    needs), the node's details to one with it (and to everyone on a node without keys)."""
     state = request.app[STATE]
+    if not trusted(request):
+        return json_response({"status": "ok"})
     stats = state.engine.stats()
     return json_response({
         "status": "ok", "model": state.model.model_id, "archive": state.archive.state(),
@@ -260,7 +266,7 @@ async def savings(request: web.Request) -> web.Response:
 async def openapi_description(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return json_response(openapi.document(state.model.model_id, __version__,
-                                         auth=bool(state.settings.server.api_key)))
+                                         auth=bool(state.settings.server.keys)))
 
 
 async def index(request: web.Request) -> web.FileResponse:

@@ -84,7 +84,7 @@ async def serve(settings: NodeSettings) -> int:
     state = runner.app[STATE]
     log.info("archive: %s", "remote ARCA " + redact_url(settings.arca.remote) if settings.arca.remote else "embedded")
     log.info("kernels: %s", describe_kernels(state.engine.kernel_report(), cost_line_ms(state.engine)))
-    log.info(how_to_call(server.host, port, state.model.model_id, server.api_key))
+    log.info(how_to_call(server.host, port, state.model.model_id, next(iter(server.keys), None)))
     await stop.wait()
     log.info("shutting down: finishing in-flight requests")
     await runner.cleanup()

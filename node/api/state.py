@@ -12,6 +12,7 @@ from node.serving.engine_client import EngineClient
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.savings import Savings
+from node.serving.tenants import OPEN
 from node.serving.service import CompletionService
 from node.speculative.controller import Controller
 
@@ -52,3 +53,17 @@ class InFlightGate:
 
 SETTINGS: web.AppKey[NodeSettings] = web.AppKey("settings", NodeSettings)
 STATE: web.AppKey[NodeState] = web.AppKey("state", NodeState)
+# The tenant (node/serving/tenants.py) of an authenticated request, set by the auth middleware;
+# absent on a node without keys and on a public route asked without a key.
+TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
+# Whether the request may see the node's details (/health): it presented a valid key, or the node has none.
+TRUSTED: web.RequestKey[bool] = web.RequestKey("trusted", bool)
+
+
+def tenant_of(request: web.Request) -> str:
+    """The tenant whose caches the request uses: its key's, or the open tenant of a node without keys."""
+    return request.get(TENANT, OPEN)
+
+
+def trusted(request: web.Request) -> bool:
+    return request.get(TRUSTED, True)

@@ -41,8 +41,9 @@ class LineExecutor(Protocol):
     def check(self, url: str, body: Any) -> None:
         """Raise a ServingError if the line can never run (parsed as the live endpoint parses)."""
 
-    async def run(self, url: str, body: bytes) -> LineResult:
-        """Answer the line like the live endpoint would (never raises for the line's own failures)."""
+    async def run(self, url: str, body: bytes, tenant: str = "") -> LineResult:
+        """Answer the line like the live endpoint would, for the batch's tenant (never raises for
+        the line's own failures)."""
 
 
 def output_line(custom_id: str, result: LineResult) -> bytes:

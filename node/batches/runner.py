@@ -4,7 +4,7 @@ One task per node takes the batches with work left, oldest first, one at a time.
 `validating` batch has its input file checked line by line (node/batches/validation.py)
 and becomes `in_progress` with its lines, or `failed` with the errors. The lines still
 `done = 0` run through the `LineExecutor` (the API's parser and the service, at batch
-priority), at most `concurrency` at once and in input order of starting; each result is
+priority, for the tenant that created the batch), at most `concurrency` at once and in input order of starting; each result is
 committed as it ends, so a killed node resumes with exactly the unfinished lines. A line
 the engine has no room for (overloaded) is tried again after `retry_s`; any other failure
 of a line is that line's error, and the batch goes on. A result that would take the stored
@@ -87,7 +87,7 @@ class BatchRunner:
         if batch.status == "validating":
             batch = await self._validate(batch_id, str(batch.row["input_file_id"]), str(batch.row["endpoint"]))
         if batch.status == "in_progress" and batch_id not in self._cancelled:
-            await self._run_lines(batch_id)
+            await self._run_lines(batch_id, str(batch.row.get("tenant") or ""))
             full = self._full.pop(batch_id, None)
             if full is not None:
                 log.warning("batch %s failed: %s", batch_id, full)
@@ -116,7 +116,7 @@ class BatchRunner:
             return await self.store.call(self.store.fail_batch, batch_id, errors)
         return await self.store.call(self.store.start_batch, batch_id, lines)
 
-    async def _run_lines(self, batch_id: str) -> None:
+    async def _run_lines(self, batch_id: str, tenant: str) -> None:
         self._current = batch_id
         room = asyncio.Semaphore(self.concurrency)
         after = 0
@@ -130,7 +130,7 @@ class BatchRunner:
                     if batch_id in self._cancelled or batch_id in self._full:
                         room.release()
                         break
-                    task = asyncio.create_task(self._line(batch_id, line))
+                    task = asyncio.create_task(self._line(batch_id, line, tenant))
                     self._in_flight.add(task)
 
                     def done(task: asyncio.Task[None]) -> None:
@@ -145,9 +145,9 @@ class BatchRunner:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
             self._current = None
 
-    async def _line(self, batch_id: str, line: InputLine) -> None:
+    async def _line(self, batch_id: str, line: InputLine, tenant: str) -> None:
         while True:
-            result = await self.executor.run(line.url, line.body)
+            result = await self.executor.run(line.url, line.body, tenant)
             if not result.retry:
                 break
             await asyncio.sleep(self.retry_s)

@@ -44,14 +44,14 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL, owner TEXT NOT NULL DEFAULT '');
+    created_at INTEGER NOT NULL, owner TEXT NOT NULL DEFAULT '', tenant TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, input_file_id TEXT NOT NULL, endpoint TEXT NOT NULL, completion_window TEXT NOT NULL,
     status TEXT NOT NULL, created_at INTEGER NOT NULL, in_progress_at INTEGER, finalizing_at INTEGER,
     completed_at INTEGER, failed_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
     expires_at INTEGER, metadata TEXT, errors TEXT, total INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-    output_file_id TEXT, error_file_id TEXT);
+    output_file_id TEXT, error_file_id TEXT, tenant TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS lines (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL,
     body BLOB NOT NULL, done INTEGER NOT NULL DEFAULT 0, ok INTEGER, result BLOB,
@@ -103,10 +103,11 @@ class BatchRecord:
 class Upload:
     """One file being received: bytes go to a temp file, counted against both budgets."""
 
-    def __init__(self, store: "BatchStore", path: Path, owner: str = "") -> None:
+    def __init__(self, store: "BatchStore", path: Path, owner: str = "", tenant: str = "") -> None:
         self.store = store
         self.path = path
         self.owner = owner
+        self.tenant = tenant
         self.size = 0
         self.handle = open(path, "wb")
 
@@ -123,7 +124,7 @@ class Upload:
         await self.store.call(self.handle.close)
         if check is not None:
             await asyncio.to_thread(check, self.path)
-        return await self.store.call(self.store.add_file, self.path, filename, purpose, self.owner)
+        return await self.store.call(self.store.add_file, self.path, filename, purpose, self.owner, self.tenant)
 
     async def abort(self) -> None:
         await self.store.call(self._discard)
@@ -166,6 +167,9 @@ class BatchStore:
         db.executescript(SCHEMA)
         if "owner" not in {row[1] for row in db.execute("PRAGMA table_info(files)")}:  # a store of an older node
             db.execute("ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+        for table in ("files", "batches"):  # the tenant (node/serving/tenants.py) each row belongs to
+            if "tenant" not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
         self._db = db
         self._results = int(db.execute("SELECT COALESCE(SUM(LENGTH(result)), 0) FROM lines WHERE done = 1")
                             .fetchone()[0])
@@ -194,9 +198,9 @@ class BatchStore:
 
     # -- files --------------------------------------------------------------------------------
 
-    async def begin_upload(self, owner: str = "") -> Upload:
-        """An upload of `owner` (who sends it); StorageFull past the byte budget, TooManyFiles
-        when the owner keeps `max_files_per_owner` uploads already."""
+    async def begin_upload(self, owner: str = "", tenant: str = "") -> Upload:
+        """An upload of `owner` (who sends it) for `tenant` (whose key); StorageFull past the byte
+        budget, TooManyFiles when the owner keeps `max_files_per_owner` uploads already."""
         used, held = await self.call(lambda: (self.stored_bytes(), self.files_of(owner)))
         if used >= self.max_storage_bytes:
             raise StorageFull(f"Stored files already take {used} bytes of the {self.max_storage_bytes} allowed "
@@ -204,7 +208,7 @@ class BatchStore:
         if 0 < self.max_files_per_owner <= held:
             raise TooManyFiles(f"This client already keeps {held} uploaded files, the most one client may "
                                f"([batch] max_files_per_client); delete some with DELETE /v1/files/{{id}}")
-        return await self.call(lambda: Upload(self, self.tmp_dir / uuid.uuid4().hex, owner))
+        return await self.call(lambda: Upload(self, self.tmp_dir / uuid.uuid4().hex, owner, tenant))
 
     def files_of(self, owner: str) -> int:
         """Uploads `owner` keeps (output files are not counted)."""
@@ -215,7 +219,7 @@ class BatchStore:
         """Bytes the budget counts: every stored file and the results not yet written to one."""
         return int(self.db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()[0]) + self._results
 
-    def add_file(self, source: Path, filename: str, purpose: str, owner: str = "") -> FileRecord:
+    def add_file(self, source: Path, filename: str, purpose: str, owner: str = "", tenant: str = "") -> FileRecord:
         size = source.stat().st_size
         if purpose == "batch" and 0 < self.max_files_per_owner <= self.files_of(owner):  # uploads side by side
             source.unlink(missing_ok=True)
@@ -227,19 +231,27 @@ class BatchStore:
                               f"bytes ([batch] max_storage_mb)")
         record = FileRecord(f"file-{uuid.uuid4().hex[:24]}", filename, purpose, size, int(time.time()))
         os.replace(source, self.files_dir / record.id)
-        self.db.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
-                        (record.id, record.filename, record.purpose, record.bytes, record.created_at, owner))
+        self.db.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, owner, tenant) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (record.id, record.filename, record.purpose, record.bytes, record.created_at, owner, tenant))
         return record
 
-    def get_file(self, file_id: str) -> FileRecord | None:
-        row = self.db.execute("SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?",
-                              (file_id,)).fetchone()
+    # `tenant` below: only that tenant's rows (what the routes ask); None: any (the runner's own use)
+
+    def get_file(self, file_id: str, tenant: str | None = None) -> FileRecord | None:
+        where, args = _scoped(tenant)
+        row = self.db.execute(f"SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?{where}",
+                              (file_id, *args)).fetchone()
         return FileRecord(*row) if row is not None else None
 
-    def list_files(self, purpose: str | None, limit: int, after: str | None) -> list[FileRecord]:
+    def list_files(self, purpose: str | None, limit: int, after: str | None,
+                   tenant: str | None = None) -> list[FileRecord]:
         """Newest first; `after` an id: the files older than it."""
         query, args = "SELECT id, filename, purpose, bytes, created_at FROM files", []
         where = []
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
         if purpose:
             where.append("purpose = ?")
             args.append(purpose)
@@ -262,18 +274,21 @@ class BatchStore:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None) -> BatchRecord:
+    def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None,
+                     tenant: str = "") -> BatchRecord:
+        """`tenant`: whose key created it (node/serving/tenants.py): its lines use that tenant's caches."""
         now = int(time.time())
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
         self.db.execute(
             "INSERT INTO batches (id, input_file_id, endpoint, completion_window, status, created_at, expires_at, "
-            "metadata) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
+            "metadata, tenant) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
             (batch_id, input_file_id, endpoint, window, now, now + WINDOW_S,
-             orjson.dumps(metadata).decode() if metadata is not None else None))
+             orjson.dumps(metadata).decode() if metadata is not None else None, tenant))
         return self._batch(batch_id)
 
-    def get_batch(self, batch_id: str) -> BatchRecord | None:
-        row = self.db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+    def get_batch(self, batch_id: str, tenant: str | None = None) -> BatchRecord | None:
+        where, args = _scoped(tenant)
+        row = self.db.execute(f"SELECT * FROM batches WHERE id = ?{where}", (batch_id, *args)).fetchone()
         return BatchRecord(dict(row)) if row is not None else None
 
     def _batch(self, batch_id: str) -> BatchRecord:
@@ -281,10 +296,13 @@ class BatchStore:
         assert batch is not None
         return batch
 
-    def list_batches(self, limit: int, after: str | None) -> list[BatchRecord]:
-        query, args = "SELECT * FROM batches", []
+    def list_batches(self, limit: int, after: str | None, tenant: str | None = None) -> list[BatchRecord]:
+        query, args = "SELECT * FROM batches WHERE 1", []
+        if tenant is not None:
+            query += " AND tenant = ?"
+            args.append(tenant)
         if after:
-            query += " WHERE rowid < (SELECT rowid FROM batches WHERE id = ?)"
+            query += " AND rowid < (SELECT rowid FROM batches WHERE id = ?)"
             args.append(after)
         rows = self.db.execute(query + " ORDER BY rowid DESC LIMIT ?", (*args, limit)).fetchall()
         return [BatchRecord(dict(row)) for row in rows]
@@ -315,8 +333,10 @@ class BatchStore:
                         (int(time.time()), orjson.dumps({"object": "list", "data": errors}).decode(), batch_id))
         return self._batch(batch_id)
 
-    def request_cancel(self, batch_id: str) -> BatchRecord | None:
+    def request_cancel(self, batch_id: str, tenant: str | None = None) -> BatchRecord | None:
         """validating -> cancelled at once; in_progress -> cancelling; anything else unchanged."""
+        if self.get_batch(batch_id, tenant) is None:
+            return None
         now = int(time.time())
         db = self.db
         with _transaction(db):
@@ -402,8 +422,9 @@ class BatchStore:
                 record = FileRecord(f"file-{uuid.uuid4().hex[:24]}", f"{batch_id}_{'output' if ok else 'error'}.jsonl",
                                     "batch_output", size, now)
                 os.replace(path, self.files_dir / record.id)
-                db.execute("INSERT INTO files (id, filename, purpose, bytes, created_at) VALUES (?, ?, ?, ?, ?)",
-                           (record.id, record.filename, record.purpose, record.bytes, record.created_at))
+                db.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, tenant) VALUES (?, ?, ?, ?, ?, ?)",
+                           (record.id, record.filename, record.purpose, record.bytes, record.created_at,
+                            batch.row.get("tenant") or ""))
                 ids[ok] = record.id
             db.execute(f"UPDATE batches SET status = ?, {final}_at = ?, output_file_id = ?, error_file_id = ? "
                        "WHERE id = ?", (final, now, ids[True], ids[False], batch_id))
@@ -426,6 +447,11 @@ class BatchStore:
             path.unlink()
             return None, 0
         return path, size
+
+
+def _scoped(tenant: str | None) -> tuple[str, tuple[str, ...]]:
+    """The WHERE fragment (and its argument) keeping a query to one tenant's rows; None: all rows."""
+    return ("", ()) if tenant is None else (" AND tenant = ?", (tenant,))
 
 
 class _transaction:

@@ -100,16 +100,17 @@ class FleetTier:
         if config.push:
             cache.add_stored_sink(self._offer)
 
-    async def prefetch(self, prompt_tokens: Sequence[int]) -> int:
-        """Bring the longest archived prefix of the prompt into the local tiers.
+    async def prefetch(self, prompt_tokens: Sequence[int], scope: str = "") -> int:
+        """Bring the longest archived prefix of the prompt into the local tiers, under the
+        tenant's `scope` (the archive's keys are the scoped chain's, so every node keeps it).
 
         Also preloads a disk-only local prefix into RAM (off the engine thread). Returns the
         tokens fetched from the archive (0: nothing better than the local tiers, or ARCA down).
         """
-        await asyncio.to_thread(self.cache.preload, prompt_tokens)
+        await asyncio.to_thread(self.cache.preload, prompt_tokens, scope)
         if not self.config.fetch:
             return 0
-        boundaries = self.cache.chain.restorable(prompt_tokens)
+        boundaries = self.cache.chain.restorable(prompt_tokens, scope)
         local = self.cache.longest_local(boundaries)
         candidates = [b for b in boundaries if b.n_tokens > local]
         if not candidates:
@@ -144,11 +145,11 @@ class FleetTier:
         metrics.add(fleet_hits=1, fleet_bytes_fetched=sum(len(part) for part in parts))
         return entry.n_tokens
 
-    async def prefetch_within(self, prompt_tokens: Sequence[int], timeout_s: float) -> int:
+    async def prefetch_within(self, prompt_tokens: Sequence[int], timeout_s: float, scope: str = "") -> int:
         """`prefetch`, given up after `timeout_s`: a slow archive costs only the speed-up (the
         request then prefills what was not fetched). Counted in `fleet_timeouts`."""
         try:
-            return await asyncio.wait_for(self.prefetch(prompt_tokens), timeout_s)
+            return await asyncio.wait_for(self.prefetch(prompt_tokens, scope), timeout_s)
         except asyncio.TimeoutError:
             self.cache.metrics.add(fleet_timeouts=1)
             log.info("prefix cache: prefetch gave up after %.2f s", timeout_s)

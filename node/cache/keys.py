@@ -13,6 +13,10 @@ its path), the KV cache element types, whether V is stored transposed (flash att
 the llama.cpp build and the state serialisation format. A different model at the same path
 therefore lands on disjoint keys and can never restore stale KV.
 
+A tenant (node/serving/tenants.py) gets a root of its own: for a non-empty `scope`, the chain
+starts at sha256(h_0 || b"reame-kv-tenant" || scope) instead of h_0, so two tenants sharing a
+prompt share no key in any tier (RAM, disk, ARCA's L3), and the open tenant ("") keeps h_0.
+
 The context size is deliberately not part of the identity: a sequence state does not depend
 on it, and a snapshot that does not fit a smaller context fails to restore and falls back to
 prefill.
@@ -113,14 +117,21 @@ class BlockChain:
     def root(self) -> bytes:
         return self._root
 
-    def boundaries(self, tokens: Sequence[int], *, limit: int | None = None) -> list[Boundary]:
-        """Every full-block boundary of `tokens` with n_tokens <= limit (default len(tokens)).
+    def root_of(self, scope: str = "") -> bytes:
+        """The chain's root for a tenant's scope ("" : the open tenant's, `root`)."""
+        if not scope:
+            return self._root
+        return hashlib.sha256(self._root + b"reame-kv-tenant\0" + scope.encode("utf-8")).digest()
+
+    def boundaries(self, tokens: Sequence[int], *, limit: int | None = None, scope: str = "") -> list[Boundary]:
+        """Every full-block boundary of `tokens` with n_tokens <= limit (default len(tokens)),
+        under the tenant's `scope`.
 
         Shortest first. Only whole blocks count: a trailing partial block has no key.
         """
         end = len(tokens) if limit is None else min(limit, len(tokens))
         out: list[Boundary] = []
-        previous = self._root
+        previous = self.root_of(scope)
         size = self.block_tokens
         for start in range(0, end - size + 1, size):
             digest = hashlib.sha256(previous)
@@ -129,7 +140,7 @@ class BlockChain:
             out.append(Boundary(start + size, previous))
         return out
 
-    def restorable(self, prompt_tokens: Sequence[int]) -> list[Boundary]:
+    def restorable(self, prompt_tokens: Sequence[int], scope: str = "") -> list[Boundary]:
         """Boundaries that may be restored for this prompt: at least one token must remain to
         be decoded so the engine gets logits for the prompt's last position."""
-        return self.boundaries(prompt_tokens, limit=len(prompt_tokens) - 1)
+        return self.boundaries(prompt_tokens, limit=len(prompt_tokens) - 1, scope=scope)

@@ -1,7 +1,8 @@
 """The prefix KV cache the engine consults: RAM and disk tiers behind the engine's hook.
 
 The engine calls `lookup`, `boundaries_to_store` and `store` on its own thread
-(contract: node/engine/hooks.py `PrefixCacheHook`). Lookups walk the prompt's block
+(contract: node/engine/hooks.py `PrefixCacheHook`), each with the request's tenant scope
+(node/cache/keys.py: a tenant's states live under keys of its own). Lookups walk the prompt's block
 boundaries longest first, RAM then disk; the ARCA tier (node/cache/fleet.py) is fetched into
 RAM before the request reaches the engine, so the engine thread never waits on the network,
 and `preload` moves a disk-only prefix into RAM at the same moment, off the engine thread.
@@ -100,9 +101,9 @@ class PrefixCache:
 
     # ----------------------------------------------------------------- engine hook
 
-    def lookup(self, prompt_tokens: Sequence[int]) -> tuple[int, bytes] | None:
+    def lookup(self, prompt_tokens: Sequence[int], scope: str = "") -> tuple[int, bytes] | None:
         started = time.perf_counter()
-        found = self._find(self.chain.restorable(prompt_tokens))
+        found = self._find(self.chain.restorable(prompt_tokens, scope))
         restored = found[0].n_tokens if found else 0
         deltas: dict[str, float] = dict(
             lookups=1, tokens_restored=restored, tokens_prefilled=len(prompt_tokens) - restored
@@ -121,8 +122,8 @@ class PrefixCache:
         boundary, _, entry = found
         return boundary.n_tokens, entry.state
 
-    def boundaries_to_store(self, prompt_tokens: Sequence[int]) -> list[int]:
-        boundaries = self.chain.restorable(prompt_tokens)
+    def boundaries_to_store(self, prompt_tokens: Sequence[int], scope: str = "") -> list[int]:
+        boundaries = self.chain.restorable(prompt_tokens, scope)
         if not boundaries:
             return []
         chosen: dict[bytes, Boundary] = {}
@@ -154,12 +155,12 @@ class PrefixCache:
                 base = boundary.n_tokens
         return wanted
 
-    def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes) -> None:
+    def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes, scope: str = "") -> None:
         """Keep the state in RAM at once; the disk write and fleet push happen later."""
         if n_tokens <= 0 or n_tokens % self.chain.block_tokens or n_tokens > len(prompt_tokens):
             log.warning("prefix cache: ignoring a state at %d tokens (not a block boundary)", n_tokens)
             return
-        key = self.chain.boundaries(prompt_tokens, limit=n_tokens)[-1].key
+        key = self.chain.boundaries(prompt_tokens, limit=n_tokens, scope=scope)[-1].key
         self.adopt(key, StateBlob(n_tokens, bytes(state)), publish=True)
 
     # ----------------------------------------------------------------- other tiers
@@ -186,14 +187,14 @@ class PrefixCache:
         """Call `sink` on the writer thread for each state this node newly stores."""
         self._sinks.append(sink)
 
-    def preload(self, prompt_tokens: Sequence[int]) -> int:
+    def preload(self, prompt_tokens: Sequence[int], scope: str = "") -> int:
         """Read the prompt's longest disk-only prefix into RAM ahead of the request, so the
         engine thread's lookup is a RAM hit instead of a file read that stalls every other
         user's step. Returns the tokens preloaded (0: RAM already holds the best, or none).
         Blocking: call it through asyncio.to_thread."""
         if self.disk is None:
             return 0
-        for boundary in reversed(self.chain.restorable(prompt_tokens)):
+        for boundary in reversed(self.chain.restorable(prompt_tokens, scope)):
             if self.ram.contains(boundary.key):
                 return 0
             entry = self.disk.get(boundary.key) if self.disk.contains(boundary.key) else None

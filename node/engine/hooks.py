@@ -23,13 +23,15 @@ from node.engine.types import SamplingParams
 
 @runtime_checkable
 class PrefixCacheHook(Protocol):
-    def lookup(self, prompt_tokens: Sequence[int]) -> tuple[int, bytes] | None:
+    # `scope` is the request's tenant (GenerationRequest.cache_scope): a state stored under one
+    # scope is never found under another.
+    def lookup(self, prompt_tokens: Sequence[int], scope: str = "") -> tuple[int, bytes] | None:
         """Longest cached block boundary that is a prefix of the prompt: (n_tokens, state)."""
 
-    def boundaries_to_store(self, prompt_tokens: Sequence[int]) -> Sequence[int]:
+    def boundaries_to_store(self, prompt_tokens: Sequence[int], scope: str = "") -> Sequence[int]:
         """Token counts (block boundaries <= len(prompt)-1) whose state is not stored yet."""
 
-    def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes) -> None:
+    def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes, scope: str = "") -> None:
         """Called right after the KV of prompt_tokens[:n_tokens] is complete; must return fast.
 
         For a request with `store_final_state`, also once at its end: `prompt_tokens` are

@@ -405,7 +405,8 @@ class Scheduler:
 
     def _prefilling_leader(self, seq: Sequence) -> Sequence | None:
         for other in self._active:
-            if other.phase is Phase.PREFILL and other.prompt == seq.prompt:
+            if other.phase is Phase.PREFILL and other.prompt == seq.prompt \
+                    and other.request.cache_scope == seq.request.cache_scope:
                 return other
         return None
 
@@ -414,7 +415,8 @@ class Scheduler:
         if hook is None:
             return
         try:
-            hit = hook.lookup(seq.prompt)
+            scope = seq.request.cache_scope
+            hit = hook.lookup(seq.prompt, scope)
             if hit is not None:
                 n_tokens, state = hit
                 if 0 < n_tokens < len(seq.prompt) and self._ctx.state_set(seq.slot, state) \
@@ -423,7 +425,7 @@ class Scheduler:
                     self.counters["prefix_tokens_restored"] += n_tokens
                 else:
                     self._ctx.seq_rm(seq.slot)
-            seq.store_at = sorted(b for b in hook.boundaries_to_store(seq.prompt)
+            seq.store_at = sorted(b for b in hook.boundaries_to_store(seq.prompt, scope)
                                   if seq.n_past < b < len(seq.prompt))
         except Exception:
             log.exception("prefix cache lookup failed; prefilling from scratch")
@@ -642,7 +644,7 @@ class Scheduler:
         if self._prefix_cache is None:
             return
         try:
-            self._prefix_cache.store(seq.prompt, n_tokens, self._ctx.state_get(seq.slot))
+            self._prefix_cache.store(seq.prompt, n_tokens, self._ctx.state_get(seq.slot), seq.request.cache_scope)
             self.counters["prefix_states_stored"] += 1
         except Exception:
             log.exception("prefix cache store failed at %d tokens", n_tokens)
@@ -662,14 +664,15 @@ class Scheduler:
         n_kv = seq.n_past
         try:
             # a prompt's boundaries stop one token short of it: offer the token after the KV too
-            wanted = [b for b in hook.boundaries_to_store(seq.tokens[:n_kv + 1]) if 0 < b <= n_kv]
+            scope = seq.request.cache_scope
+            wanted = [b for b in hook.boundaries_to_store(seq.tokens[:n_kv + 1], scope) if 0 < b <= n_kv]
             if not wanted:
                 return
             n_tokens = max(wanted)
             self._ctx.seq_rm(seq.slot, n_tokens, -1)
             if self._ctx.seq_pos_max(seq.slot) != n_tokens - 1 or not self._window_kept(seq.slot, n_tokens):
                 return
-            hook.store(seq.tokens[:n_kv], n_tokens, self._ctx.state_get(seq.slot))
+            hook.store(seq.tokens[:n_kv], n_tokens, self._ctx.state_get(seq.slot), scope)
             self.counters["prefix_states_stored"] += 1
             self.counters["final_states_stored"] += 1
         except Exception:

@@ -76,6 +76,9 @@ class GenerationRequest:
     # Longest wait in the queue for a slot and KV cells, in seconds (0: as long as it takes);
     # past it the request ends unstarted with `Finished.retry_after_s` set (a 503 to clients).
     max_wait_s: float = 0.0
+    # The tenant whose prefix states the request may restore and store (node/serving/tenants.py;
+    # "": the open tenant of a node without keys); identical prompts of two tenants share no prefill.
+    cache_scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ fail before any byte is sent); iterating `answer.events()` yields
 `ChoiceText` and `ChoiceDone` in generation order, hits replayed exactly as they once
 streamed (a Conclave's or best_of's job through node/serving/conclave/events.py); leaving it
 cancels whatever is still generating, which is how a client that goes
-away stops its generation within one engine step. A completed generation is handed back to
+away stops its generation within one engine step. While a live (interactive) answer is open,
+batch lines wait for their turn before their work on the event loop (node/serving/live_first.py). A completed generation is handed back to
 the service to remember (L1, L4) and, for a session turn, to extend the session.
 """
 
@@ -17,7 +18,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
-from node.engine.types import Finished, GenerationHandle, TextDelta
+from node.engine.types import INTERACTIVE, Finished, GenerationHandle, TextDelta
 from node.serving.conclave.events import best_of_events, conclave_events
 from node.serving.conclave.runner import ConclaveRun
 from node.serving.errors import Overloaded, generation_failure
@@ -46,6 +47,8 @@ class Answer:
     async def __aenter__(self) -> "Answer":
         jobs = self.plan.jobs
         self.service.ledger.enter()
+        if self.live:
+            self.service.live_first.enter()
         try:
             self._stored = list(await asyncio.gather(*(self.service.lookup(job) for job in jobs)))
             keyed = [job.key is not None for job in jobs]
@@ -53,7 +56,8 @@ class Answer:
                 self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
             misses = [job for job, stored in zip(jobs, self._stored) if stored is None]
             await asyncio.gather(*(self.service.prepare(job, self.plan.options.output) for job in misses[:1]))
-            await asyncio.gather(*(self.service.prefetch(job.prompt_tokens) for job in misses))
+            await asyncio.gather(*(self.service.prefetch(job.prompt_tokens, job.request.cache_scope)
+                                   for job in misses))
             for number, (job, stored) in enumerate(zip(jobs, self._stored)):
                 if stored is not None:
                     self._handles.append([])
@@ -67,9 +71,19 @@ class Answer:
             await self._started()
         except BaseException:
             self._cancel()
-            self.service.ledger.leave()
+            self._leave()
             raise
         return self
+
+    @property
+    def live(self) -> bool:
+        """A live request's answer (batch lines wait for live ones, node/serving/live_first.py)."""
+        return any(job.request.priority == INTERACTIVE for job in self.plan.jobs)
+
+    def _leave(self) -> None:
+        self.service.ledger.leave()
+        if self.live:
+            self.service.live_first.leave()
 
     @property
     def generated(self) -> tuple[int, ...] | None:
@@ -90,7 +104,7 @@ class Answer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._cancel()
-        self.service.ledger.leave()
+        self._leave()
 
     def _cancel(self) -> None:
         for run in self._runs.values():

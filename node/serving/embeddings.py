@@ -10,8 +10,8 @@ a plain projection onto the first components), from 1 to the model's width.
 
 Each distinct input is looked up in the archive under its own L1 key, apart from the
 completions' keys (`reame:emb:` + sha256 over the model's content fingerprint, the pooling,
-and the input's token ids), so an input seen before, alone or inside any other request,
-costs no compute. The record is the pooled vector before normalisation (little-endian float32
+the tenant (node/serving/tenants.py) and the input's token ids), so an input the same key sent
+before, alone or inside any other request, costs no compute. The record is the pooled vector before normalisation (little-endian float32
 with a magic, a version, a length and a CRC); a record that does not verify is a miss. The
 misses go to the engine in one submit (batched there, node/engine/embedder.py) and are
 written back in one background task after the answer. Limits, each a 400 naming the input:
@@ -68,8 +68,11 @@ class EmbeddingUsage:
         return self.prompt_tokens
 
 
-def embedding_key(fingerprint: str, pooling: str, tokens: Sequence[int]) -> bytes:
+def embedding_key(fingerprint: str, pooling: str, tokens: Sequence[int], tenant: str = "") -> bytes:
+    """`tenant`: whose vector it is (node/serving/tenants.py; "" : the open tenant, unchanged keys)."""
     header = f"v={KEY_VERSION};kind=embedding;model={fingerprint};pooling={pooling}".encode()
+    if tenant:
+        header += f";tenant={tenant}".encode()
     digest = hashlib.sha256(header)
     digest.update(b"\x00")
     digest.update(pack_tokens(tokens))
@@ -146,8 +149,8 @@ class Embeddings:
             raise InvalidRequest(f"'dimensions' must be between 1 and {n_embd} (this model's width), got "
                                  f"{dimensions}", param="dimensions", code="invalid_value")
 
-    async def embed(self, inputs: Sequence[EmbeddingInput],
-                    dimensions: int | None = None) -> tuple[np.ndarray, EmbeddingUsage]:
+    async def embed(self, inputs: Sequence[EmbeddingInput], dimensions: int | None = None,
+                    tenant: str = "") -> tuple[np.ndarray, EmbeddingUsage]:
         service = self.service
         self.check_dimensions(dimensions)
         if len(inputs) > OFF_LOOP_INPUTS:
@@ -157,8 +160,9 @@ class Embeddings:
         info = service.engine.embedding_info
         unique = list(dict.fromkeys(tokens))
         service.ledger.enter()
+        service.live_first.enter()  # a live request: batch lines wait for their turn meanwhile
         try:
-            keys = [embedding_key(service.model.fingerprint, info.pooling, t) for t in unique] \
+            keys = [embedding_key(service.model.fingerprint, info.pooling, t, tenant) for t in unique] \
                 if service.options.l1_enabled else []
             found = await self._lookup(keys, info.n_embd) if keys else [None] * len(unique)
             vectors = {t: v for t, v in zip(unique, found) if v is not None}
@@ -179,6 +183,7 @@ class Embeddings:
             rows = normalised(np.stack([vectors[t] for t in tokens]), dimensions)
         finally:
             service.ledger.leave()
+            service.live_first.leave()
         missed = set(misses)
         hit = [t not in missed for t in tokens]
         cached_tokens = sum(len(t) for t, h in zip(tokens, hit) if h)

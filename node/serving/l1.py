@@ -14,6 +14,9 @@ request fields are accounted for in `REQUEST_FIELDS`: the prompt or messages arr
 prompt's tokens, the model name as the fingerprint, and `echo` is presentation, applied when
 answering.
 
+The tenant (node/serving/tenants.py) is in the header too when it is not the open one, so one
+tenant's answers are never another's hits (a node without keys keeps its keys as they were).
+
 The value is a versioned JSON record of each choice as it streamed (text pieces with their
 logprobs), its finish reason and its true token counts, so a hit answers exactly like the
 generation did, streamed or not, and, for a Conclave, its verdict (the `reame` object). A
@@ -86,10 +89,14 @@ class StoredAnswer:
 def l1_key(
     *, fingerprint: str, kv_type: str, kind: str, template: str,
     prompt_tokens: Sequence[int], options: GenerationOptions, extra: Mapping[str, Any] | None = None,
+    tenant: str = "",
 ) -> bytes:
-    """`extra`: node settings that shape the answer beyond the request (a Conclave's explorers)."""
-    header = {"v": KEY_VERSION, "model": fingerprint, "kv": kv_type, "kind": kind, "template": template,
-              "options": keyed_fields(options)}
+    """`extra`: node settings that shape the answer beyond the request (a Conclave's explorers);
+    `tenant`: whose answer it is ("" : the open tenant's)."""
+    header: dict[str, Any] = {"v": KEY_VERSION, "model": fingerprint, "kv": kv_type, "kind": kind,
+                              "template": template, "options": keyed_fields(options)}
+    if tenant:
+        header["tenant"] = tenant
     if extra:
         header["extra"] = {name: _canonical(value) for name, value in extra.items()}
     digest = hashlib.sha256(orjson.dumps(header, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))

@@ -2,7 +2,9 @@
 
 A validated request (node/serving/requests.py) becomes a `Plan` (node/serving/plan.py):
 one `Job` per prompt, each already rendered through the chat template, tokenized
-(node/serving/prompts.py), and (when deterministic) keyed for L1 (node/serving/l1.py).
+(node/serving/prompts.py), and (when deterministic) keyed for L1 (node/serving/l1.py). A plan
+is made for one tenant (node/serving/tenants.py, the API key the request came with): its L1
+keys and its prefix states are that tenant's alone.
 `service.answer(plan)` returns the `Answer` (node/serving/answer.py) that looks jobs up,
 submits the misses and yields the choices' events.
 
@@ -63,12 +65,14 @@ from node.serving.grammar_workers import GrammarWorkers
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UnsupportedFeature
 from node.serving.l1 import StoredAnswer, StoredChoice, decode_answer, encode_answer, l1_key
 from node.serving.ledger import Ledger
+from node.serving.live_first import BATCH_INTERVAL_S, LiveFirst
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.plan import COMPLETED, Job, Plan
 from node.serving.prompts import Prompts
 from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions, Output
 from node.serving.structure import ToolMarkers, new_call_id, tool_prompt
+from node.serving.tenants import OPEN
 from node.sessions.cuts import CutError
 from node.sessions.store import Session, Sessions
 from node.sessions.turns import SessionTurns
@@ -86,6 +90,7 @@ class ServiceOptions:
     max_pending_writes: int = 256
     prefetch_timeout_s: float = 2.0  # a fleet prefetch longer than this is given up
     max_queue_wait_s: float = 0.0  # a live request waiting longer for a slot is a 503 (0: no bound)
+    batch_interval_s: float = BATCH_INTERVAL_S  # while live requests are answered, one batch line per this
     conclave: ConclavePolicy = field(default_factory=ConclavePolicy)
     embeddings: EmbeddingLimits = field(default_factory=EmbeddingLimits)
 
@@ -109,6 +114,7 @@ class CompletionService:
         self.embeddings = Embeddings(self, options.embeddings)
         self.grammar_workers = GrammarWorkers()  # schema checks and grammar compiles, off the loop
         self.verified = structure.Verified()
+        self.live_first = LiveFirst(options.batch_interval_s)  # batch lines' loop work waits for live requests
 
     # ---- structure --------------------------------------------------------------------
 
@@ -133,7 +139,7 @@ class CompletionService:
 
     # ---- planning -------------------------------------------------------------------
 
-    def plan_completion(self, req: CompletionRequest, *, priority: int = INTERACTIVE) -> Plan:
+    def plan_completion(self, req: CompletionRequest, *, priority: int = INTERACTIVE, tenant: str = OPEN) -> Plan:
         jobs = []
         for number, prompt in enumerate(req.prompts):
             if isinstance(prompt, str):
@@ -147,13 +153,14 @@ class CompletionService:
                 tokens = prompt
                 text = self.engine.detokenize(prompt).decode("utf-8", "replace") if req.echo else ""
             jobs.append(self._job(number, "text", "none", tokens, text if req.echo else "", req.options, (),
-                                  priority=priority))
+                                  priority=priority, tenant=tenant))
         if req.options.conclave > 1 and len(jobs) > 1:
             raise InvalidRequest("A Conclave answers one prompt: send 'prompt' as one string or token array",
                                  param="prompt", code="invalid_value")
         return Plan("text", tuple(jobs), req.options)
 
-    def plan_chat(self, req: ChatRequest, session: Session | None = None, *, priority: int = INTERACTIVE) -> Plan:
+    def plan_chat(self, req: ChatRequest, session: Session | None = None, *, priority: int = INTERACTIVE,
+                  tenant: str = OPEN) -> Plan:
         template = self.model.template
         messages = [message.as_dict() for message in req.messages]
         output = req.options.output
@@ -189,12 +196,13 @@ class CompletionService:
         except (ValueError, CutError) as exc:  # TemplateError: roles the template cannot express, ...
             raise InvalidRequest(str(exc), param="messages", code="invalid_value") from None
         job = self._job(0, "chat", template.name, tuple(tokens), "", req.options, tuple(template.stop_strings),
-                        store_final_state=turn is not None and self.cache is not None, priority=priority)
+                        store_final_state=turn is not None and self.cache is not None, priority=priority,
+                        tenant=tenant)
         return Plan("chat", (job,), req.options, turn, markers)
 
     def _job(self, number: int, kind: str, template: str, tokens: tuple[int, ...], echo: str,
              options: GenerationOptions, extra_stop: Sequence[str], *, store_final_state: bool = False,
-             priority: int = INTERACTIVE) -> Job:
+             priority: int = INTERACTIVE, tenant: str = OPEN) -> Job:
         outside = [token for token in options.sampling.logit_bias if token >= self.model.n_vocab]
         if outside:
             raise InvalidRequest(f"'logit_bias' holds token ids outside the vocabulary of "
@@ -212,24 +220,25 @@ class CompletionService:
                          "conclave.seed": policy.seed, "conclave.adaptive": policy.adaptive,
                          "conclave.initial": policy.initial}
             key = l1_key(fingerprint=self.model.fingerprint, kv_type=self.model.kv_type, kind=kind,
-                         template=template, prompt_tokens=tokens, options=options, extra=extra)
+                         template=template, prompt_tokens=tokens, options=options, extra=extra, tenant=tenant)
         request = GenerationRequest(
             prompt_tokens=tokens, max_tokens=options.max_tokens, sampling=options.sampling,
             stop=tuple(dict.fromkeys((*options.stop, *extra_stop))), logprobs=options.logprobs,
             store_final_state=store_final_state, speculation=options.speculation, priority=priority,
             max_wait_s=self.options.max_queue_wait_s if priority == INTERACTIVE else 0.0,  # batch lines wait
+            cache_scope=tenant,
         )
         return Job(number * options.n, tokens, echo, request, options.n, key, options.conclave,
                    max(options.best_of, options.n))
 
     # ---- embeddings -----------------------------------------------------------------
 
-    async def embed(self, inputs: Sequence[EmbeddingInput],
-                    dimensions: int | None = None) -> tuple[np.ndarray, EmbeddingUsage]:
+    async def embed(self, inputs: Sequence[EmbeddingInput], dimensions: int | None = None,
+                    tenant: str = OPEN) -> tuple[np.ndarray, EmbeddingUsage]:
         """One L2-normalised float32 row per input (strings or token-id sequences), in order, cut
-        to `dimensions` and normalised again when given; raises InvalidRequest (400) for inputs or
-        dimensions out of bounds, Overloaded (503)."""
-        return await self.embeddings.embed(inputs, dimensions)
+        to `dimensions` and normalised again when given (L1 within the tenant's scope); raises
+        InvalidRequest (400) for inputs or dimensions out of bounds, Overloaded (503)."""
+        return await self.embeddings.embed(inputs, dimensions, tenant)
 
     # ---- answering ------------------------------------------------------------------
 
@@ -248,19 +257,19 @@ class CompletionService:
         (self.metrics.archive_hits if stored is not None else self.metrics.archive_misses).inc()
         return stored
 
-    async def prefetch(self, tokens: Sequence[int]) -> None:
-        """Bring the prompt's longest stored prefix into RAM before the engine looks it up."""
+    async def prefetch(self, tokens: Sequence[int], scope: str = OPEN) -> None:
+        """Bring the prompt's longest stored prefix (the tenant's) into RAM before the engine looks it up."""
         if self.fleet is not None:
-            await self.fleet.prefetch_within(tokens, self.options.prefetch_timeout_s)
+            await self.fleet.prefetch_within(tokens, self.options.prefetch_timeout_s, scope)
 
-    async def warm(self, tokens: Sequence[int]) -> WarmResult:
-        """Prefill `tokens` into the prefix cache (node/sessions/warm.py)."""
+    async def warm(self, tokens: Sequence[int], tenant: str = OPEN) -> WarmResult:
+        """Prefill `tokens` into the tenant's prefix cache (node/sessions/warm.py)."""
         if self.cache is None:
             raise InvalidRequest("The prefix cache is off on this node ([cache] enabled = false)",
                                  code="cache_disabled")
         return await warm(lambda request: self.submit_request(request, 1)[0], self.cache, tokens,
                           fleet=self.fleet, prefetch_timeout_s=self.options.prefetch_timeout_s,
-                          max_wait_s=self.options.max_queue_wait_s)
+                          max_wait_s=self.options.max_queue_wait_s, scope=tenant)
 
     def submit(self, job: Job) -> Sequence[GenerationHandle]:
         return self.submit_request(job.request, job.n)

@@ -52,7 +52,7 @@ class SessionTurns:
     """Turns of the sessions in `store`; `warm` prefills tokens into `cache` (None: cache off)."""
 
     def __init__(self, store: Sessions, template: ChatTemplate, tokens: TurnTokens,
-                 cache: PrefixCache | None, warm: Callable[[Sequence[int]], Awaitable[WarmResult]]) -> None:
+                 cache: PrefixCache | None, warm: Callable[[Sequence[int], str], Awaitable[WarmResult]]) -> None:
         self.store = store
         self.template = template
         self.tokens = tokens
@@ -80,19 +80,21 @@ class SessionTurns:
         tokens = (*turn.prompt_tokens, *generated, *self.tokens.continuation(closing))
         return await self.store.save(replace(turn.session, messages=messages, tokens=tokens))
 
-    async def load(self, session: Session) -> WarmResult | None:
-        """Bring the session's KV into RAM (from disk or the fleet), prefilling what is missing."""
+    async def load(self, session: Session, scope: str = "") -> WarmResult | None:
+        """Bring the session's KV into RAM (from disk or the fleet), prefilling what is missing,
+        under the asking tenant's `scope` (the one its turns ran under)."""
         if not session.tokens or self.cache is None:
             return None
-        return await self.warm(session.tokens)
+        return await self.warm(session.tokens, scope)
 
-    async def save(self, session: Session) -> int:
-        """Wait for the session's KV to be written to disk; the tokens of it the cache holds."""
+    async def save(self, session: Session, scope: str = "") -> int:
+        """Wait for the session's KV to be written to disk; the tokens of it the cache holds
+        for the asking tenant."""
         cache = self.cache
         if cache is None or not session.tokens:
             return 0
         await asyncio.to_thread(cache.flush)
-        return held_tokens(cache, session.tokens)
+        return held_tokens(cache, session.tokens, scope)
 
 
 def answer_message(answer: str, call_id: str | None) -> dict[str, Any]:

@@ -43,23 +43,26 @@ class WarmResult:
                 "stored_tokens": self.stored_tokens, "seconds": round(self.seconds, 4)}
 
 
-def held_tokens(cache: PrefixCache, tokens: Sequence[int]) -> int:
-    """The longest restorable prefix of `tokens` the local tiers hold (RAM, queued or disk)."""
-    return cache.longest_local(cache.chain.restorable(tokens))
+def held_tokens(cache: PrefixCache, tokens: Sequence[int], scope: str = "") -> int:
+    """The longest restorable prefix of `tokens` the local tiers hold (RAM, queued or disk) for
+    the tenant's `scope`."""
+    return cache.longest_local(cache.chain.restorable(tokens, scope))
 
 
 async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: PrefixCache,
                tokens: Sequence[int], *, fleet: FleetTier | None = None, prefetch_timeout_s: float = 2.0,
-               max_wait_s: float = 0.0) -> WarmResult:
-    """Prefill `tokens` through the engine so the cache stores them (module docstring).
+               max_wait_s: float = 0.0, scope: str = "") -> WarmResult:
+    """Prefill `tokens` through the engine so the cache stores them (module docstring), under
+    the tenant's `scope`.
 
     `submit` hands the request to the engine (the service maps engine errors to its own there).
     """
     started = time.perf_counter()
     if fleet is not None:
-        await fleet.prefetch_within(tokens, prefetch_timeout_s)
-    cached = held_tokens(cache, tokens)
-    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, sampling=GREEDY, max_wait_s=max_wait_s)
+        await fleet.prefetch_within(tokens, prefetch_timeout_s, scope)
+    cached = held_tokens(cache, tokens, scope)
+    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, sampling=GREEDY, max_wait_s=max_wait_s,
+                                cache_scope=scope)
     handle = submit(request)
     finished: Finished | None = None
     try:
@@ -73,4 +76,4 @@ async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: P
     if finished is None or finished.reason not in ("stop", "length"):
         detail = finished.error if finished is not None and finished.error else "no detail"
         raise WarmFailed(f"warming {len(tokens)} tokens ended early: {detail}")
-    return WarmResult(len(tokens), cached, held_tokens(cache, tokens), time.perf_counter() - started)
+    return WarmResult(len(tokens), cached, held_tokens(cache, tokens, scope), time.perf_counter() - started)

@@ -160,3 +160,29 @@ def test_every_key_is_documented():
     doc = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
     for opt in OPTIONS:
         assert f"| `{opt.key}` |" in doc and f"`{opt.env}`" in doc, opt.name
+
+
+def test_api_keys_add_to_the_single_key_from_file_env_and_flag(tmp_path):
+    env = {"REAME_HOME": str(tmp_path)}
+    settings = load_settings(write(tmp_path, "[server]\napi_key = one\napi_keys = two, three,,one\n"), {}, env=env)
+    assert settings.server.api_key == "one" and settings.server.keys == ("one", "two", "three")
+    assert load_settings(None, {}, env={**env, "REAME_SERVER_API_KEYS": "x,y"}).server.keys == ("x", "y")
+    assert load_settings(None, {}, env=env).server.keys == ()  # no key: one open tenant
+
+    from node.commands import build_parser, settings_from_args
+
+    args = build_parser("reame", model_positional=False).parse_args(["--serve", "--api-keys", "p,q", "--api-key", "k"])
+    assert settings_from_args(args).server.keys == ("k", "p", "q")
+
+
+def test_reame_warm_prefills_for_every_configured_key_or_the_one_asked(tmp_path):
+    """A keyed node restores only its keys' states: `reame warm` warms for each key of the
+    config (a document warmed for the keyless tenant would never be restored there)."""
+    from node.commands import warm_tenants
+    from node.serving.tenants import OPEN, tenant_id
+
+    env = {"REAME_HOME": str(tmp_path)}
+    keyed = load_settings(None, {"server.api_key": "k1", "server.api_keys": "k2"}, env=env)
+    assert warm_tenants(keyed, None) == (tenant_id("k1"), tenant_id("k2"))
+    assert warm_tenants(keyed, "k3") == (tenant_id("k3"),)
+    assert warm_tenants(load_settings(None, {}, env=env), None) == (OPEN,)

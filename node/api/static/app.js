@@ -18,7 +18,11 @@ function headers() {
 
 async function loadHealth() {
   try {
-    const health = await (await fetch("/health")).json();
+    const health = await (await fetch("/health", { headers: headers() })).json();  // details need the key
+    if (!health.model) {  // a node with keys: without the right one, /health says only its status
+      $("archive").textContent = "node " + health.status + " (type the API key for details)";
+      return;
+    }
     modelId = health.model;
     $("model").textContent = "model: " + health.model;
     $("archive").textContent = "archive: " + health.archive;
@@ -156,7 +160,10 @@ async function loadSavings() {
 }
 
 $("api-key").value = apiKey();
-$("api-key").addEventListener("change", (e) => localStorage.setItem("reame-api-key", e.target.value));
+$("api-key").addEventListener("change", (e) => {
+  localStorage.setItem("reame-api-key", e.target.value);
+  loadHealth();  // with the key, /health names the model and the archive
+});
 $("ask").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("prompt").value.trim();

@@ -258,3 +258,26 @@ async def test_flush_pushes_a_state_still_being_written_when_the_node_stops(tmp_
     finally:
         release.set()
         node.close()
+
+
+async def test_a_second_node_keeps_the_tenants_apart(tmp_path, archive):
+    """What node A stored for tenant "a" reaches node B through the archive under the tenant's
+    own keys: B fetches it for "a", never for "b" or the open tenant."""
+    node_a, node_b = make(tmp_path / "a"), make(tmp_path / "b")
+    fleet_a, fleet_b = FleetTier(node_a, archive), FleetTier(node_b, archive)
+    try:
+        prompt = DOC + [1]
+        for n in node_a.boundaries_to_store(prompt, "a"):
+            node_a.store(prompt, n, fake_state(prompt, n), "a")
+        assert node_a.flush()
+        await fleet_a.drain()
+        assert node_a.stats()["fleet_pushes"] == 3
+        question = DOC + [5, 6, 7]
+        assert await fleet_b.prefetch(question, "b") == 0 and await fleet_b.prefetch(question) == 0
+        assert node_b.lookup(question, "b") is None and node_b.lookup(question) is None
+        assert await fleet_b.prefetch(question, "a") == 40
+        assert node_b.lookup(question, "a") == (40, fake_state(question, 40))
+        assert node_b.lookup(question, "b") is None
+    finally:
+        node_a.close()
+        node_b.close()

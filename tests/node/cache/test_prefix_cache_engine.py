@@ -47,14 +47,14 @@ class SwitchableHook:
     def __init__(self, target: PrefixCache):
         self.target = target
 
-    def lookup(self, prompt_tokens):
-        return self.target.lookup(prompt_tokens)
+    def lookup(self, prompt_tokens, scope=""):
+        return self.target.lookup(prompt_tokens, scope)
 
-    def boundaries_to_store(self, prompt_tokens):
-        return self.target.boundaries_to_store(prompt_tokens)
+    def boundaries_to_store(self, prompt_tokens, scope=""):
+        return self.target.boundaries_to_store(prompt_tokens, scope)
 
-    def store(self, prompt_tokens, n_tokens, state):
-        self.target.store(prompt_tokens, n_tokens, state)
+    def store(self, prompt_tokens, n_tokens, state, scope=""):
+        self.target.store(prompt_tokens, n_tokens, state, scope)
 
 
 def new_cache(gemma_path, directory) -> PrefixCache:

@@ -191,3 +191,18 @@ def test_full_write_queue_drops_to_ram_only(tmp_path):
         assert stats["disk_entries"] + stats["stores_dropped"] == 50
     finally:
         cache.close()
+
+
+def test_a_tenants_states_are_found_only_under_its_scope(cache):
+    """Each tenant's chain has a root of its own: a prefix stored for one is a miss for another,
+    and the open tenant ("") keeps the keys a node without tenants always had."""
+    prompt = DOC + [1]
+    assert cache.boundaries_to_store(prompt, "tenant-a") == [40]
+    cache.store(prompt, 40, fake_state(prompt, 40), "tenant-a")
+    assert cache.lookup(prompt, "tenant-a") == (40, fake_state(prompt, 40))
+    assert cache.lookup(prompt, "tenant-b") is None and cache.lookup(prompt) is None
+    assert cache.boundaries_to_store(prompt, "tenant-b") == [40]  # B prefills and stores its own
+    assert cache.chain.restorable(prompt) == cache.chain.boundaries(prompt, limit=40)
+    open_keys = {b.key for b in cache.chain.boundaries(prompt)}
+    assert open_keys.isdisjoint(b.key for b in cache.chain.boundaries(prompt, scope="tenant-a"))
+    assert cache.chain.root_of("") == cache.chain.root == IDENTITY.root()

@@ -119,3 +119,23 @@ def test_a_flood_of_long_prompts_never_fails_the_batch(small_engine):
     assert reasons == ["length"] * len(handles)
     stats = eng.stats()
     assert stats["kv_cells_reserved"] == 0 and stats["slots_free"] == 4
+
+
+def test_identical_prompts_of_two_tenants_do_not_share_a_prefill(engine):
+    """Two submits of one prompt in flight together share its prefill (the second clones the
+    first's KV), which would tell the second tenant, by its time to first token, that someone
+    sent the same prompt: only requests of one cache scope share."""
+    text = " ".join(f"row {i}: a tenant's own document, line after line." for i in range(50))
+    tokens = tuple(engine.tokenize(text))[:600]
+
+    def pair(scopes):
+        before = engine.stats()
+        handles = [engine.submit(GenerationRequest(tokens, max_tokens=2, sampling=GREEDY, cache_scope=scope))
+                   for scope in scopes]
+        for handle in handles:
+            assert finish(handle)[0].reason in ("length", "stop")
+        after = engine.stats()
+        return after["shared_prefills"] - before["shared_prefills"], after["prefill_tokens"] - before["prefill_tokens"]
+
+    assert pair(("tenant-a", "tenant-a")) == (1, 600)  # one scope: one prefill, one clone
+    assert pair(("tenant-a", "tenant-b")) == (0, 1200)  # two scopes: each prefills its own

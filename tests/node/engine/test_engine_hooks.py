@@ -65,7 +65,7 @@ class DictPrefixCache:
         self.states: dict[tuple[int, ...], bytes] = {}
         self.hits = 0
 
-    def lookup(self, prompt_tokens):
+    def lookup(self, prompt_tokens, scope=""):
         for n in range((len(prompt_tokens) - 1) // BLOCK * BLOCK, 0, -BLOCK):
             state = self.states.get(tuple(prompt_tokens[:n]))
             if state is not None:
@@ -73,10 +73,10 @@ class DictPrefixCache:
                 return n, state
         return None
 
-    def boundaries_to_store(self, prompt_tokens):
+    def boundaries_to_store(self, prompt_tokens, scope=""):
         return [n for n in range(BLOCK, len(prompt_tokens), BLOCK) if tuple(prompt_tokens[:n]) not in self.states]
 
-    def store(self, prompt_tokens, n_tokens, state):
+    def store(self, prompt_tokens, n_tokens, state, scope=""):
         self.states[tuple(prompt_tokens[:n_tokens])] = state
 
 
