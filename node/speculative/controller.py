@@ -292,11 +292,13 @@ class Controller:
 
     def _table(self, state: _SourceState, sampled: bool, match_class: int) -> list[float]:
         """The source's per-position estimates for greedy or sampled sequences and a match class
-        (a class seen for the first time starts from the estimates over every match)."""
+        (a class seen for the first time starts from the estimates over every match; greedy or
+        sampled seen for the first time from the other's, then each learns from its own)."""
         table = state.p.get((sampled, match_class))
         if table is None:
-            if match_class == ANY:
-                table = [state.prior] * self.config.max_draft
+            if match_class == ANY:  # no evidence for this kind yet: start from the other kind's, if any
+                other = state.p.get((not sampled, ANY))
+                table = list(other) if other is not None else [state.prior] * self.config.max_draft
             else:
                 table = list(self._table(state, sampled, ANY))
             state.p[(sampled, match_class)] = table

@@ -288,3 +288,18 @@ def test_a_long_match_is_trusted_apart_from_a_short_one():
         plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
         lengths[match] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
     assert lengths == {24: 16, 2: 0}
+
+
+def test_a_first_sampled_sequence_starts_from_what_greedy_ones_taught():
+    controller = Controller([Fixed("src", tuple(range(8)))], ControllerConfig(max_draft=8), costs=linear())
+    teacher = DraftSeq(1, 1, (), False)
+    controller.begin(teacher)
+    for _ in range(40):
+        controller.verified(teacher, Draft(tuple(range(8)), "src"), 8)
+    sampled = DraftSeq(2, 2, (), True)
+    controller.begin(sampled)
+    plan = controller.plan(1, [DraftAsk(sampled, [1], 8)], 0, 256)
+    assert len(plan.drafts[2].tokens) == 8  # not the prior's short first draft
+    controller.verified(sampled, plan.drafts[2], 0)
+    assert controller.state()["src"]["sampled_acceptance_by_position"][0] < \
+        controller.state()["src"]["acceptance_by_position"][0]  # from then on its own evidence
