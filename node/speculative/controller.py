@@ -148,12 +148,13 @@ class Controller:
         plain = n / self.costs.seconds(n)  # plain decoding's tokens per second of this step
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
+        worthy: set[str] = set()  # sources whose draft for some sequence beat plain decoding
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             room = min(ask.room, self.config.max_draft)
             if own is None or room <= 0:
                 continue
-            option = self._best_option(ask, own, room, row_s, plain, n, proposed)
+            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy)
             if option is not None:
                 chosen.append(option)
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
@@ -162,14 +163,14 @@ class Controller:
         for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
             if state.source.name in probed:
                 continue
-            if state.source.name in paid:
+            if state.source.name in paid or (drafts and state.source.name in worthy):
                 self._paying(state)
             else:
                 self._not_paying(state)
         return StepPlan(drafts, max(0, min(prefill, budget - rows)))
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
-                     proposed: list[_SourceState]) -> _Option | None:
+                     proposed: list[_SourceState], worthy: set[str]) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
         at plain decoding's rate (a probing source's draft whatever it is worth)."""
         best: _Option | None = None
@@ -202,8 +203,10 @@ class Controller:
             for g in gains:
                 surplus += g - plain * cost
                 value = max(value, surplus)
-            if value > 0 and (best is None or value > best.value):
-                best = _Option(ask.seq, state, draft, gains, cost, 0, value)
+            if value > 0:
+                worthy.add(state.source.name)  # it pays, whether or not another source's draft pays more
+                if best is None or value > best.value:
+                    best = _Option(ask.seq, state, draft, gains, cost, 0, value)
         return best
 
     def _paying_length(self, gains: list[float], cost: float, n: int) -> int:

@@ -303,3 +303,11 @@ def test_a_first_sampled_sequence_starts_from_what_greedy_ones_taught():
     controller.verified(sampled, plan.drafts[2], 0)
     assert controller.state()["src"]["sampled_acceptance_by_position"][0] < \
         controller.state()["src"]["acceptance_by_position"][0]  # from then on its own evidence
+
+
+def test_a_source_outbid_by_another_that_still_pays_stays_on():
+    # both sources' drafts are kept whole; the longer one wins each step, the other still pays
+    long, short = Fixed("long", tuple(range(8))), Fixed("short", tuple(range(3)))
+    controller = Controller([long, short], ControllerConfig(max_draft=8), costs=linear())
+    run(controller, SWITCH_OFF * 3, lambda n: n)
+    assert controller.state()["short"]["on"] and controller.stats["short"].switched_off == 0
