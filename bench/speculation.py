@@ -19,6 +19,9 @@ Cases (targets in docs/BENCHMARKS.md):
   prose     free prose, nothing to match
   users4    4 users on a repetitive mix (aggregate), and on a non-repetitive mix
   nightly   40 classification requests, then 40 new items with the same instruction
+  sampled   a seeded sampled request (temperature 0.8) sent again, L1 not involved
+  sampled_rewrite  the rewrite at temperature 0.5, seeded
+  conclave  a Conclave of 5 (all started, 48 tokens, sampled) against one answer, speculation on
 """
 
 from __future__ import annotations
@@ -68,24 +71,31 @@ INSTRUCTION = ("Classify the sentiment of the customer review as positive or neg
                "reason.\nAnswer in the form 'Sentiment: <positive|negative>. Reason: <reason>.'\n")
 
 
-def greedy(engine, text: str, tokens: int, speculation: bool):
+def greedy(engine, text: str, tokens: int, speculation: bool, temperature: float = 0.0):
+    """The case's request: greedy, or seeded sampling at `temperature` (the same seed every time)."""
     from node.engine.types import GenerationRequest, SamplingParams
 
     ban = {t: float("-inf") for t in engine.model_info.eog_tokens}
     return GenerationRequest(tuple(engine.tokenize(text)), max_tokens=tokens, speculation=speculation,
-                             sampling=SamplingParams(temperature=0.0, logit_bias=ban))
+                             sampling=SamplingParams(temperature=temperature, logit_bias=ban,
+                                                     seed=SEED if temperature > 0 else None))
 
 
-def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: bool = False):
+SEED = 2026
+
+
+def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: bool = False,
+          temperature: float = 0.0):
     """(tokens per second, outputs) for the texts, one after another or all at once."""
     start = time.perf_counter()
     outs = []
     if concurrent:
-        handles = [engine.submit(greedy(engine, t, tokens, speculation)) for t in texts]
+        handles = [engine.submit(greedy(engine, t, tokens, speculation, temperature)) for t in texts]
         outs = [list(h.iter_sync(timeout=1800))[-1].generated for h in handles]
     else:
         for t in texts:
-            outs.append(list(engine.submit(greedy(engine, t, tokens, speculation)).iter_sync(timeout=1800))[-1].generated)
+            request = greedy(engine, t, tokens, speculation, temperature)
+            outs.append(list(engine.submit(request).iter_sync(timeout=1800))[-1].generated)
     wall = time.perf_counter() - start
     return sum(len(o) for o in outs) / wall, outs
 
@@ -98,15 +108,16 @@ def compare(plain: list[tuple[int, ...]], spec: list[tuple[int, ...]]) -> str:
     return "identical"
 
 
-def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool = False) -> tuple[float, float, str]:
+def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool = False,
+           temperature: float = 0.0) -> tuple[float, float, str]:
     """Best-of-rounds tokens/s off and on, alternating; outputs compared."""
     off, on = [], []
     plain_out: list = []
     spec_out: list = []
     for _ in range(rounds):
-        rate, plain_out = timed(engine, texts, tokens, False, concurrent)
+        rate, plain_out = timed(engine, texts, tokens, False, concurrent, temperature)
         off.append(rate)
-        rate, spec_out = timed(engine, texts, tokens, True, concurrent)
+        rate, spec_out = timed(engine, texts, tokens, True, concurrent, temperature)
         on.append(rate)
     return max(off), max(on), compare(plain_out, spec_out)
 
@@ -118,9 +129,69 @@ def row(name: str, off: float, on: float, verdict: str, target: str) -> str:
 
 
 def case_repeat(engine, args) -> list[str]:
-    text = "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"
+    text = REPEAT_TEXT
     timed(engine, [text], args.tokens, True)  # the first time: what the Palimpsest will know
     return [row("repeat (Palimpsest, L1 off)", *versus(engine, [text], args.tokens, args.rounds), ">= 3.0x")]
+
+
+REPEAT_TEXT = "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"
+
+
+def case_sampled(engine, args) -> list[str]:
+    """The seeded sampled request (temperature 0.8) sent again, against greedy's repeat in the same run."""
+    text = "Write the notice for the members of the Vellmar sailing club about the winter moorings:"
+    timed(engine, [text], args.tokens, True, temperature=0.8)  # the first time: what the Palimpsest will know
+    return [row("seeded sampled repeat (t 0.8, L1 off)", *versus(engine, [text], args.tokens, args.rounds,
+                                                                 temperature=0.8), ">= 2.2x")]
+
+
+def case_sampled_rewrite(engine, args) -> list[str]:
+    text = f"Rewrite the following paragraph, correcting nothing and keeping every sentence:\n\n{PARAGRAPH}\n\nRewritten:\n"
+    return [row("sampled rewrite (t 0.5, lookup)", *versus(engine, [text], args.tokens, args.rounds,
+                                                           temperature=0.5), ">= 1.8x")]
+
+
+def case_conclave(engine, args) -> list[str]:
+    """A Conclave of 5 (all started, 48 tokens each, end of generation banned; explorers sample at
+    0.7) against one answer of the same request, speculation on in both, best of rounds."""
+    from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
+
+    text = f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n"
+    request = greedy(engine, text, 48, True, temperature=0.8)
+
+    async def one() -> float:
+        start = time.perf_counter()
+        await engine.submit(request, asyncio.get_running_loop()).collect()
+        return time.perf_counter() - start
+
+    async def conclave() -> float:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        run = ConclaveRun(lambda reqs, spare, group: engine.submit_group(reqs, loop, spare=spare, group=group),
+                          request, 5, ConclavePolicy(adaptive=False))
+        run.start()
+        await run.decide()
+        return time.perf_counter() - start
+
+    async def rounds() -> tuple[float, float]:
+        ones, alls = [], []
+        for _ in range(args.rounds):
+            ones.append(await one())
+            alls.append(await conclave())
+        return min(ones), min(alls)
+
+    t1, t5 = asyncio.run(rounds())
+    line = engine_line(engine)
+    ceiling = line.seconds(5) / line.seconds(1)
+    return [f"{'conclave of 5, 48 tokens, sampled':34s} one {t1:6.2f} s  conclave {t5:6.2f} s  {t5 / t1:5.2f}x one "
+            f"answer  (target <= 2.0x; 5 rows cost {ceiling:.2f} steps on this line)  load {os.getloadavg()[0]:.1f}"]
+
+
+def engine_line(engine):
+    from node.engine.cost_line import CostLine
+
+    costs = engine.config.speculator.costs
+    return CostLine(costs.intercept * costs.scale, costs.slope * costs.scale)
 
 
 def case_fleet(engine_a, args) -> list[str]:
@@ -235,7 +306,8 @@ def case_nightly(engine, args) -> list[str]:
 
 
 CASES = {"repeat": case_repeat, "fleet": case_fleet, "rewrite": case_rewrite, "extract": case_extract,
-         "prose": case_prose, "users4": case_users4, "nightly": case_nightly}
+         "prose": case_prose, "users4": case_users4, "nightly": case_nightly, "sampled": case_sampled,
+         "sampled_rewrite": case_sampled_rewrite, "conclave": case_conclave}
 
 
 def main() -> int:
@@ -264,7 +336,7 @@ def main() -> int:
         timed(engine, ["Hello"], 4, False)  # warm-up
         costs = controller.costs
         print(f"verify cost line ({'measured' if costs.measured else 'default: calibration did not finish'}): "
-              f"{costs.intercept * 1000:.1f} ms + {costs.slope * 1000:.2f} ms per token")
+              f"{costs.line().describe()}")
         for name in args.cases.split(","):
             for line in CASES[name.strip()](engine, args):
                 print(line, flush=True)

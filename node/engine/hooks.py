@@ -6,9 +6,12 @@ An exception from a hook is logged and treated as "nothing to offer"; it never e
 request.
 
 Drafts: a `Speculator` (node/speculative/controller.py is the node's own) is told when a
-sequence begins and ends, is asked before each step for a `Draft` per decoding sequence,
-and hears back how many of the draft's tokens the target kept (node/engine/verify.py) and
-what each step cost. It decides the draft length; the engine only verifies.
+sequence begins and ends, plans each step as a whole (`plan`: given every decoding
+sequence's room for drafts, the prompt tokens waiting to be prefilled beside them and the
+step's token budget, it returns the drafts to verify and how many prompt tokens the step
+carries), and hears back how many of each draft's tokens the target kept
+(node/engine/verify.py) and what each step cost. It decides the draft lengths and the
+split of the step between drafts and prefill; the engine only verifies.
 """
 
 from __future__ import annotations
@@ -77,12 +80,32 @@ class Draft:
     tokens: tuple[int, ...]
     source: str
     dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
+    match: int = 0  # context tokens the source matched to propose it (0: the source does not say)
 
     def head(self, n: int) -> Draft:
         """The first n tokens (and their distributions)."""
         if n >= len(self.tokens):
             return self
-        return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None)
+        return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None, self.match)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftAsk:
+    """One decoding sequence's question to the planner: its context (prompt + output so far,
+    ending with the token the step decodes) and the most draft tokens it may carry."""
+
+    seq: DraftSeq
+    context: Sequence[int]
+    room: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """The planner's answer: drafts by `DraftSeq.key` (a sequence without one decodes plainly)
+    and the prompt tokens the step carries beside decoding (at most what was offered)."""
+
+    drafts: dict[int, Draft]
+    prefill: int
 
 
 @runtime_checkable
@@ -101,12 +124,11 @@ class Speculator(Protocol):
     def begin(self, seq: DraftSeq) -> None:
         """A sequence starts decoding."""
 
-    def start_step(self, n_decoding: int) -> None:
-        """A step is being planned with n_decoding sequences decoding."""
-
-    def propose(self, seq: DraftSeq, context: Sequence[int], max_tokens: int) -> Draft | None:
-        """At most max_tokens tokens to verify after the sequence's next token (context ends
-        with it), or None."""
+    def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int) -> StepPlan:
+        """The step as a whole: n_decoding sequences decode one token each (`asks` are those
+        that may carry drafts); `prefill` prompt tokens wait to go in beside them; `budget` is
+        the most tokens the step may hold beyond the decoding tokens. Drafts (each at most
+        its ask's room) and prefill together stay within the budget."""
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         """The target kept `accepted` of the draft's tokens (a prefix of them)."""

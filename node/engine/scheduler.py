@@ -23,7 +23,9 @@ Each step (all on the one thread that owns the llama context):
    spare reservation;
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
    each), then prefill chunks of newcomers (interactive ones first) under
-   `step_token_budget`, so a long prompt
+   `step_token_budget`; the speculator plans the step as a whole (`Speculator.plan`: the
+   decoding sequences' room for drafts, the prompt tokens on offer and the budget in, the
+   drafts and the prompt tokens the step carries out), so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step. While an interactive request is
@@ -59,7 +61,7 @@ import numpy as np
 from node.engine.budget import KVBudget
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
-from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
+from node.engine.hooks import Draft, DraftAsk, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sequence import Phase, Sequence
@@ -449,14 +451,23 @@ class Scheduler:
         elif waiting and not any(seq.phase is not Phase.DECODE for seq in live):
             self._batch_turn += 1  # beside live decoding: one batch sequence a step, in turn
             decoding.append(waiting[self._batch_turn % len(waiting)])
-        if decoding and self._speculator is not None:
-            self._hook("start_step", len(decoding))
+        asks = [] if self._speculator is None else \
+            [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
+             for ask in [self._ask(seq)] if ask is not None]
+        used = sum(len(seq.pending) for seq in decoding)
+        room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
+        room = min(room, self._batch.capacity - used)
+        offered = sum(len(e.tokens) for e in self._prefill_entries(live, room))
+        drafts, prefill = self._drafts(len(decoding), asks, offered, room)
         for seq in decoding:
-            drafts = [] if live and seq.request.priority > INTERACTIVE else self._drafts(seq)
-            entries.append(_Entry(seq, seq.pending + drafts, seq.n_past, True))
-        used = sum(len(e.tokens) for e in entries)
-        budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
-        budget = min(budget, self._batch.capacity - used)
+            seq.draft = drafts.get(seq.key)
+            tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
+            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True))
+        return entries + self._prefill_entries(live, prefill)
+
+    def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
+        """Prompt chunks for up to `budget` tokens, interactive prompts first."""
+        entries: list[_Entry] = []
         for seq in sorted(self._active, key=_priority):  # interactive prompts get the step's room first
             if budget <= 0:
                 break
@@ -471,25 +482,32 @@ class Scheduler:
             budget -= n
         return entries
 
-    def _drafts(self, seq: Sequence) -> list[int]:
+    def _ask(self, seq: Sequence) -> DraftAsk | None:
+        """What a decoding sequence may ask the planner for: its room for drafts this step."""
         seq.draft = None
-        if self._speculator is None or seq.draft_seq is None:
-            return []
+        if seq.draft_seq is None:
+            return None
         room = min(self._limits.max_draft, seq.request.max_tokens - seq.n_sampled - 1)
-        if room <= 0:
-            return []
+        return DraftAsk(seq.draft_seq, seq.tokens, room) if room > 0 else None
+
+    def _drafts(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int) -> tuple[dict[int, Draft], int]:
+        """The speculator's plan for the step: drafts by sequence key, and the prompt tokens the
+        step carries (all that was offered when nothing drafts)."""
+        if self._speculator is None or not n_decoding:
+            return {}, offered
         try:
-            draft = self._speculator.propose(seq.draft_seq, seq.tokens, room)
+            plan = self._speculator.plan(n_decoding, asks, offered, room)
         except Exception:
-            log.exception("speculator propose() failed; decoding without drafts")
-            return []
-        if draft is None or not draft.tokens:
-            return []
-        if len(draft.tokens) > room:
-            draft = draft.head(room)
-        seq.draft = draft
-        self.counters["draft_tokens"] += len(draft.tokens)
-        return [int(t) for t in draft.tokens]
+            log.exception("speculator plan() failed; decoding without drafts")
+            return {}, offered
+        rooms = {ask.seq.key: ask.room for ask in asks}
+        drafts: dict[int, Draft] = {}
+        for key, draft in plan.drafts.items():
+            if key in rooms and draft.tokens:
+                drafts[key] = draft.head(rooms[key])
+        rows = sum(len(d.tokens) for d in drafts.values())
+        self.counters["draft_tokens"] += rows
+        return drafts, max(0, min(plan.prefill, offered, room - rows))
 
     def _hook(self, method: str, *args: Any) -> None:
         try:

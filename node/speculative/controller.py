@@ -1,15 +1,29 @@
-"""The controller: the engine's Speculator. Asks the sources, decides how much of a draft to
-verify from what it costs and what it is expected to keep, and switches sources off and on.
+"""The controller: the engine's Speculator. Plans each step as a whole: which sequences'
+drafts to verify, how long each, and how much of the step's token budget is left to prefill
+beside them; switches sources off and on.
 
-Per source and per sequence it estimates p_i, the chance the draft token at position i is
-kept given the ones before it were (a moving average per source, blended with the
-sequence's own counts; a draft kept whole also raises the estimate of the position after
-it, so lengths grow while drafts keep being kept), so a draft of length j is expected to yield E_j = sum of the
-products p_1 .. p_i. A step is planned as a whole: it starts with every decoding sequence's
-one token, and each sequence's draft length j is the one maximising the step's expected
-tokens per second, (tokens so far + E_j) / cost(rows so far + j), from the measured verify
-cost curve (costs.py). A draft that does not raise the whole batch's rate is not verified:
-j = 0, the step is plain decoding, and drafts cost the other users nothing.
+Estimates. Per source it estimates p_i, the chance the draft token at position i is kept
+given the ones before it were: a moving average per source, kept apart for greedy and for
+sampled sequences (a sampled sequence keeps a deterministic draft only where its own draw
+agrees, so its acceptance is not greedy's) and by the class of the source's match (the
+context tokens it matched, `Draft.match`: the Palimpsest's match length, prompt lookup's
+n-gram; a long match predicts a long kept run, as in suffix decoding). The source's estimate
+is blended with the sequence's own counts of that source's drafts (its hit history); a draft
+kept whole also raises the estimate of the position after it, so lengths grow while drafts
+keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
+tokens.
+
+The row budget. On a CPU a step costs a fixed part and a part per row with logits (the cost
+line, costs.py, fitted from the steps the engine runs), so a draft's position i costs one
+row (plus the source's own making cost) and buys g_i tokens. The planner takes every
+sequence's best draft, ranks all their positions across sequences by kept tokens per
+second of row, and takes them in that order while each one raises the whole step's
+expected tokens per second ((decoding tokens + kept drafts) / step time): rows go to the
+drafts that buy most, wherever they are in the batch, and a sequence's draft length is
+where its positions stop paying (it adapts per sequence and per match, never a fixed max).
+A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
+share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
+gets what the drafts leave.
 
 Under a grammar, every source's draft is cut where the grammar stops admitting it (a token
 the grammar forbids can never be kept, so verifying it would only cost a row).
@@ -26,7 +40,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from node.engine.hooks import Draft, DraftSeq
+from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
 from node.speculative.costs import CostCurve
 from node.speculative.palimpsest import Palimpsest
 from node.speculative.source import DraftSource
@@ -41,7 +55,9 @@ SWITCH_OFF = 24       # proposals in a row judged not to pay
 BACKOFF_START = 32    # steps before the first re-probe
 BACKOFF_MAX = 4096
 PROBE_TOKENS = 3
-MARGIN = 1.02         # a draft must promise this much more throughput than none
+MARGIN = 1.02         # a plan with drafts must promise this much more throughput than none
+PREFILL_SHARE = 0.5   # the share of the step's token budget drafts leave to a waiting prompt
+ANY = -1              # the match class of the estimate over every match
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +70,9 @@ class ControllerConfig:
 @dataclass(slots=True)
 class _SourceState:
     source: DraftSource
-    p: list[float]                      # per-position acceptance estimate
+    prior: float
+    # per-position acceptance estimates by (sampled, match class); (sampled, ANY) over every match
+    p: dict[tuple[bool, int], list[float]] = field(default_factory=dict)
     on: bool = True
     idle: int = 0                       # proposals in a row that did not pay
     backoff: int = BACKOFF_START
@@ -76,14 +94,10 @@ class Controller:
                  costs: CostCurve | None = None) -> None:
         self.config = config
         self.costs = costs or CostCurve()
-        self._sources = {s.name: _SourceState(s, [float(getattr(s, "prior", PRIOR))] * config.max_draft)
-                         for s in sources}
+        self._sources = {s.name: _SourceState(s, float(getattr(s, "prior", PRIOR))) for s in sources}
         self.stats = SpeculationStats(list(self._sources), config.max_draft)
         self._seqs: dict[int, _SeqState] = {}
         self._step = 0
-        self._rows = 0
-        self._expected = 0.0
-        self._n_decoding = 0
         self._this_step: list[tuple[str, int, int]] = []   # (source, drafted, accepted)
 
     @property
@@ -119,56 +133,126 @@ class Controller:
         for state in self._sources.values():
             state.source.end(seq, tokens)
 
-    def start_step(self, n_decoding: int) -> None:
+    def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int) -> StepPlan:
         self._step += 1
-        self._rows = n_decoding
-        self._expected = float(n_decoding)
-        self._n_decoding = n_decoding
         self._this_step.clear()
         for state in self._sources.values():
             if isinstance(state.source, Palimpsest):
                 state.source.ingest()
             if not state.on and self._step >= state.wake_at:
                 state.on = state.probing = True
+        owed = min(prefill, int(budget * PREFILL_SHARE))  # a waiting prompt's share of the step
+        rows_left = max(0, budget - owed)
+        n = max(1, n_decoding)
+        row_s = max(self.costs.seconds(n + 1) - self.costs.seconds(n), 1e-9)
+        plain = n / self.costs.seconds(n)  # plain decoding's tokens per second of this step
+        chosen: list[_Option] = []
+        proposed: list[_SourceState] = []
+        worthy: set[str] = set()  # sources whose draft for some sequence beat plain decoding
+        for ask in asks:
+            own = self._seqs.get(ask.seq.key)
+            room = min(ask.room, self.config.max_draft)
+            if own is None or room <= 0:
+                continue
+            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy)
+            if option is not None:
+                chosen.append(option)
+        drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+        paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
+        probed = {o.state.source.name for o in chosen if o.forced}
+        for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
+            if state.source.name in probed:
+                continue
+            if state.source.name in paid or (drafts and state.source.name in worthy):
+                self._paying(state)
+            else:
+                self._not_paying(state)
+        return StepPlan(drafts, max(0, min(prefill, budget - rows)))
 
-    def propose(self, seq: DraftSeq, context: Sequence[int], max_tokens: int) -> Draft | None:
-        own = self._seqs.get(seq.key)
-        if own is None:
-            return None
-        best: tuple[float, Draft, _SourceState] | None = None
-        base = self._expected / self.costs.seconds(self._rows)
+    def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
+                     proposed: list[_SourceState], worthy: set[str]) -> _Option | None:
+        """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
+        at plain decoding's rate (a probing source's draft whatever it is worth)."""
+        best: _Option | None = None
         for state in self._sources.values():
             if not state.on:
                 continue
-            ask = max_tokens
             making = state.source.cost_per_token
+            ask_k = room
             if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
-                ask, _, _ = self._best_length(state, own, max_tokens)
-                if ask == 0:
-                    self._not_paying(state)
+                ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, 0, room), row_s + making, n)
+                if ask_k == 0:
+                    if state not in proposed:
+                        proposed.append(state)
                     continue
-            draft = state.source.propose(seq, context, ask)
-            if draft is not None and seq.grammar is not None and draft.tokens:
-                draft = _grammatical(draft, seq.grammar.valid(draft.tokens))
+            draft = state.source.propose(ask.seq, ask.context, ask_k)
+            if draft is not None and ask.seq.grammar is not None and draft.tokens:
+                draft = _grammatical(draft, ask.seq.grammar.valid(draft.tokens))
             if draft is None or not draft.tokens:
                 continue
+            if state not in proposed:
+                proposed.append(state)
+            draft = draft.head(room)
+            gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens))
+            cost = row_s + making
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
-                j, rate = min(len(draft.tokens), PROBE_TOKENS), base * MARGIN
+                j = min(len(draft.tokens), PROBE_TOKENS)
                 state.probing, state.after_probe = False, True
-            else:
-                j, rate, _ = self._best_length(state, own, len(draft.tokens))
-                if j == 0 or rate < base * MARGIN:
-                    self._not_paying(state)
-                    continue
-                self._paying(state)
-            if best is None or rate > best[0]:
-                best = (rate, draft.head(j), state)
-        if best is None:
-            return None
-        _, draft, state = best
-        self._rows += len(draft.tokens)
-        self._expected += self._expected_tokens(state, own, len(draft.tokens))
-        return draft
+                return _Option(ask.seq, state, draft.head(j), gains[:j], cost, j)
+            surplus, value = 0.0, 0.0
+            for g in gains:
+                surplus += g - plain * cost
+                value = max(value, surplus)
+            if value > 0:
+                worthy.add(state.source.name)  # it pays, whether or not another source's draft pays more
+                if best is None or value > best.value:
+                    best = _Option(ask.seq, state, draft, gains, cost, 0, value)
+        return best
+
+    def _paying_length(self, gains: list[float], cost: float, n: int) -> int:
+        """Positions of one draft, alone in a step of n decoding tokens, that raise its rate."""
+        tokens, seconds = float(n), self.costs.seconds(n)
+        for j, g in enumerate(gains):
+            if g / cost <= tokens / seconds:
+                return j
+            tokens, seconds = tokens + g, seconds + cost
+        return len(gains)
+
+    def _allocate(self, options: list[_Option], n: int, row_s: float, plain: float,
+                  rows_left: int) -> tuple[dict[int, Draft], int]:
+        """Rows to draft positions, across sequences, by kept tokens per second of row, while each
+        raises the step's expected tokens per second; (drafts by sequence key, rows taken)."""
+        base_s = self.costs.seconds(n)
+        tokens, seconds, rows = float(n), base_s, 0
+        taken = {id(o): o.forced for o in options}
+        for o in options:  # probes go in whatever they are worth
+            tokens += sum(o.gains[:o.forced])
+            seconds += o.cost * o.forced
+            rows += o.forced
+        ranked = sorted(((o.gains[i] / o.cost, i, k, o) for k, o in enumerate(options) if not o.forced
+                         for i in range(len(o.gains))), key=lambda item: (-item[0], item[1], item[2]))
+        for ratio, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
+            if rows >= rows_left or ratio <= tokens / seconds:
+                break
+            if taken[id(o)] != i:  # a later position of a draft whose earlier one did not go in
+                continue
+            taken[id(o)] = i + 1
+            tokens += o.gains[i]
+            seconds += o.cost
+            rows += 1
+        floor = self.config.min_draft
+        drafts: dict[int, Draft] = {}
+        for o in options:
+            j = taken[id(o)]
+            if o.forced or j >= floor:
+                drafts[o.seq.key] = o.draft.head(j)
+            elif j:
+                tokens -= sum(o.gains[:j])
+                seconds -= o.cost * j
+                rows -= j
+        if drafts and not any(o.forced for o in options) and tokens / seconds < plain * MARGIN:
+            return {}, 0
+        return {key: d for key, d in drafts.items() if d.tokens}, rows
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)
@@ -177,10 +261,12 @@ class Controller:
         drafted = len(draft.tokens)
         self.stats[draft.source].record(drafted, accepted)
         self._this_step.append((draft.source, drafted, accepted))
-        for i in range(min(drafted, accepted + 1)):
-            state.p[i] += EMA * ((1.0 if i < accepted else 0.0) - state.p[i])
-        if accepted == drafted < len(state.p):  # all kept: the next position is likely kept too
-            state.p[drafted] += EMA * (1.0 - state.p[drafted])
+        for match_class in {ANY, _match_class(draft.match) if draft.match > 0 else ANY}:
+            p = self._table(state, seq.sampled, match_class)
+            for i in range(min(drafted, accepted + 1)):
+                p[i] += EMA * ((1.0 if i < accepted else 0.0) - p[i])
+            if accepted == drafted < len(p):  # all kept: the next position is likely kept too
+                p[drafted] += EMA * (1.0 - p[drafted])
         own = self._seqs.get(seq.key)
         if own is not None:
             reached = own.reached.setdefault(draft.source, [0] * self.config.max_draft)
@@ -207,35 +293,34 @@ class Controller:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def _estimates(self, state: _SourceState, own: _SeqState) -> list[float]:
+    def _table(self, state: _SourceState, sampled: bool, match_class: int) -> list[float]:
+        """The source's per-position estimates for greedy or sampled sequences and a match class
+        (a class seen for the first time starts from the estimates over every match; greedy or
+        sampled seen for the first time from the other's, then each learns from its own)."""
+        table = state.p.get((sampled, match_class))
+        if table is None:
+            if match_class == ANY:  # no evidence for this kind yet: start from the other kind's, if any
+                other = state.p.get((not sampled, ANY))
+                table = list(other) if other is not None else [state.prior] * self.config.max_draft
+            else:
+                table = list(self._table(state, sampled, ANY))
+            state.p[(sampled, match_class)] = table
+        return table
+
+    def _gains(self, state: _SourceState, own: _SeqState, sampled: bool, match: int, j: int) -> list[float]:
+        """Expected kept tokens of each of a draft's first j positions: the products p_1 .. p_i of
+        the source's estimates for this kind of sequence and match, blended with the sequence's
+        own counts."""
         name = state.source.name
+        p = self._table(state, sampled, _match_class(match) if match > 0 else ANY)
         reached, kept = own.reached.get(name), own.kept.get(name)
-        if reached is None or kept is None:
-            return state.p
-        return [(kept[i] + PRIOR_WEIGHT * state.p[i]) / (reached[i] + PRIOR_WEIGHT) for i in range(len(state.p))]
-
-    def _expected_tokens(self, state: _SourceState, own: _SeqState, j: int) -> float:
-        total, chain = 0.0, 1.0
-        for p in self._estimates(state, own)[:j]:
-            chain *= p
-            total += chain
-        return total
-
-    def _best_length(self, state: _SourceState, own: _SeqState, available: int) -> tuple[int, float, float]:
-        """(draft length, step rate with it, expected tokens) maximising the step's tokens per second."""
-        p = self._estimates(state, own)
-        making = state.source.cost_per_token
-        best_j, best_rate, best_gain = 0, self._expected / self.costs.seconds(self._rows), 0.0
-        total, chain = 0.0, 1.0
-        for j in range(1, min(available, self.config.max_draft) + 1):
-            chain *= p[j - 1]
-            total += chain
-            if j < self.config.min_draft:
-                continue
-            rate = (self._expected + total) / (self.costs.seconds(self._rows + j) + making * j)
-            if rate > best_rate:
-                best_j, best_rate, best_gain = j, rate, total
-        return best_j, best_rate, best_gain
+        gains, chain = [], 1.0
+        for i in range(min(j, len(p))):
+            estimate = p[i] if reached is None or kept is None else \
+                (kept[i] + PRIOR_WEIGHT * p[i]) / (reached[i] + PRIOR_WEIGHT)
+            chain *= estimate
+            gains.append(chain)
+        return gains
 
     def _paying(self, state: _SourceState) -> None:
         state.idle = 0
@@ -245,7 +330,7 @@ class Controller:
             if not stats.on:
                 log.info("speculation source %s switched on: a probe raised its acceptance by position to %s "
                          "(%d of %d draft tokens kept so far)", state.source.name,
-                         " ".join(f"{x:.2f}" for x in state.p[:4]), stats.accepted, stats.drafted)
+                         _by_position(state), stats.accepted, stats.drafted)
                 stats.on = True
                 stats.switched_on += 1
                 state.backoff = BACKOFF_START
@@ -259,8 +344,7 @@ class Controller:
         state.wake_at = self._step + state.backoff
         log.info("speculation source %s switched off: %d proposals in a row would not pay (acceptance "
                  "by position %s, %d of %d draft tokens kept so far); re-probed in %d steps",
-                 state.source.name, state.idle, " ".join(f"{x:.2f}" for x in state.p[:4]),
-                 stats.accepted, stats.drafted, state.backoff)
+                 state.source.name, state.idle, _by_position(state), stats.accepted, stats.drafted, state.backoff)
         stats.switched_off += 1
         stats.on = False
         state.backoff = min(BACKOFF_MAX, state.backoff * 2)
@@ -269,7 +353,9 @@ class Controller:
     def state(self) -> dict[str, dict[str, object]]:
         """For /health: each source's switch state and estimates, and the cost curve."""
         return {
-            name: {"on": state.on, "acceptance_by_position": [round(x, 3) for x in state.p[:8]],
+            name: {"on": state.on,
+                   "acceptance_by_position": [round(x, 3) for x in self._table(state, False, ANY)[:8]],
+                   "sampled_acceptance_by_position": [round(x, 3) for x in self._table(state, True, ANY)[:8]],
                    "reprobe_in_steps": max(0, state.wake_at - self._step) if not state.on else 0,
                    "backoff_steps": state.backoff}
             for name, state in self._sources.items()
@@ -282,3 +368,29 @@ def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
     if n_valid <= 0:
         return None
     return draft.head(n_valid)
+
+
+def _match_class(match: int) -> int:
+    """A source's match length in classes: 0 unknown, 1: 1-3 tokens, 2: 4-7, 3: 8-15, 4: 16 and more."""
+    if match <= 0:
+        return 0
+    return min(4, max(1, match.bit_length() - 1))
+
+
+def _by_position(state: _SourceState) -> str:
+    """The first positions' estimates, greedy and sampled, for the switch logs."""
+    return "; ".join(f"{'sampled' if sampled else 'greedy'} " + " ".join(f"{x:.2f}" for x in p[:4])
+                     for (sampled, cls), p in sorted(state.p.items()) if cls == ANY) or "none yet"
+
+
+@dataclass(slots=True)
+class _Option:
+    """One sequence's best draft for the step: its positions' expected kept tokens and row cost."""
+
+    seq: DraftSeq
+    state: _SourceState
+    draft: Draft
+    gains: list[float]
+    cost: float       # seconds one of its rows costs (a row of the step + the source's making)
+    forced: int = 0   # positions verified whatever they are worth (a probe)
+    value: float = 0.0

@@ -80,7 +80,7 @@ class PromptLookup:
                 continue
             tokens = tuple(stream[hit[1]:hit[1] + k])
             if tokens:
-                return Draft(tokens, self.name)
+                return Draft(tokens, self.name, match=n)
         return None
 
     def peek(self, seq: DraftSeq, tail: Sequence[int], k: int) -> tuple[int, ...]:

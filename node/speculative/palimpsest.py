@@ -12,7 +12,8 @@ it occurred, over every stream. It is not a suffix tree: a context whose last 3-
 seen in more than 16 places finds only the 16 newest, and longer matches are measured, not
 indexed. A proposal looks up the context's last KEY_N tokens, extends each candidate
 position's match backwards token by token (up to MAX_MATCH) and keeps the longest matches;
-then walks forward over those candidates: at each depth the most frequent next token among
+then walks forward over those candidates: at each depth the most frequent next token (the
+newest stream's on a tie) among
 the candidates that still agree, stopping when the share of candidates on the path falls
 under PRUNE or the draft reaches ALPHA x the match length (the draft-length rule of suffix
 decoding, applied to this small candidate set). A long, often seen continuation gives a
@@ -138,19 +139,25 @@ class Palimpsest:
         pass
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
-        tokens = self.continuation(context, k)
-        return Draft(tokens, self.name) if tokens else None
+        tokens, match = self.matched(context, k)
+        return Draft(tokens, self.name, match=match) if tokens else None
 
     def continuation(self, context: Sequence[int], k: int) -> tuple[int, ...]:
+        return self.matched(context, k)[0]
+
+    def matched(self, context: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
+        """(the draft, the length of the context it matched). Among equally long matches the
+        newest stream leads: where two past generations share the context (a greedy answer and
+        a sampled one to the same prompt), the draft follows the one written last."""
         length = len(context)
         if length < KEY_N or k <= 0:
-            return ()
+            return (), 0
         chain = self._index.get(tuple(context[length - KEY_N:]))
         if not chain:
-            return ()
+            return (), 0
         streams = self._streams
         best, cands = 0, []
-        for sid, pos in chain:
+        for sid, pos in reversed(chain):  # newest first: max() below keeps the first of equal counts
             stream = streams[sid]
             m = KEY_N
             limit = min(MAX_MATCH, pos, length)
@@ -179,7 +186,7 @@ class Palimpsest:
             out.append(token)
             cands = [(s, p) for s, p in cands if p + depth < len(s) and s[p + depth] == token]
             depth += 1
-        return tuple(out)
+        return tuple(out), best
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         """A finished sequence of this node becomes a stream: its prompt's tail and output."""

@@ -13,6 +13,7 @@ from typing import Sequence
 import pytest
 
 from node.engine.engine import Draft, DraftSeq, Engine, EngineConfig
+from node.engine.hooks import StepPlan
 from node.engine.types import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -39,8 +40,13 @@ class ScriptedDrafts:
     def end(self, seq: DraftSeq, tokens) -> None:
         self.begun.discard(seq.key)
 
-    def start_step(self, n_decoding: int) -> None:
-        pass
+    def plan(self, n_decoding: int, asks, prefill: int, budget: int) -> StepPlan:
+        drafts = {}
+        for ask in asks:
+            draft = self.propose(ask.seq, ask.context, ask.room)
+            if draft is not None and draft.tokens:
+                drafts[ask.seq.key] = draft
+        return StepPlan(drafts, prefill)
 
     def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
         pass

@@ -227,3 +227,15 @@ def test_asking_for_logprobs_never_changes_the_constrained_choice(temperature):
     for _, choice in choices:  # the reported numbers cover the chosen token and what the mask allows
         assert choice.logprob is not None and np.isfinite(choice.logprob)
         assert {token for token, _ in choice.top} <= {12, 13}
+
+
+def test_top_ids_is_exact_over_a_large_vocabulary_with_ties():
+    """The strided groups' bound (top_ids) finds exactly the k largest logits, ties included."""
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        row = (rng.standard_normal(262144) * rng.uniform(0.5, 4.0)).astype(np.float32)
+        if trial % 3 == 0:
+            row[rng.integers(0, len(row), 50)] = 9.0  # many equal best logits
+        k = int(rng.integers(1, 1000))
+        got = top_ids(row, k)
+        assert len(set(got.tolist())) == k and np.array_equal(row[got], np.sort(row)[::-1][:k])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from node.engine.hooks import Draft, DraftSeq
-from node.speculative.controller import BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig
+import pytest
+
+from node.engine.hooks import Draft, DraftAsk, DraftSeq
+from node.speculative.controller import ANY, BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig
 from node.speculative.costs import CostCurve
 
 
@@ -36,8 +38,7 @@ def run(controller: Controller, n_steps: int, accepted_of) -> list[int]:
     if SEQ.key not in controller._seqs:
         controller.begin(SEQ)
     for _ in range(n_steps):
-        controller.start_step(1)
-        draft = controller.propose(SEQ, [1, 2, 3], 16)
+        draft = controller.plan(1, [DraftAsk(SEQ, [1, 2, 3], 16)], 0, 256).drafts.get(SEQ.key)
         n = len(draft.tokens) if draft else 0
         lengths.append(n)
         if draft:
@@ -120,15 +121,12 @@ def test_a_busy_batch_gets_shorter_drafts_than_a_lone_sequence():
     def plan(n_decoding: int) -> int:
         controller = Controller([Fixed("half", tuple(range(16)))], ControllerConfig(max_draft=16),
                                 costs=linear(0.012, 0.004))
-        controller._sources["half"].p = [0.6] * 16
-        controller.start_step(n_decoding)
-        total = 0
-        for key in range(n_decoding):
-            s = DraftSeq(key, key, (), False)
+        controller._sources["half"].p[(False, ANY)] = [0.6] * 16
+        seqs = [DraftSeq(key, key, (), False) for key in range(n_decoding)]
+        for s in seqs:
             controller.begin(s)
-            draft = controller.propose(s, [1], 16)
-            total += len(draft.tokens) if draft else 0
-        return total
+        plan = controller.plan(n_decoding, [DraftAsk(s, [1], 16) for s in seqs], 0, 256)
+        return sum(len(d.tokens) for d in plan.drafts.values())
 
     assert plan(1) > 0 and plan(4) / 4 < plan(1)
 
@@ -190,3 +188,126 @@ def test_saved_seconds_count_the_time_spent_making_drafts():
     assert a.drafted == b.drafted > 0 and a.make_s == 0.0
     assert abs(b.make_s - 0.004 * b.drafted) < 1e-12 and abs((a.saved_s - b.saved_s) - b.make_s) < 1e-12
     assert made.stats.snapshot()["model"]["making_seconds"] == round(b.make_s, 6)
+
+
+# -- the row budget: the step planned as a whole ------------------------------------------------
+
+class Own:
+    """A source drafting for one sequence only, so each sequence's acceptance is set on its own."""
+
+    cost_per_token = 0.0
+
+    def __init__(self, key: int) -> None:
+        self.name, self.key = f"s{key}", key
+
+    def begin(self, seq): ...
+    def end(self, seq, tokens): ...
+
+    def propose(self, seq, context, k):
+        return Draft(tuple(range(k)), self.name) if seq.key == self.key else None
+
+
+def planned(per_step: float, per_token: float, acceptance: list[float], *, budget: int = 256,
+            prefill: int = 0, room: int = 16) -> tuple[list[int], int]:
+    """(draft length per sequence, prompt tokens beside them) for sequences whose drafts are kept
+    at these rates per position, on a host whose step costs per_step + per_token a row."""
+    costs = CostCurve({n: per_step + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
+    seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
+    for seq, p in zip(seqs, acceptance):
+        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        controller.begin(seq)
+    plan = controller.plan(len(seqs), [DraftAsk(s, [1], room) for s in seqs], prefill, budget)
+    return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs], plan.prefill
+
+
+PLANS = [
+    # (fixed part, row, acceptance per sequence, budget, prompt tokens waiting) -> (draft lengths, prefill)
+    ((0.012, 0.003, [1.0], 256, 0), ([16], 0)),               # every row kept: the whole room
+    ((0.012, 0.003, [0.0], 256, 0), ([0], 0)),                # nothing kept: plain decoding
+    ((0.012, 0.012, [0.5], 256, 0), ([0], 0)),                # a row costs a step: half a token does not pay
+    ((0.012, 0.003, [0.9, 0.3], 256, 0), ([6, 0], 0)),        # the rows go where they are kept
+    ((0.012, 0.003, [0.95, 0.8, 0.6, 0.2], 256, 0), ([8, 1, 0, 0], 0)),
+    ((0.012, 0.0039, [0.9] * 4, 256, 0), ([3, 3, 3, 3], 0)),  # rows cost more: shorter drafts, evenly
+    ((0.012, 0.001, [0.9] * 4, 256, 0), ([6, 6, 6, 6], 0)),   # rows cheap: longer
+    ((0.012, 0.003, [1.0] * 4, 10, 0), ([3, 3, 2, 2], 0)),    # a tight budget, spread over the batch
+    ((0.012, 0.003, [1.0] * 4, 64, 200), ([8, 8, 8, 8], 32)),  # a long prompt keeps half the budget
+    ((0.012, 0.003, [1.0] * 4, 64, 20), ([11, 11, 11, 11], 20)),  # a short one all it needs
+]
+
+
+@pytest.mark.parametrize("given, expected", PLANS)
+def test_the_step_plan_gives_rows_to_the_drafts_that_buy_most(given, expected):
+    per_step, per_token, acceptance, budget, prefill = given
+    assert planned(per_step, per_token, acceptance, budget=budget, prefill=prefill) == expected
+
+
+def test_a_plan_that_does_not_beat_plain_decoding_verifies_nothing():
+    # the first row buys a little more than plain decoding (0.34 tokens for 6 ms, against 1 token
+    # for 18 ms) but the step's rate rises less than the margin: the step decodes plainly
+    assert planned(0.012, 0.006, [0.34], prefill=8) == ([0], 8)
+    assert planned(0.012, 0.006, [0.40], prefill=8) == ([1], 8)
+
+
+def test_sampled_acceptance_is_learned_apart_from_greedy():
+    controller = Controller([Fixed("src", tuple(range(8)))], ControllerConfig(max_draft=8), costs=linear())
+    greedy, sampled = DraftSeq(1, 1, (), False), DraftSeq(2, 2, (), True)
+    for seq in (greedy, sampled):
+        controller.begin(seq)
+    for _ in range(40):
+        controller.verified(greedy, Draft(tuple(range(8)), "src"), 8)
+        controller.verified(sampled, Draft(tuple(range(8)), "src"), 0)
+    state = controller.state()["src"]
+    assert min(state["acceptance_by_position"]) > 0.9 and state["sampled_acceptance_by_position"][0] < 0.1
+    fresh_greedy, fresh_sampled = DraftSeq(3, 3, (), False), DraftSeq(4, 4, (), True)
+    for seq in (fresh_greedy, fresh_sampled):
+        controller.begin(seq)
+    plan = controller.plan(2, [DraftAsk(fresh_greedy, [1], 8), DraftAsk(fresh_sampled, [1], 8)], 0, 256)
+    assert len(plan.drafts[3].tokens) == 8 and 4 not in plan.drafts
+
+
+def test_a_long_match_is_trusted_apart_from_a_short_one():
+    class Matching(Fixed):
+        match = 0
+
+        def propose(self, seq, context, k):
+            return Draft(self.tokens[:k], self.name, match=self.match)
+
+    source = Matching("src", tuple(range(16)))
+    controller = Controller([source], ControllerConfig(max_draft=16), costs=linear(0.012, 0.003))
+    seq = DraftSeq(1, 1, (), False)
+    teacher = DraftSeq(9, 9, (), False)
+    controller.begin(teacher)
+    for _ in range(60):  # long matches are kept whole, 2-token matches never
+        controller.verified(teacher, Draft(tuple(range(16)), "src", match=24), 16)
+        controller.verified(teacher, Draft(tuple(range(16)), "src", match=2), 0)
+    controller.begin(seq)
+    lengths = {}
+    for match in (24, 2):
+        source.match = match
+        plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
+        lengths[match] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
+    assert lengths == {24: 16, 2: 0}
+
+
+def test_a_first_sampled_sequence_starts_from_what_greedy_ones_taught():
+    controller = Controller([Fixed("src", tuple(range(8)))], ControllerConfig(max_draft=8), costs=linear())
+    teacher = DraftSeq(1, 1, (), False)
+    controller.begin(teacher)
+    for _ in range(40):
+        controller.verified(teacher, Draft(tuple(range(8)), "src"), 8)
+    sampled = DraftSeq(2, 2, (), True)
+    controller.begin(sampled)
+    plan = controller.plan(1, [DraftAsk(sampled, [1], 8)], 0, 256)
+    assert len(plan.drafts[2].tokens) == 8  # not the prior's short first draft
+    controller.verified(sampled, plan.drafts[2], 0)
+    assert controller.state()["src"]["sampled_acceptance_by_position"][0] < \
+        controller.state()["src"]["acceptance_by_position"][0]  # from then on its own evidence
+
+
+def test_a_source_outbid_by_another_that_still_pays_stays_on():
+    # both sources' drafts are kept whole; the longer one wins each step, the other still pays
+    long, short = Fixed("long", tuple(range(8))), Fixed("short", tuple(range(3)))
+    controller = Controller([long, short], ControllerConfig(max_draft=8), costs=linear())
+    run(controller, SWITCH_OFF * 3, lambda n: n)
+    assert controller.state()["short"]["on"] and controller.stats["short"].switched_off == 0

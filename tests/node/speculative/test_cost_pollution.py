@@ -12,7 +12,7 @@ import time
 import pytest
 
 from node.engine.cost_line import fit_line, fit_samples
-from node.engine.hooks import Draft, DraftSeq
+from node.engine.hooks import Draft, DraftAsk, DraftSeq
 from node.speculative.controller import Controller, ControllerConfig
 from node.speculative.costs import DRIFT_STEPS, REFIT_EVERY, CostCurve
 
@@ -54,9 +54,9 @@ def draft_lengths(curve: CostCurve, acceptance: float, n_users: int) -> list[int
         controller.begin(seq)
     lengths = []
     for step in range(80):
-        controller.start_step(n_users)
+        plan = controller.plan(n_users, [DraftAsk(seq, [1, 2, 3], 16) for seq in seqs], 0, 256)
         for seq in seqs:
-            draft = controller.propose(seq, [1, 2, 3], 16)
+            draft = plan.drafts.get(seq.key)
             n = len(draft.tokens) if draft else 0
             lengths.append(n)
             if draft:

@@ -106,15 +106,27 @@ def test_palimpsest_drafts_a_past_generation_and_its_length_follows_the_match():
 
 def test_palimpsest_prunes_disputed_branches_and_follows_the_frequent_one():
     pal = Palimpsest()
-    for tail in ([50, 51, 52], [50, 51, 52], [60, 61, 62]):
+    for tail in ([50, 51, 52, 0], [50, 51, 52, 1], [60, 61, 62]):
         pal.add([1, 2, 3, 4, *tail])
     pal.ingest()
-    # same 4-token match in three streams: 50 wins 2 to 1 (2/3 kept), then all agree
-    assert pal.continuation([1, 2, 3, 4], 8) == (50, 51, 52)
+    # same 4-token match in three streams: 50 wins 2 to 1 (2/3 kept), then the two agree
+    assert pal.continuation([1, 2, 3, 4], 3) == (50, 51, 52)
     for tail in ([70], [71], [72], [73]):
         pal.add([9, 8, 7, 6, 5, *tail, 0])
     pal.ingest()
     assert pal.continuation([9, 8, 7, 6, 5], 8) == ()  # four-way split: under PRUNE at once
+
+
+def test_palimpsest_follows_the_newest_of_equally_long_matches():
+    """A greedy answer and then a sampled one to the same prompt: the sampled request sent again
+    drafts its own earlier text, not the greedy one (the draft follows the stream written last)."""
+    pal = Palimpsest()
+    prompt = [1, 2, 3, 4, 5, 6]
+    pal.add([*prompt, 40, 41, 42, 43])   # the greedy answer, first
+    pal.add([*prompt, 40, 51, 52, 53])   # the sampled answer, later: parts from it at once
+    pal.ingest()
+    draft = pal.propose(DraftSeq(1, 1, tuple(prompt), True), prompt, 4)
+    assert draft is not None and draft.tokens[:2] == (40, 51) and draft.match == len(prompt)
 
 
 def test_palimpsest_is_bounded_and_deduplicates():

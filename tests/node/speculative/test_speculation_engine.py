@@ -14,6 +14,7 @@ margin) fails.
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 
@@ -175,3 +176,43 @@ def test_sampled_output_distribution_is_the_targets(spec):
     assert_same_distribution(tally, firsts, len(seeds), tv_bound=0.25)
     assert len(firsts[True]) >= 2  # really sampled
     assert drafted[True] > 0 and drafted[False] == 0  # drafts were verified while sampling
+
+
+@pytest.fixture(scope="module")
+def budgeted(gemma_path):
+    # a host where a row with logits costs a quarter of a one-token step, and a tight step budget:
+    # the planner must choose which users' drafts get rows and leave a newcomer's prompt its share
+    costs = CostCurve({1: 0.016, 8: 0.044}, fixed=True)
+    controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=8, n_parallel=4), costs=costs)
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=4096, n_parallel=4, max_draft=8, speculator=controller,
+                              step_token_budget=24))
+    yield eng, controller
+    eng.close()
+
+
+def test_the_row_budget_keeps_every_users_plain_output(budgeted):
+    """Four users under one row budget, the last arriving while the others decode (its prompt goes
+    in beside them, in chunks the planner leaves room for): greedy output is plain decoding's up
+    to near-ties, and the copying users' drafts were kept."""
+    eng, controller = budgeted
+    texts = [REPEATS, PROSE, "Numbers: 1, 2, 3, 4, 5, 6,",
+             "Copy the sentence twice.\nSentence: the red boat sails at noon.\nCopy: the red boat sails at noon. "
+             "the red boat"]
+
+    def together(speculation: bool) -> list[list]:
+        reqs = [GenerationRequest(tuple(eng.tokenize(t)), max_tokens=24, sampling=GREEDY, speculation=speculation,
+                                  logprobs=2) for t in texts]
+        generated = eng.stats()["generated_tokens"]
+        handles = [eng.submit(r) for r in reqs[:3]]
+        deadline = time.monotonic() + 300
+        while eng.stats()["generated_tokens"] < generated + 6 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the first users decode before the last one arrives
+        handles.append(eng.submit(reqs[3]))
+        return [list(h.iter_sync(timeout=300)) for h in handles]
+
+    accepted = eng.stats()["draft_accepted"]
+    off = together(False)
+    on = together(True)
+    assert eng.stats()["draft_accepted"] > accepted
+    for plain, spec_run in zip(off, on):
+        assert_same_up_to_near_ties(plain, spec_run[-1].generated)
