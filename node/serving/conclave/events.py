@@ -6,9 +6,10 @@ is then replayed piece by piece, exactly as it streamed from the engine, followe
 text; its first byte costs the time to the decision instead of one token (with an absolute
 majority: about the time of the slowest of the first majority of candidates).
 
-A completed answer is remembered like any other (L1 for a deterministic request, the verdict
-with it; L4 for the returned choices' tokens); every candidate's generated tokens count in
-the node's generated-token metric.
+A completed answer is counted in the ledger and remembered like any other (the ledger serves
+the tokens the client received; L1 for a deterministic request, the verdict with it; L4 for
+the returned choices' tokens); every candidate's generated tokens count in the node's
+generated-token metric.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ async def conclave_events(service: CompletionService, job: Job, run: ConclaveRun
     consensus = {**outcome.summary(), "generated_tokens": tokens}
     yield ChoiceDone(job.first_choice, winner.finished.reason, winner.finished.completion_tokens, consensus,
                      _cached(run.candidates), winner.finished.stop_sequence)
+    service.ledger.served(len(job.prompt_tokens), winner.finished.completion_tokens, from_l1=False)
     service.remember(job, [_stored(winner, logprobs)], [tuple(winner.finished.generated)], consensus=consensus)
 
 
@@ -84,5 +86,7 @@ async def best_of_events(service: CompletionService, job: Job, handles: Sequence
         yield ChoiceDone(job.first_choice + offset, candidate.finished.reason, candidate.finished.completion_tokens,
                          cached_tokens=cached if offset == 0 else 0,
                          stop_sequence=candidate.finished.stop_sequence)
+    service.ledger.served(len(job.prompt_tokens), sum(c.finished.completion_tokens for c in chosen
+                                                      if c.finished is not None), from_l1=False)
     service.remember(job, [_stored(c, logprobs) for c in chosen],
                      [tuple(c.finished.generated) for c in chosen if c.finished is not None])
