@@ -31,7 +31,7 @@ def load_engine(settings: NodeSettings) -> Engine:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-    from node.models.loader import open_engine
+    from node.assembly import open_engine
     from node.models.catalog import resolve_model
 
     resolved = resolve_model(settings.model.path, settings.home)  # downloads before the bar

@@ -198,7 +198,7 @@ async def node_resources(app: web.Application, *, engine: EngineClient | None,
     batches: BatchRunner | None = None
     sampler: asyncio.Task[None] | None = None
     if engine is None:
-        from node.models.loader import open_engine
+        from node.assembly import open_engine
 
         opened = await loop.run_in_executor(None, open_engine, settings)
         engine = opened
