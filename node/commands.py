@@ -154,16 +154,13 @@ def run(args: argparse.Namespace) -> int:
                           f"([conclave] max_candidates), got {args.best_of}")
     if args.best_of > 1 and prompt is None:
         raise ConfigError("--best-of answers one prompt: give the prompt on the command line")
-    from node.chat import Conversation, load_engine
+    from node.chat import Conversation, NodeLoop
 
-    engine = load_engine(settings)
+    node = NodeLoop(settings)
     try:
-        conversation = Conversation(engine, max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
+        conversation = Conversation(node, max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
         if prompt is not None and args.best_of > 1:
-            from node.serving.conclave.runner import ConclavePolicy
-
-            return conversation.conclave(prompt, sys.stdout, args.best_of, ConclavePolicy.from_settings(settings.conclave),
-                                         votes=args.verbose)
+            return conversation.conclave(prompt, sys.stdout, args.best_of, votes=args.verbose)
         if prompt is not None:
             return conversation.one_shot(prompt, sys.stdout)
         print(CHAT_HELP.format(model=settings.model.path), file=sys.stderr)
@@ -171,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             import readline  # noqa: F401  (line editing and history for input())
         return conversation.loop(sys.stdin, sys.stdout)
     finally:
-        engine.close()
+        node.close()
 
 
 # ----------------------------------------------------------------------------- reame warm
@@ -390,10 +387,11 @@ def run_subcommand(name: str, argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     from node.engine.errors import EngineError
+    from node.serving.errors import ServingError
 
     try:
         return command(argv)
-    except (ModelError, ConfigError, TemplateError, EngineError, OSError) as exc:
+    except (ModelError, ConfigError, TemplateError, EngineError, ServingError, OSError) as exc:
         print(f"reame: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
