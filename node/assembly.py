@@ -45,7 +45,7 @@ from node.archive.mirror import CorpusMirror
 from node.cache.fleet import FleetConfig, FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.config import NodeSettings
-from node.models.catalog import ModelError
+from node.models.errors import ModelError
 from node.models.loader import EnginePlan, plan_engine
 from node.serving.conclave.runner import ConclavePolicy
 from node.serving.engine_client import EngineClient

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from node.config import NodeSettings, home_dir, load_settings
-from node.models.catalog import CATALOG, ModelError, local_models, models_dir
+from node.models.catalog import CATALOG, local_models, models_dir
+from node.models.errors import ModelError
 from node.models.templates import ChatTemplate, TemplateError
 from shared.config import ConfigError
 from shared.logs import configure_logging

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from node.models.ggufmeta import GGUFError, GGUFSummary, summarize
 from node.config import NodeSettings
-from node.models.catalog import ModelError, ResolvedModel, resolve_model
+from node.models.catalog import ResolvedModel, resolve_model
+from node.models.errors import ModelError
 
 
 DEFAULT_CONTEXT = 4096
