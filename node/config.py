@@ -197,7 +197,7 @@ class ArcaSettings:
         """The (first) host and port of `remote`."""
         if not self.remote:
             return None
-        from node.archive.address import parse_address
+        from node.address import parse_address
 
         return parse_address(self.remote).hosts[0]
 
@@ -301,7 +301,7 @@ def _port(value: int) -> str | None:
 def _remote(value: str) -> str | None:
     if not value:
         return None
-    from node.archive.address import parse_address
+    from node.address import parse_address
 
     try:
         parse_address(value)

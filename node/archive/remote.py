@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypeVar
 
 from node.archive import redis_mapping as rm
-from node.archive.address import ArchiveAddress
+from node.address import ArchiveAddress
 from node.archive.breaker import Breaker
 from node.archive.counters import ArchiveCounters
 from node.archive.errors import ArchiveUnavailable

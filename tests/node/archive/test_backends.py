@@ -14,7 +14,7 @@ import logging
 
 import pytest
 
-from node.archive.address import AddressError, ArchiveAddress, parse_address
+from node.address import AddressError, ArchiveAddress, parse_address
 from node.archive.errors import ArchiveUnavailable
 from node.archive.remote import RedisLimits, RemoteArchive
 from node.archive.servers import TlsFiles
