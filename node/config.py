@@ -272,13 +272,6 @@ class NodeSettings:
     config_file: Path | None = None
 
 
-def split_host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"expected host:port, got {text!r}")
-    return host.strip("[]"), int(port)
-
-
 SPECULATION_SOURCES = ("lookup", "archive", "format", "model")
 
 
