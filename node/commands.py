@@ -1,8 +1,9 @@
 """The node's subcommands: `reame list`, `reame run`, `reame warm`, `reame batch`, `reame stats`,
 and the config mode `reame --config FILE`.
 
-`run` answers one prompt (streamed to stdout through the chat template; with `--best-of N`
-by a Conclave of N candidates, node/serving/conclave/), or chats turn after
+`run` answers one prompt (streamed to stdout through the chat template; with `--conclave N`
+by a Conclave of N candidates, node/serving/conclave/; `--best-of N` is its deprecated
+alias, which says so), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
 `warm` prefills documents known in advance into the prefix cache directory a node will use
 (node/sessions/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
@@ -45,9 +46,11 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     parser.add_argument("--max-tokens", type=int, default=512, help="longest answer (default 512)")
     parser.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy (default 0.7)")
     parser.add_argument("--seed", type=int, help="sampling seed, for reproducible answers")
-    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+    parser.add_argument("--conclave", type=int, metavar="N",
                         help="Conclave: N candidates forked from one prefill, the answer by majority vote "
                         "(prints CONCLAVE consensus=k/N; --verbose adds the votes)")
+    parser.add_argument("--best-of", type=int, metavar="N",
+                        help="deprecated alias of --conclave (the API's best_of is OpenAI's, not a vote)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
     parser.add_argument("--extra-buffers", choices=("auto", "on", "off"),
                         help="llama.cpp's AMX and repacked-weight kernels (default auto: a probe decides)")
@@ -72,6 +75,20 @@ def quiet_logging(verbose: bool) -> None:
         logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
 
 
+def conclave_flag(args: argparse.Namespace) -> str:
+    """Which flag set the Conclave's size (`args.conclave` holds it after this, 1 when none did);
+    `--best-of` says on stderr that it is deprecated."""
+    if args.best_of is None:
+        args.conclave = 1 if args.conclave is None else args.conclave
+        return "--conclave"
+    print("reame: --best-of is deprecated and will be removed: it runs a Conclave (a vote among N "
+          "candidates), unlike the API's best_of; use --conclave N", file=sys.stderr)
+    if args.conclave is not None and args.conclave != args.best_of:
+        raise ConfigError(f"--conclave {args.conclave} and --best-of {args.best_of} disagree: give --conclave alone")
+    args.conclave = args.best_of
+    return "--best-of"
+
+
 def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     serving = args.serve
     flags = {
@@ -79,7 +96,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         "model.threads": args.threads,
         "model.extra_buffers": args.extra_buffers,
         "model.context_length": args.ctx,
-        "server.parallel": args.parallel if args.parallel is not None or serving else max(1, args.best_of),
+        "server.parallel": args.parallel if args.parallel is not None or serving else max(1, args.conclave),
         "server.host": args.host,
         "server.port": args.port,
         "server.api_key": args.api_key,
@@ -140,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("info" if args.verbose or args.serve else "warning")
     if not args.verbose:  # llama.cpp's load-time remarks are not the user's business
         logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+    flag = conclave_flag(args)
     settings = settings_from_args(args)
     if args.serve:
         from node.api.runner import run_node
@@ -150,18 +168,18 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_flag
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if not 1 <= args.best_of <= settings.conclave.max_candidates:
-        raise ConfigError(f"--best-of must be between 1 and {settings.conclave.max_candidates} "
-                          f"([conclave] max_candidates), got {args.best_of}")
-    if args.best_of > 1 and prompt is None:
-        raise ConfigError("--best-of answers one prompt: give the prompt on the command line")
+    if not 1 <= args.conclave <= settings.conclave.max_candidates:
+        raise ConfigError(f"{flag} must be between 1 and {settings.conclave.max_candidates} "
+                          f"([conclave] max_candidates), got {args.conclave}")
+    if args.conclave > 1 and prompt is None:
+        raise ConfigError(f"{flag} answers one prompt: give the prompt on the command line")
     from node.chat import Conversation, NodeLoop
 
     node = NodeLoop(settings)
     try:
         conversation = Conversation(node, max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
-        if prompt is not None and args.best_of > 1:
-            return conversation.conclave(prompt, sys.stdout, args.best_of, votes=args.verbose)
+        if prompt is not None and args.conclave > 1:
+            return conversation.conclave(prompt, sys.stdout, args.conclave, votes=args.verbose)
         if prompt is not None:
             return conversation.one_shot(prompt, sys.stdout)
         print(CHAT_HELP.format(model=settings.model.path), file=sys.stderr)

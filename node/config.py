@@ -103,7 +103,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt("stats", "log_minutes", int, 5,
          "Minutes between two savings log lines while the node is busy; 0 = never logged."),
     _opt("conclave", "max_candidates", int, 16,
-         "Largest N a request may ask for with \"conclave\": N or --best-of N (1-16)."),
+         "Largest N a request may ask for with \"conclave\": N or --conclave N (1-16)."),
     _opt("conclave", "explore_temperature", float, 0.7,
          "Candidates after the first sample at least this hot (the first is the request unchanged)."),
     _opt("conclave", "seed", int, 0,

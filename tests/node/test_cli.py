@@ -85,15 +85,27 @@ def test_one_shot_streams_an_answer(gemma_home):
 
 
 @pytest.mark.model
-def test_best_of_prints_the_winner_and_the_consensus_line(gemma_home):
-    result = reame("run", "gemma3", "What is 2 + 2?", "--best-of", "3", "--max-tokens", "6", "--temp", "0",
+def test_conclave_prints_the_winner_and_the_consensus_line(gemma_home):
+    result = reame("run", "gemma3", "What is 2 + 2?", "--conclave", "3", "--max-tokens", "6", "--temp", "0",
                    "--ctx", "1024", "--verbose", env=gemma_home)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert re.fullmatch(r"CONCLAVE consensus=[1-3]/3 decision=\w+ started=[23] stopped_early=(yes|no) votes: .*", lines[-1])
     assert len(lines) >= 2 and "Traceback" not in result.stderr
-    bad = reame("run", "gemma3", "Hi", "--best-of", "17", env=gemma_home)
-    assert bad.returncode == 1 and "--best-of must be between 1 and 16" in bad.stderr
+    bad = reame("run", "gemma3", "Hi", "--conclave", "17", env=gemma_home)
+    assert bad.returncode == 1 and "--conclave must be between 1 and 16" in bad.stderr
+
+
+def test_best_of_is_a_deprecated_alias_of_conclave_that_says_so(tmp_path):
+    home = {"REAME_HOME": str(tmp_path)}
+    old = reame("run", "gemma3", "Hi", "--best-of", "17", env=home)
+    assert old.returncode == 1 and "--best-of must be between 1 and 16" in old.stderr
+    assert "--best-of is deprecated" in old.stderr and "use --conclave N" in old.stderr
+    new = reame("run", "gemma3", "Hi", "--conclave", "17", env=home)
+    assert new.returncode == 1 and "--conclave must be between 1 and 16" in new.stderr
+    assert "deprecated" not in new.stderr
+    both = reame("run", "gemma3", "Hi", "--conclave", "3", "--best-of", "5", env=home)
+    assert both.returncode == 1 and "disagree" in both.stderr
 
 
 @pytest.mark.model
