@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, overload
 
 from node.engine.types import GrammarSpec, SamplingParams
 from node.serving import structure
+from node.serving.tools import tool_call_schema
 from node.serving.errors import InvalidRequest, UnsupportedFeature
 from node.serving.requests import (ChatMessage, ChatRequest, CompletionRequest, GenerationOptions, Output, Tool,
                                    ToolCall)
@@ -297,7 +298,7 @@ def parse_tool_list(fields: Fields, function_of: Callable[[Fields], Fields],
         structure.schema_spec(parameters, function.name(parameters_key))
         tools[name] = Tool(name, function.string("description") or "", structure.canonical_json(parameters))
     offered = tuple(tools.values())
-    structure.schema_spec(structure.tool_call_schema(offered, None), "tools")  # the limits hold for all of them
+    structure.schema_spec(tool_call_schema(offered, None), "tools")  # the limits hold for all of them
     return offered
 
 
@@ -356,7 +357,7 @@ def decide_output(asked: list[tuple[str, GrammarSpec]], tools: tuple[Tool, ...],
         raise UnsupportedFeature(f"'{asked[0][0]}' and '{asked[1][0]}' both constrain the output: use one",
                                  param=asked[1][0])
     if choice in ("required", "function"):
-        schema = structure.tool_call_schema(tools, function)
+        schema = tool_call_schema(tools, function)
         spec = structure.schema_spec(schema, "tools")
         return spec, Output("tools", tools, "required" if choice == "required" else "function", function)
     if choice == "auto":

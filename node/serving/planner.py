@@ -30,7 +30,7 @@ from node.serving.model import ServedModel
 from node.serving.plan import Job, Plan
 from node.serving.prompts import Prompts
 from node.serving.requests import ChatRequest, CompletionRequest, GenerationOptions
-from node.serving.structure import ToolMarkers, new_call_id, tool_prompt
+from node.serving.tools import ToolMarkers, new_call_id, tool_prompt, with_system
 from node.sessions.cuts import CutError
 from node.sessions.store import Session
 from node.sessions.turns import SessionTurns
@@ -134,10 +134,3 @@ class Planner:
         )
         return Job(number * options.n, tokens, echo, request, options.n, key, options.conclave,
                    max(options.best_of, options.n))
-
-
-def with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """The messages with `text` at the start of the system message (one is added if none)."""
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": text + "\n\n" + messages[0]["content"]}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
