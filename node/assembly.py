@@ -2,8 +2,8 @@
 mirror, sessions, service and savings, opened in order and closed in reverse.
 
 `Node.open(settings, *, engine=None, archive=None)` is an async context manager yielding the
-`Node`; the HTTP app (node/api/app.py), the terminal chat and one-shot answers (node/chat.py)
-and a batch run with a local model (node/batch_command.py) all open it, so every entry point
+`Node`; the HTTP app (node/api/app.py), the terminal chat and one-shot answers (node/cli/chat.py)
+and a batch run with a local model (node/cli/batch.py) all open it, so every entry point
 answers through the same service with the same tiers: L1 (exact answers), L3 (the prefix KV
 cache and its fleet tier) and L4 (the corpus the archive draft source drafts from).
 

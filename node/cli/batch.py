@@ -8,7 +8,7 @@ Three ways to run the same lines (`{"custom_id", "method", "url", "body"}`, Open
 - `MODEL`: the node opened in this process (node/assembly.py), lines answered by the node's
   own parser and service (node/api/batch_lines.py) without a socket: L1, the prefix cache
   and speculation apply exactly as on a node.
-The output file (node/batch_output.py) takes whole lines only, skips the custom_ids a
+The output file (node/cli/batch_output.py) takes whole lines only, skips the custom_ids a
 previous run answered, and ends in input order. The progress bar (rich, on stderr) shows
 lines done, completion tokens per second, the ETA and what the node's archive saved since
 the run started (L1 answers, prefix tokens restored, draft tokens accepted; from
@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from node.batch_output import OutputFile
+from node.cli.batch_output import OutputFile
 from node.batches.lines import ENDPOINTS, LineResult, output_line
 
 POLL_S = 0.5

@@ -7,7 +7,7 @@ alias, which says so), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
 `warm` prefills documents known in advance into the prefix cache directory a node will use
 (node/sessions/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
-`batch` answers a Batch API input file (node/batch_command.py); `stats` shows what a running
+`batch` answers a Batch API input file (node/cli/batch.py); `stats` shows what a running
 node saved (GET /v1/reame/stats). Expected failures (unknown model, bad config, no network, a prompt too long) end in one line
 on stderr and exit code 1, never a traceback.
 """
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                           f"([conclave] max_candidates), got {args.conclave}")
     if args.conclave > 1 and prompt is None:
         raise ConfigError(f"{flag} answers one prompt: give the prompt on the command line")
-    from node.chat import Conversation, NodeLoop
+    from node.cli.chat import Conversation, NodeLoop
 
     node = NodeLoop(settings)
     try:
@@ -227,7 +227,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
     import asyncio
 
     from node.cache.prefix_cache import PrefixCache
-    from node.chat import load_engine
+    from node.cli.chat import load_engine
 
     engine = load_engine(settings)
     try:
@@ -310,7 +310,7 @@ def cmd_batch(argv: Sequence[str]) -> int:
         parser.error("--concurrency must be >= 1, and goes with --via requests or MODEL")
     import asyncio
 
-    from node.batch_command import BatchInputError, open_local, run as run_batch
+    from node.cli.batch import BatchInputError, open_local, run as run_batch
 
     output = args.output or args.input.with_name(args.input.stem + ".output.jsonl")
     local = None
