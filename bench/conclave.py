@@ -3,7 +3,7 @@
     .venv/bin/python bench/conclave.py [--n 5] [--tokens 24] [--rounds 1] [--items 120] [--model PATH]
 
 One engine (12 slots, no speculation so every mode decodes the same way), the same code
-path as `reame run --best-of N` (node/serving/conclave/runner.py), all in one run:
+path as `reame run --conclave N` (node/serving/conclave/runner.py), all in one run:
 
 1. The easy set (few-shot copying of a number: short answers that end by themselves, and
    candidates that agree), per prompt: one plain greedy answer; the Conclave of N as it

@@ -110,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt("stats", "log_minutes", int, 5,
          "Minutes between two savings log lines while the node is busy; 0 = never logged."),
     _opt("conclave", "max_candidates", int, 16,
-         "Largest N a request may ask for with \"conclave\": N or --best-of N (1-16)."),
+         "Largest N a request may ask for with \"conclave\": N or --conclave N (1-16)."),
     _opt("conclave", "explore_temperature", float, 0.7,
          "Candidates after the first sample at least this hot (the first is the request unchanged)."),
     _opt("conclave", "seed", int, 0,
@@ -211,7 +211,7 @@ class ArcaSettings:
         """The (first) host and port of `remote`."""
         if not self.remote:
             return None
-        from node.archive.address import parse_address
+        from node.address import parse_address
 
         return parse_address(self.remote).hosts[0]
 
@@ -286,13 +286,6 @@ class NodeSettings:
     config_file: Path | None = None
 
 
-def split_host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"expected host:port, got {text!r}")
-    return host.strip("[]"), int(port)
-
-
 SPECULATION_SOURCES = ("lookup", "archive", "format", "model")
 
 
@@ -315,7 +308,7 @@ def _port(value: int) -> str | None:
 def _remote(value: str) -> str | None:
     if not value:
         return None
-    from node.archive.address import parse_address
+    from node.address import parse_address
 
     try:
         parse_address(value)

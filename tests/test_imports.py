@@ -10,7 +10,8 @@ works when some other module happens to be imported first fails here.
 ones inside functions included) and checks the directions the design fixes: arca never
 imports node, llama_cpp or aiohttp; node/serving and node/engine never import aiohttp (and
 serving never llama_cpp); node/batches never imports aiohttp or the API; the lower node
-packages never import the ones above them.
+packages never import the ones above them, nor node/assembly.py (the one place a node is
+wired, above all of them but the API and the CLI).
 """
 
 from __future__ import annotations
@@ -123,12 +124,17 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("node/sessions", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.batches")),
     ("node/archive", ("aiohttp", "llama_cpp", "node.api", "node.serving", "node.sessions", "node.engine")),
     ("node/cache", ("aiohttp", "node.api", "node.serving", "node.sessions", "node.models")),
-    ("node/models", ("node.api", "node.serving", "node.sessions")),
+    ("node/models", ("node.api", "node.serving", "node.sessions", "node.cache", "node.speculative",
+                     "node.archive", "node.assembly")),
+    ("node/serving", ("node.assembly",)),
+    ("node/sessions", ("node.assembly",)),
+    ("node/archive", ("node.assembly",)),
+    ("node/cache", ("node.assembly",)),
 ])
 def test_layers_import_one_way(package, forbidden):
     assert offenders(package, forbidden) == []
 
 
 def test_the_scan_sees_lazy_imports():
-    sample = ROOT / "node" / "models" / "loader.py"
+    sample = ROOT / "node" / "assembly.py"
     assert "node.engine.engine" in imported(sample)  # imported inside a function

@@ -18,9 +18,10 @@ import dataclasses
 import json
 from typing import Any
 
-from node.api.schemas import (DEFAULT_CHAT_MAX_TOKENS, MAX_ARGUMENT_NESTING, MAX_CALL_ID, MAX_MESSAGES,
-                              MAX_TOKENS_LIMIT, TOOL_NAME, Fields, decide_output, format_spec, nesting, parse_content, parse_sampling,
-                              parse_stop, parse_tool_list, type_name)
+from node.api.fields import (DEFAULT_CHAT_MAX_TOKENS, MAX_ARGUMENT_NESTING, MAX_CALL_ID, MAX_MESSAGES, MAX_TOKENS_LIMIT,
+                             TOOL_NAME, Fields, type_name)
+from node.api.output_schemas import decide_output, format_spec, nesting, parse_tool_list
+from node.api.schemas import parse_content, parse_sampling, parse_stop
 from node.engine.types import GrammarSpec
 from node.serving.errors import UnsupportedFeature
 from node.serving.requests import ChatMessage, ChatRequest, GenerationOptions, Tool, ToolCall

@@ -1,8 +1,9 @@
 """The node's aiohttp application factory: middlewares, routes and resources.
 
-`create_app(settings, *, engine=None, archive=None)` builds the app; the engine and the
-archive are opened by a cleanup context when the app starts (unless given, in which case
-the caller owns and closes them, and the prefix cache an engine was built with). When the
+`create_app(settings, *, node=None, engine=None, archive=None)` builds the app; the node
+(node/assembly.py: engine, archive, caches, service) is opened by a cleanup context when the
+app starts (unless given, in which case the caller owns and closes it; a given engine or
+archive likewise stays the caller's, with the prefix cache an engine was built with). When the
 engine has a prefix cache, a fleet tier (node/cache/fleet.py) is put in front of it: with a
 remote ARCA it fetches and pushes states through ARCA's L3; with the embedded archive it
 only preloads disk states into RAM (L3 in the embedded archive would be a second copy of
@@ -13,9 +14,9 @@ With speculation on, the archive draft source (the Palimpsest) is fed by an L4 m
 under `<home>/mirror` (one per server the corpus comes from). The Batch API (node/batches) keeps its store under `[batch] directory`
 and runs its lines through the same service at batch priority; the savings sampler
 (node/serving/savings.py) feeds /v1/reame/stats and the periodic savings log line. Shutdown
-order: batch lines in flight (left unfinished for the next start), then the pending archive
-writes and prefix states, flushed within `[server] shutdown_flush_s` (node/serving/flush.py),
-then sampler, batch store, mirror, fleet tier, engine, cache, archive.
+order: batch lines in flight (left unfinished for the next start), batch store, then the node:
+sampler, the pending archive writes and prefix states, flushed within `[server]
+shutdown_flush_s` (node/serving/flush.py), mirror, fleet tier, engine, cache, archive.
 Ollama's API (node/api/ollama_routes.py) is set up beside OpenAI's, under /api/.
 Middlewares, outermost first: metrics (route, status,
 latency), CORS (when `[server] enable_cors`), the error envelope, the body limit (a declared
@@ -27,7 +28,7 @@ their own (node/api/anthropic_routes.py, node/api/responses_routes.py) over the 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -47,27 +48,15 @@ from node.api.ollama_routes import setup_ollama_routes
 from node.api.responses_routes import setup_responses_routes
 from node.api.routes import cost_line_ms, setup_routes
 from node.serving.errors import InvalidRequest
-from node.api.state import SETTINGS, STATE, TENANT, TRUSTED, InFlightGate, NodeState
-from node.archive.client import ArchiveClient, open_archive
-from node.archive.mirror import CorpusMirror
+from node.api.state import SETTINGS, STATE, TENANT, TRUSTED, NodeState
+from node.archive.client import ArchiveClient
+from node.assembly import Node
 from node.batches.runner import BatchRunner
 from node.batches.store import BatchStore
-from node.cache.fleet import FleetConfig, FleetTier
-from node.cache.prefix_cache import PrefixCache
 from node.config import NodeSettings
 from node.serving.engine_client import EngineClient
-from node.serving.flush import flush_pending
-from node.serving.metrics import CacheStats, KernelSeries, LiveStats, Metrics, SpeculationSeries
-from node.serving.model import describe_model
-from node.serving.savings import Savings, SavingsConfig
-from node.serving.conclave.runner import ConclavePolicy
-from node.serving.embeddings import EmbeddingLimits
-from node.serving.service import CompletionService, ServiceOptions
+from node.serving.metrics import KernelSeries
 from node.serving.tenants import ApiKeys
-from node.sessions.archived import ArchivedSessionStore
-from node.sessions.store import SessionLimits, Sessions, SessionStore
-from node.speculative.controller import Controller
-from node.speculative.palimpsest import Palimpsest
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -177,7 +166,7 @@ def auth_middleware(keys: ApiKeys) -> Middleware:
     return check_key
 
 
-def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
+def create_app(settings: NodeSettings, *, node: Node | None = None, engine: EngineClient | None = None,
                archive: ArchiveClient | None = None) -> web.Application:
     server = settings.server
     middlewares: list[Middleware] = [metrics_middleware]
@@ -190,7 +179,7 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
         middlewares.append(auth_middleware(keys))
     app = web.Application(client_max_size=server.max_request_size_mb * MIB, middlewares=middlewares)
     app[SETTINGS] = settings
-    app.cleanup_ctx.append(partial(node_resources, engine=engine, archive=archive))
+    app.cleanup_ctx.append(partial(node_resources, node=node, engine=engine, archive=archive))
     setup_routes(app)
     setup_cache_routes(app)
     setup_batch_routes(app)
@@ -201,90 +190,32 @@ def create_app(settings: NodeSettings, *, engine: EngineClient | None = None,
     return app
 
 
-async def node_resources(app: web.Application, *, engine: EngineClient | None,
+async def node_resources(app: web.Application, *, node: Node | None, engine: EngineClient | None,
                          archive: ArchiveClient | None) -> AsyncIterator[None]:
-    """Open what the node needs (engine, archive), publish its state, close it at the end."""
-    settings = app[SETTINGS]
-    loop = asyncio.get_running_loop()
-    own_engine, own_archive = engine is None, archive is None
-    fleet: FleetTier | None = None
-    mirror: CorpusMirror | None = None
-    batches: BatchRunner | None = None
-    sampler: asyncio.Task[None] | None = None
-    if engine is None:
-        from node.models.loader import open_engine
+    """Open the node (node/assembly.py) unless one is given, publish its state, close it at the end."""
+    async with contextlib.AsyncExitStack() as stack:
+        if node is None:
+            node = await stack.enter_async_context(Node.open(app[SETTINGS], engine=engine, archive=archive))
+        async for _ in serve_node(app, node):
+            yield
 
-        opened = await loop.run_in_executor(None, open_engine, settings)
-        engine = opened
-    hook = engine.config.prefix_cache  # the node's prefix cache, when the engine was built with one
-    cache = hook if isinstance(hook, PrefixCache) else None
+
+async def serve_node(app: web.Application, node: Node) -> AsyncIterator[None]:
+    """The app's part of an open node: /metrics' kernel series, the in-flight gate, the Batch API."""
+    settings = node.settings
+    node.metrics.watch(KernelSeries(node.engine.kernel_report, partial(cost_line_ms, node.engine)))
+    state = NodeState.of(node)
+    batches: BatchRunner | None = None
     try:
-        if archive is None:
-            archive = await loop.run_in_executor(None, open_archive, settings)
-            await archive.start()
-        model = await loop.run_in_executor(None, describe_model, engine, settings)
-        metrics = Metrics()
-        metrics.watch(LiveStats(engine.stats, partial(_errors, archive), archive.state))
-        metrics.watch(KernelSeries(engine.kernel_report, partial(cost_line_ms, engine)))
-        if cache is not None:
-            remote = archive.state() != "embedded"
-            fleet = FleetTier(cache, archive, FleetConfig(push=remote, fetch=remote))
-            metrics.watch(CacheStats(cache.stats))
-        speculator = engine.config.speculator
-        controller = speculator if isinstance(speculator, Controller) else None
-        if controller is not None:
-            metrics.watch(SpeculationSeries(controller.stats.snapshot))
-            mirror = await start_mirror(settings, archive, model.fingerprint, controller)
-        sessions = await open_sessions(settings, archive)
-        service = CompletionService(engine, archive, model, metrics, ServiceOptions(
-            observe=settings.arca.observe, observe_prompt_tokens=settings.arca.observe_prompt_tokens,
-            l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave),
-            embeddings=EmbeddingLimits(settings.embeddings.max_inputs, settings.embeddings.max_request_tokens),
-            max_queue_wait_s=settings.server.max_queue_wait_s),
-            cache=cache, fleet=fleet, sessions=sessions)
-        warm_grammars = getattr(engine, "warm_grammars", None)
-        if warm_grammars is not None:  # the grammar engine's vocabulary, built before the first structured request
-            loop.run_in_executor(None, warm_grammars)
-        gate = InFlightGate(settings.server.max_concurrent_requests)
-        savings = Savings(service.ledger, engine.stats, config=SavingsConfig(
-            settings.stats.window_minutes, settings.stats.sample_seconds, settings.stats.log_minutes),
-            drafts=partial(_accepted_drafts, controller) if controller is not None else None,
-            plain_rate=controller.costs.plain_rate if controller is not None else None)
-        sampler = asyncio.create_task(savings.run(), name="reame-savings")
-        state = NodeState(settings, engine, archive, model, metrics, service, gate, time.time(), savings, controller)
         if settings.batch.enabled:
-            batches = await start_batches(settings, state, engine)
+            batches = await start_batches(settings, state, node.engine)
         app[STATE] = replace(state, batches=batches)
         yield
         if batches is not None:
             await batches.close()
-        await flush_pending(service, settings.server.shutdown_flush_s)
-        service.grammar_workers.close()
     finally:
-        if sampler is not None:
-            sampler.cancel()
         if batches is not None:
-            await loop.run_in_executor(None, batches.store.close)
-        if mirror is not None:
-            await mirror.close()
-        if fleet is not None:
-            await fleet.close()
-        if own_engine:
-            await loop.run_in_executor(None, engine.close)
-            if cache is not None:
-                await loop.run_in_executor(None, cache.close)
-        if own_archive and archive is not None:
-            await archive.close()
-
-
-async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
-    """Sessions in the remote archive (any node continues any session), else under <home>/sessions."""
-    limits = SessionLimits(max_sessions=settings.server.max_sessions,
-                           max_per_owner=settings.server.max_sessions_per_client)
-    if archive.state() != "embedded":
-        return ArchivedSessionStore(archive, limits)
-    return await asyncio.get_running_loop().run_in_executor(None, SessionStore.open, settings.home / "sessions",
-                                                            limits)
+            await asyncio.get_running_loop().run_in_executor(None, batches.store.close)
 
 
 async def start_batches(settings: NodeSettings, state: NodeState, engine: EngineClient) -> BatchRunner:
@@ -298,32 +229,3 @@ async def start_batches(settings: NodeSettings, state: NodeState, engine: Engine
     runner = BatchRunner(store, ApiLines(state), concurrency=concurrency, max_lines=batch.max_lines)
     runner.start()
     return runner
-
-
-def _accepted_drafts(controller: Controller) -> dict[str, int]:
-    return {name: stats.accepted for name, stats in list(controller.stats.sources.items())}
-
-
-async def start_mirror(settings: NodeSettings, archive: ArchiveClient, fingerprint: str,
-                       controller: Controller) -> CorpusMirror | None:
-    """Feed the archive draft source from the corpus: the fleet's (remote, with a local copy) or
-    this node's own (embedded)."""
-    palimpsest = controller.source("archive")
-    if not isinstance(palimpsest, Palimpsest):
-        return None
-    remote = archive.state() != "embedded"
-    # The local copy's cursor counts the streams of one server (an ARCA's ids, a Redis stream's
-    # entry ids): each server the corpus comes from has a copy of its own.
-    source = hashlib.blake2b(str(getattr(archive, "corpus_name", "")).encode(), digest_size=6).hexdigest()
-    path = settings.home / "mirror" / f"{fingerprint}.{source}.l4" if remote else None
-    legacy = settings.home / "mirror" / f"{fingerprint}.l4"  # one copy for the one ARCA, before
-    if path is not None and archive.kind == "arca" and legacy.exists() and not path.exists():
-        legacy.replace(path)
-    mirror = CorpusMirror(archive, fingerprint.encode(), palimpsest.add, path=path,
-                          max_tokens=palimpsest.max_tokens)
-    await mirror.start()
-    return mirror
-
-
-def _errors(archive: ArchiveClient) -> dict[str, int]:
-    return archive.counters.errors

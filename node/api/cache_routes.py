@@ -18,7 +18,8 @@ import hashlib
 from aiohttp import web
 
 from node.api.routes import check_model, json_response, make_plan, read_json
-from node.api.schemas import Fields, parse_messages
+from node.api.fields import Fields
+from node.api.schemas import parse_messages
 from node.api.state import STATE, NodeState, tenant_of
 from node.serving.errors import InvalidRequest
 from node.sessions.cuts import CutError, shared_prefix

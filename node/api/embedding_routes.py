@@ -18,7 +18,8 @@ import numpy as np
 from aiohttp import web
 
 from node.api.routes import check_model, json_response, read_json
-from node.api.schemas import Fields, is_token
+from node.api.fields import Fields
+from node.api.schemas import is_token
 from node.api.state import STATE, tenant_of
 from node.serving.embeddings import EmbeddingInput
 from node.serving.errors import Overloaded

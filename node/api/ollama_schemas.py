@@ -28,10 +28,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from node.api.schemas import (
-    DEFAULT_CHAT_MAX_TOKENS, MAX_ARGUMENT_NESTING, MAX_MESSAGES, MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS,
-    TOOL_NAME, Fields, is_token, nesting, parse_output, parse_sampling, parse_stop, tool_call_items, type_name,
-)
+from node.api.fields import (DEFAULT_CHAT_MAX_TOKENS, MAX_ARGUMENT_NESTING, MAX_MESSAGES, MAX_TOKENS_LIMIT,
+                             MAX_TOP_LOGPROBS, TOOL_NAME, Fields, type_name)
+from node.api.output_schemas import nesting, parse_output, tool_call_items
+from node.api.schemas import is_token, parse_sampling, parse_stop
 from node.serving.errors import InvalidRequest, UnsupportedFeature
 from node.serving.requests import ChatMessage, ChatRequest, GenerationOptions, ToolCall
 from node.serving.structure import canonical_json

@@ -3,7 +3,7 @@
 `OllamaReply` turns the service's events for one choice into Ollama's objects: a chunk per piece
 of text (`message.content` for /api/chat, `response` for /api/generate), tool calls as
 `message.tool_calls` with `function.arguments` an object (read by the choice's `ToolCallReader`,
-node/serving/structure.py), and the final object with `done`, `done_reason`, token counts and
+node/serving/tools.py), and the final object with `done`, `done_reason`, token counts and
 durations in nanoseconds. `prompt_eval_count` is the whole prompt (tokens restored from the prefix
 cache or answered from L1 included: what the request holds, not what was computed);
 `load_duration` is 0 (the model is loaded when the node starts). /api/tags, /api/show and /api/ps
@@ -22,7 +22,7 @@ from node.api.shapes import chat_logprobs
 from node.api.state import NodeState
 from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText
 from node.serving.requests import ToolCall
-from node.serving.structure import ToolCallReader
+from node.serving.tools import ToolCallReader
 
 NS = 1_000_000_000
 FOREVER = "9999-12-31T23:59:59Z"  # /api/ps: the model stays loaded while the node runs

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.api import ollama_schemas as ollama_limits
-from node.api import schemas as limits
+from node.api import fields as limits
 from node.batches.lines import ENDPOINTS
 from node.serving.embeddings import MAX_EMBEDDING_INPUTS  # a node's [embeddings] max_inputs may be lower
 

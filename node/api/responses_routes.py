@@ -30,7 +30,7 @@ from node.api.errors import ErrorReply
 from node.api.responses_schemas import ResponsesRequest, parse_responses_body
 from node.api.responses_store import ResponseStore
 from node.api.routes import answering, check_model, json_response, make_plan, read_json
-from node.api.schemas import Fields
+from node.api.fields import Fields
 from node.api.sse import named_frame, stream_frames
 from node.api.state import STATE, NodeState, tenant_of
 from node.api.turn_items import CallArguments, CallStart, Item, Text, Turn, TurnEnd, turn_items

@@ -19,9 +19,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from node.api.schemas import (DEFAULT_CHAT_MAX_TOKENS, MAX_CALL_ID, MAX_MESSAGES, MAX_TOKENS_LIMIT,
-                              Fields, decide_output, format_spec, function_call, parse_content, parse_sampling, parse_tool_choice, parse_tool_list,
-                              type_name)
+from node.api.fields import DEFAULT_CHAT_MAX_TOKENS, MAX_CALL_ID, MAX_MESSAGES, MAX_TOKENS_LIMIT, Fields
+from node.api.output_schemas import decide_output, format_spec, function_call, parse_tool_choice, parse_tool_list
+from node.api.schemas import parse_content, parse_sampling
 from node.engine.types import GrammarSpec
 from node.serving.errors import UnsupportedFeature
 from node.serving.requests import ChatMessage, GenerationOptions

@@ -1,10 +1,10 @@
 """OpenAI request bodies, type-checked field by field into the serving layer's frozen requests.
 
-Every field is checked for its JSON type and range; a failure is an `InvalidRequest` naming
-the field (`param`). Real OpenAI features this node does not offer (images, audio, ...) are
+Every field is checked for its JSON type and range (node/api/fields.py reads them and holds
+the limits); a failure is an `InvalidRequest` naming the field (`param`). Real OpenAI features this node does not offer (images, audio, ...) are
 refused with `UnsupportedFeature` instead of being ignored. Structured output (`response_format`,
-`grammar`, `json_schema`, `format`) and tools are read by `parse_output` into a grammar
-(node/serving/structure.py checks schemas and grammars) and an `Output`.
+`grammar`, `json_schema`, `format`) and tools are read by `parse_output` into a grammar and
+an `Output`, the calls a message sends back by `parse_tool_calls` (node/api/output_schemas.py).
 Unknown fields that do not change the output (`user`, `metadata`, `store`, ...) are ignored.
 Chat messages may carry the tool-calling loop: assistant messages with `tool_calls`, and "tool"
 messages answering one of them by `tool_call_id` (an id of an earlier message's call).
@@ -14,118 +14,16 @@ Nothing here knows the model: token ids are range-checked by the service.
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
-from typing import Any, Callable, Mapping, overload
+from typing import Any, Mapping
 
-from node.engine.types import GrammarSpec, SamplingParams
-from node.serving import structure
+from node.api.fields import (CHAT_ROLES, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MAX_CHOICES,
+                             MAX_CONCLAVE, MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_PROMPTS, MAX_STOP_LENGTH,
+                             MAX_STOP_STRINGS, MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS, MIN_REPEAT_PENALTY,
+                             UNSUPPORTED_FIELDS, Fields, type_name)
+from node.api.output_schemas import parse_output, parse_tool_calls
+from node.engine.types import SamplingParams
 from node.serving.errors import InvalidRequest, UnsupportedFeature
-from node.serving.requests import (ChatMessage, ChatRequest, CompletionRequest, GenerationOptions, Output, Tool,
-                                   ToolCall)
-
-MAX_PROMPTS = 16
-MAX_CHOICES = 16
-MAX_CONCLAVE = 16  # candidates of a Conclave; a node may allow fewer ([conclave] max_candidates)
-MAX_STOP_STRINGS = 16
-MAX_STOP_LENGTH = 256
-MAX_MESSAGES = 4096
-MAX_LOGIT_BIAS = 1024
-MAX_TOP_LOGPROBS = 20
-MAX_TOKENS_LIMIT = 1_000_000
-MIN_REPEAT_PENALTY = 0.01  # logits are divided by it: smaller values overflow them
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DEFAULT_CHAT_MAX_TOKENS = 512  # the CLI's default; the context may clip it further
-
-MAX_TOOLS = 128
-MAX_TOOL_CALLS = 128  # per assistant message
-MAX_CALL_ID = 256
-MAX_ARGUMENT_NESTING = 64  # a call's arguments are rendered (and re-encoded) with the prompt
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # function and schema names
-UNSUPPORTED_FIELDS = {
-    "functions": "function calling (the deprecated 'functions'; use 'tools')",
-    "function_call": "function calling (the deprecated 'function_call'; use 'tool_choice')",
-    "audio": "audio output",
-    "modalities": "output modalities other than text",
-    "prediction": "predicted outputs",
-    "suffix": "insertion (suffix)",
-    "web_search_options": "web search",
-}
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class Fields:
-    """Typed access to one JSON object; every error names the field it is about."""
-
-    def __init__(self, body: Any, prefix: str = "") -> None:
-        if not isinstance(body, dict):
-            raise InvalidRequest(f"{prefix or 'The request body'} must be a JSON object", param=prefix or None)
-        self.body: Mapping[str, Any] = body
-        self.prefix = prefix
-
-    def name(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def fail(self, key: str, message: str) -> InvalidRequest:
-        return InvalidRequest(f"'{self.name(key)}' {message}", param=self.name(key), code="invalid_value")
-
-    def present(self, key: str) -> bool:
-        return self.body.get(key) is not None
-
-    @overload
-    def integer(self, key: str, default: int, lo: int | None = None, hi: int | None = None) -> int: ...
-
-    @overload
-    def integer(self, key: str, default: None, lo: int | None = None, hi: int | None = None) -> int | None: ...
-
-    def integer(self, key: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = self.body.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                raise self.fail(key, f"must be an integer, got {type_name(value)}")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
-        return value
-
-    def number(self, key: str, default: float, lo: float, hi: float, *, above_lo: bool = False) -> float:
-        """A number in [lo, hi], or in (lo, hi] with `above_lo`."""
-        value = self.body.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(key, f"must be a number, got {type_name(value)}")
-        if above_lo and not lo < value <= hi:
-            raise self.fail(key, f"must be above {lo} and at most {hi}, got {value}")
-        if not lo <= value <= hi:
-            raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
-        return float(value)
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.body.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be a boolean, got {type_name(value)}")
-        return value
-
-    def string(self, key: str) -> str | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise self.fail(key, f"must be a string, got {type_name(value)}")
-        return value
-
-
-def type_name(value: Any) -> str:
-    return {
-        bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-        list: "an array", dict: "an object", type(None): "null",
-    }.get(type(value), type(value).__name__)
+from node.serving.requests import ChatMessage, ChatRequest, CompletionRequest, GenerationOptions, Output, ToolCall
 
 
 def refuse_unsupported(body: Mapping[str, Any]) -> None:
@@ -218,154 +116,6 @@ def parse_options(fields: Fields, *, default_max_tokens: int, logprobs: int | No
     )
 
 
-def parse_response_format(fields: Fields) -> GrammarSpec | None:
-    value = fields.body.get("response_format")
-    if value is None:
-        return None
-    rf = Fields(value, "response_format")
-    return format_spec(rf, lambda: Fields(rf.body.get("json_schema"), "response_format.json_schema"))
-
-
-def format_spec(rf: Fields, schema_fields: Callable[[], Fields]) -> GrammarSpec | None:
-    """An output format object (`type` text, json_object or json_schema); `schema_fields` gives
-    the object holding `name`, `strict` and `schema` (nested in chat, the format itself in Responses)."""
-    kind = rf.string("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return structure.schema_spec(structure.ANY_OBJECT, rf.prefix)
-    if kind == "json_schema":
-        inner = schema_fields()
-        name = inner.string("name")
-        if name is not None and not TOOL_NAME.fullmatch(name):
-            raise inner.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-        inner.boolean("strict", False)
-        inner.string("description")
-        if "schema" not in inner.body:
-            raise inner.fail("schema", "is required")
-        return structure.schema_spec(inner.body["schema"], inner.name("schema"))
-    raise rf.fail("type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
-
-
-def parse_format(fields: Fields) -> GrammarSpec | None:
-    """Ollama's `format`: "json" (any JSON object) or a JSON Schema; "" is no format."""
-    value = fields.body.get("format")
-    if value is None or value == "":
-        return None
-    if value == "json":
-        return structure.schema_spec(structure.ANY_OBJECT, "format")
-    if isinstance(value, dict):
-        return structure.schema_spec(value, "format")
-    raise fields.fail("format", "must be \"json\" or a JSON Schema object")
-
-
-def parse_tools(fields: Fields) -> tuple[Tool, ...]:
-    return parse_tool_list(fields, openai_tool)
-
-
-def openai_tool(tool: Fields) -> Fields:
-    """The function of one chat tool (`{"type": "function", "function": {...}}`)."""
-    if tool.string("type") != "function":
-        raise UnsupportedFeature(f"Tools of type {tool.string('type')!r} are not supported; only 'function' is",
-                                 param=tool.name("type"))
-    return Fields(tool.body.get("function"), tool.name("function"))
-
-
-def parse_tool_list(fields: Fields, function_of: Callable[[Fields], Fields],
-                    parameters_key: str = "parameters") -> tuple[Tool, ...]:
-    """`fields.tools`: each item's function (found by `function_of`) with its name, description and
-    JSON Schema under `parameters_key` (checked as structured output's schemas are)."""
-    value = fields.body.get("tools")
-    if value is None or value == []:
-        return ()
-    if not isinstance(value, list):
-        raise fields.fail("tools", f"must be an array of tools, got {type_name(value)}")
-    if len(value) > MAX_TOOLS:
-        raise fields.fail("tools", f"may hold at most {MAX_TOOLS} tools")
-    tools: dict[str, Tool] = {}
-    for index, item in enumerate(value):
-        function = function_of(Fields(item, fields.name(f"tools[{index}]")))
-        name = function.string("name")
-        if name is None or not TOOL_NAME.fullmatch(name):
-            raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-        if name in tools:
-            raise function.fail("name", f"{name!r} is defined twice")
-        function.boolean("strict", False)
-        parameters = function.body.get(parameters_key)
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}}
-        structure.schema_spec(parameters, function.name(parameters_key))
-        tools[name] = Tool(name, function.string("description") or "", structure.canonical_json(parameters))
-    offered = tuple(tools.values())
-    structure.schema_spec(structure.tool_call_schema(offered, None), "tools")  # the limits hold for all of them
-    return offered
-
-
-def parse_tool_choice(fields: Fields, tools: tuple[Tool, ...]) -> tuple[str, str | None]:
-    value = fields.body.get("tool_choice")
-    if value is None:
-        return ("auto" if tools else "none"), None
-    if isinstance(value, str):
-        if value not in ("none", "auto", "required"):
-            raise fields.fail("tool_choice", f"must be 'none', 'auto', 'required' or a function, got {value!r}")
-        if value != "none" and not tools:
-            raise fields.fail("tool_choice", f"{value!r} needs 'tools'")
-        return value, None
-    choice = Fields(value, "tool_choice")
-    if choice.string("type") != "function":
-        raise choice.fail("type", "must be 'function'")
-    name = Fields(choice.body.get("function"), "tool_choice.function").string("name")
-    if name not in {tool.name for tool in tools}:
-        raise choice.fail("function", f"names {name!r}, which is not among 'tools'")
-    return "function", name
-
-
-def parse_output(fields: Fields, *, chat: bool) -> tuple[GrammarSpec | None, Output | None]:
-    """The grammar the output must match and what it is (structured output, tool calls)."""
-    asked: list[tuple[str, GrammarSpec]] = []
-    for param, parse in (("response_format", parse_response_format), ("format", parse_format)):
-        spec = parse(fields)
-        if spec is not None:
-            asked.append((param, spec))
-    if fields.present("json_schema"):
-        asked.append(("json_schema", structure.schema_spec(fields.body["json_schema"], "json_schema")))
-    if fields.present("grammar"):
-        asked.append(("grammar", structure.gbnf_spec(fields.body["grammar"], "grammar")))
-    tools: tuple[Tool, ...] = ()
-    choice, function = "none", None
-    if chat:
-        tools = parse_tools(fields)
-        choice, function = parse_tool_choice(fields, tools)
-        fields.boolean("parallel_tool_calls", True)
-    else:
-        for key in ("tools", "tool_choice", "parallel_tool_calls"):
-            if fields.present(key):
-                raise UnsupportedFeature(f"'{key}' is not supported on /v1/completions (tool calling is a chat "
-                                         "feature: use /v1/chat/completions)", param=key)
-    return decide_output(asked, tools, choice, function, "tool_choice" if fields.present("tool_choice") else "tools")
-
-
-def decide_output(asked: list[tuple[str, GrammarSpec]], tools: tuple[Tool, ...], choice: str, function: str | None,
-                  auto_param: str = "tools") -> tuple[GrammarSpec | None, Output | None]:
-    """The grammar and Output of a request: at most one structured-output field (`asked`, by the
-    field that asked), or tool calls by `choice` ("none", "auto", "required", "function")."""
-    if choice != "none" and asked:
-        raise UnsupportedFeature(f"'{asked[0][0]}' together with tool calls (tool_choice {choice!r}) is not "
-                                 "supported: use one or the other", param=asked[0][0])
-    if len(asked) > 1:
-        raise UnsupportedFeature(f"'{asked[0][0]}' and '{asked[1][0]}' both constrain the output: use one",
-                                 param=asked[1][0])
-    if choice in ("required", "function"):
-        schema = structure.tool_call_schema(tools, function)
-        spec = structure.schema_spec(schema, "tools")
-        return spec, Output("tools", tools, "required" if choice == "required" else "function", function)
-    if choice == "auto":
-        return None, Output(auto_param, tools, "auto")
-    if asked:
-        return asked[0][1], Output(asked[0][0])
-    return None, None
-
-
 def parse_prompts(fields: Fields) -> tuple[str | tuple[int, ...], ...]:
     value = fields.body.get("prompt")
     if value is None:
@@ -427,62 +177,6 @@ def parse_content(value: Any, param: str, kinds: tuple[str, ...] = ("text",)) ->
             raise part_fields.fail("text", "is required")
         texts.append(text)
     return "".join(texts)
-
-
-def tool_call_items(message: Fields) -> list[Any]:
-    """The items of a message's `tool_calls`: a non-empty array within the limit."""
-    value = message.body.get("tool_calls")
-    if not isinstance(value, list) or not value:
-        raise message.fail("tool_calls", f"must be a non-empty array of tool calls, got {type_name(value)}")
-    if len(value) > MAX_TOOL_CALLS:
-        raise message.fail("tool_calls", f"may hold at most {MAX_TOOL_CALLS} calls")
-    return value
-
-
-def parse_tool_calls(message: Fields) -> tuple[ToolCall, ...]:
-    """An assistant message's `tool_calls` (OpenAI's shape; `arguments` a string holding JSON)."""
-    if message.body.get("tool_calls") is None:
-        return ()
-    calls = []
-    for index, item in enumerate(tool_call_items(message)):
-        call = Fields(item, message.name(f"tool_calls[{index}]"))
-        call_id = call.string("id")
-        if not call_id or len(call_id) > MAX_CALL_ID:
-            raise call.fail("id", f"must be a string of 1 to {MAX_CALL_ID} characters")
-        if call.string("type") != "function":
-            raise call.fail("type", "must be 'function'")
-        calls.append(function_call(Fields(call.body.get("function"), call.name("function")), call_id))
-    return tuple(calls)
-
-
-def function_call(function: Fields, call_id: str, missing_arguments: str = "") -> ToolCall:
-    """A call sent back: `function.name` and `function.arguments` (a string holding a JSON object)."""
-    name = function.string("name")
-    if name is None or not TOOL_NAME.fullmatch(name):
-        raise function.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-    arguments = function.string("arguments") or missing_arguments
-    try:
-        parsed = json.loads(arguments)
-    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise function.fail("arguments", "must be a string holding a JSON object (the call's arguments)")
-    if nesting(parsed) > MAX_ARGUMENT_NESTING:
-        raise function.fail("arguments", f"may nest objects and arrays at most {MAX_ARGUMENT_NESTING} deep")
-    return ToolCall(call_id, name, arguments)
-
-
-def nesting(value: Any) -> int:
-    """How deep objects and arrays nest in a parsed JSON value (1 for a flat object)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def parse_message(message: Fields, calls: dict[str, str]) -> ChatMessage:

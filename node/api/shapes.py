@@ -4,7 +4,7 @@ Builders only: they take the service's choice events and the request's identity 
 plain dicts ready for orjson. `Collector` gathers a non-streamed answer choice by choice. A
 Conclave's verdict is the top-level `reame` object of the response, or of the stream chunk
 carrying the winner's finish_reason. A request with tools reads each choice through a
-`ToolCallReader` (node/serving/structure.py): calls become `message.tool_calls` (streamed as
+`ToolCallReader` (node/serving/tools.py): calls become `message.tool_calls` (streamed as
 `delta.tool_calls` with an index) and the finish reason `tool_calls`.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from node.engine.types import TokenLogprob
 from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText, Plan
-from node.serving.structure import ToolCallReader
+from node.serving.tools import ToolCallReader
 
 
 @dataclass(frozen=True, slots=True)

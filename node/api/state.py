@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
 from node.archive.client import ArchiveClient
@@ -15,6 +17,9 @@ from node.serving.savings import Savings
 from node.serving.tenants import OPEN
 from node.serving.service import CompletionService
 from node.speculative.controller import Controller
+
+if TYPE_CHECKING:
+    from node.assembly import Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,13 @@ class NodeState:
     savings: Savings
     speculation: Controller | None = None  # None when speculation is off
     batches: BatchRunner | None = None     # the Batch API (node/batches), set once the node has started
+
+    @classmethod
+    def of(cls, node: Node) -> "NodeState":
+        """The state of an open node (node/assembly.py), its gate at `[server] max_concurrent_requests`."""
+        return cls(node.settings, node.engine, node.archive, node.model, node.metrics, node.service,
+                   InFlightGate(node.settings.server.max_concurrent_requests), node.started_at, node.savings,
+                   node.controller)
 
 
 class InFlightGate:

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Iterator
 from node.api.shapes import tool_readers
 from node.serving.answer import Answer
 from node.serving.plan import ChoiceText, Plan
-from node.serving.structure import Piece
+from node.serving.tools import Piece
 
 
 @dataclass(frozen=True, slots=True)

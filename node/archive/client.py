@@ -7,7 +7,7 @@ on the answer path: a failure is logged, counted in `counters` (read by /metrics
 answered like a miss, so a broken archive only removes the speed-up. The session
 operations are the one exception (they raise `ArchiveUnavailable`).
 
-`open_archive(settings)` picks one from `[arca] remote` (node/archive/address.py parses it),
+`open_archive(settings)` picks one from `[arca] remote` (node/address.py parses it),
 with L3 on a server of its own when `[arca] kv_remote` is set (node/archive/split.py).
 """
 
@@ -38,7 +38,6 @@ class ArchiveClient(Protocol):
     async def get(self, key: bytes) -> bytes | None: ...
     async def set(self, key: bytes, value: bytes, ttl_s: int | None = None) -> None: ...
     async def observe(self, ns: bytes, tokens: Sequence[int]) -> None: ...
-    async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None: ...
     async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
         """Corpus streams with id > cursor, oldest first (packed tokens); None when unreachable."""
     async def kv_get(self, key: bytes) -> bytes | None: ...
@@ -65,7 +64,7 @@ def open_archive(settings: NodeSettings) -> ArchiveClient:
     """
     arca = settings.arca
     if arca.remote:
-        from node.archive.address import parse_address
+        from node.address import parse_address
         from node.archive.servers import TlsFiles
         from node.archive.split import SplitArchive
 

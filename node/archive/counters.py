@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-OPERATIONS = ("ping", "get", "set", "observe", "draft", "since", "kv_get", "kv_put", "kv_exists",
+OPERATIONS = ("ping", "get", "set", "observe", "since", "kv_get", "kv_put", "kv_exists",
               "session_get", "session_put", "session_delete")
 
 

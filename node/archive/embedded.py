@@ -74,9 +74,6 @@ class EmbeddedArchive:
         packed = pack_tokens(tokens)
         await self._call("observe", None, lambda arc: arc.observe(ns, packed), writes=True)
 
-    async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None:
-        return await self._call("draft", None, lambda arc: arc.draft(ns, list(tail), k))
-
     async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
         return await self._call("since", None, lambda arc: arc.since(ns, cursor, count))
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypeVar
 
 from node.archive import redis_mapping as rm
-from node.archive.address import ArchiveAddress
+from node.address import ArchiveAddress
 from node.archive.breaker import Breaker
 from node.archive.counters import ArchiveCounters
 from node.archive.errors import ArchiveUnavailable
 from node.archive.servers import ClusterServers, SingleServer, TlsFiles, describe_failure, transport_errors
-from shared.tokens import pack_tokens, unpack_tokens
+from shared.tokens import pack_tokens
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -154,12 +154,6 @@ class RemoteArchive:
                              rm.TOKENS_FIELD, pack_tokens(tokens), key=stream)
             return
         await self._call("observe", None, "ARCA.OBSERVE", "NS", ns, pack_tokens(tokens))
-
-    async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None:
-        if self.kind != "arca":  # a plain Redis drafts nothing: the node drafts from its mirror
-            return None
-        return await self._call("draft", None, "ARCA.DRAFT", "NS", ns, pack_tokens(tail), k,
-                                convert=lambda reply: None if reply is None else list(unpack_tokens(reply)))
 
     async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
         if self._redis:

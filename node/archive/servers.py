@@ -26,7 +26,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
-from node.archive.address import ArchiveAddress
+from node.address import ArchiveAddress
 from node.archive.breaker import Breaker
 from node.archive.errors import ArchiveUnavailable
 

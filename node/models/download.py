@@ -21,7 +21,7 @@ import aiohttp
 from tqdm import tqdm
 
 from node.models.fingerprint import remember
-from node.models.catalog import ModelUnavailable
+from node.models.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)
 

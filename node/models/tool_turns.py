@@ -11,7 +11,7 @@ template (Gemma's, which demands user/assistant alternation, the built-in ChatML
 them converted by `plain_tool_turns`, in `ChatTemplate.render` and nowhere else:
 - an assistant call becomes assistant text holding the call as the compact JSON object
   `{"name":...,"arguments":...}` the forced-call grammar makes the model write
-  (node/serving/structure.py), one line per call after any content, so the model reads its
+  (node/serving/tools.py), one line per call after any content, so the model reads its
   own earlier call in its own format;
 - a tool result becomes a user turn saying which function and call id it answers, then its
   content;

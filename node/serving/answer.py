@@ -1,6 +1,7 @@
 """The answer to one plan: L1 lookups, engine submits, events in order, cancel on leaving.
 
-`service.answer(plan)` (node/serving/service.py) is an async context manager: entering it
+`service.answer(plan)` (node/serving/service.py) is an async context manager over the node's
+`Jobs` (node/serving/jobs.py), never the service: entering it
 looks every keyed job up in L1, submits the misses to the engine and waits until each
 holds a slot (so overload, too-long prompts and a wait for room past the queue's bound
 fail before any byte is sent); iterating `answer.events()` yields
@@ -8,25 +9,24 @@ fail before any byte is sent); iterating `answer.events()` yields
 streamed (a Conclave's or best_of's job through node/serving/conclave/events.py); leaving it
 cancels whatever is still generating, which is how a client that goes
 away stops its generation within one engine step. While a live (interactive) answer is open,
-batch lines wait for their turn before their work on the event loop (node/serving/live_first.py). A completed generation is handed back to
-the service to remember (L1, L4) and, for a session turn, to extend the session.
+batch lines wait for their turn before their work on the event loop (node/serving/live_first.py). A completed generation goes to
+`jobs.finish()` (counted, served in the ledger, remembered in L1 and L4) and, for a session
+turn, extends the session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, AsyncIterator, Sequence
+from typing import AsyncIterator, Sequence
 
 from node.engine.types import INTERACTIVE, Finished, GenerationHandle, TextDelta
 from node.serving.conclave.events import best_of_events, conclave_events
 from node.serving.conclave.runner import ConclaveRun
 from node.serving.errors import Overloaded, generation_failure
+from node.serving.jobs import Jobs
 from node.serving.l1 import Piece, StoredAnswer, StoredChoice
 from node.serving.plan import COMPLETED, ChoiceDone, ChoiceEvent, ChoiceText, Job, Plan
-
-if TYPE_CHECKING:
-    from node.serving.service import CompletionService
 
 
 class Answer:
@@ -34,8 +34,8 @@ class Answer:
 
     cache: str  # "hit" | "miss" | "bypass" (nothing keyed: the archive was not asked)
 
-    def __init__(self, service: CompletionService, plan: Plan) -> None:
-        self.service = service
+    def __init__(self, jobs: Jobs, plan: Plan) -> None:
+        self.jobs = jobs
         self.plan = plan
         self.cache = "bypass"
         self.started = time.perf_counter()
@@ -46,28 +46,27 @@ class Answer:
 
     async def __aenter__(self) -> "Answer":
         jobs = self.plan.jobs
-        self.service.ledger.enter()
+        self.jobs.ledger.enter()
         if self.live:
-            self.service.live_first.enter()
+            self.jobs.live_first.enter()
         try:
-            self._stored = list(await asyncio.gather(*(self.service.lookup(job) for job in jobs)))
+            self._stored = list(await asyncio.gather(*(self.jobs.lookup(job) for job in jobs)))
             keyed = [job.key is not None for job in jobs]
             if any(keyed):
                 self.cache = "hit" if all(s is not None for s in self._stored) else "miss"
             misses = [job for job, stored in zip(jobs, self._stored) if stored is None]
-            await asyncio.gather(*(self.service.prepare(job, self.plan.options.output) for job in misses[:1]))
-            await asyncio.gather(*(self.service.prefetch(job.prompt_tokens, job.request.cache_scope)
-                                   for job in misses))
+            await asyncio.gather(*(self.jobs.prepare(job, self.plan.options.output) for job in misses[:1]))
+            await asyncio.gather(*(self.jobs.prefetch(job.prompt_tokens, job.request.cache_scope) for job in misses))
             for number, (job, stored) in enumerate(zip(jobs, self._stored)):
                 if stored is not None:
                     self._handles.append([])
                 elif job.conclave > 1:
-                    self._runs[number] = self.service.start_conclave(job)
+                    self._runs[number] = self.jobs.start_conclave(job)
                     self._handles.append([])
                 elif job.best_of > job.n:
-                    self._handles.append(self.service.submit_best_of(job))
+                    self._handles.append(self.jobs.submit_best_of(job))
                 else:
-                    self._handles.append(self.service.submit(job))
+                    self._handles.append(self.jobs.submit(job))
             await self._started()
         except BaseException:
             self._cancel()
@@ -81,9 +80,9 @@ class Answer:
         return any(job.request.priority == INTERACTIVE for job in self.plan.jobs)
 
     def _leave(self) -> None:
-        self.service.ledger.leave()
+        self.jobs.ledger.leave()
         if self.live:
-            self.service.live_first.leave()
+            self.jobs.live_first.leave()
 
     @property
     def generated(self) -> tuple[int, ...] | None:
@@ -122,9 +121,9 @@ class Answer:
             if stored is not None:
                 sources.append(self._replay(job, stored))
             elif number in self._runs:
-                sources.append(conclave_events(self.service, job, self._runs[number]))
+                sources.append(conclave_events(self.jobs, job, self._runs[number]))
             elif job.best_of > job.n:
-                sources.append(best_of_events(self.service, job, handles, job.request.logprobs is not None))
+                sources.append(best_of_events(self.jobs, job, handles, job.request.logprobs is not None))
             else:
                 sources.append(self._generate(job, handles))
         first = True
@@ -133,16 +132,16 @@ class Answer:
         async for event in _merge(sources):
             if first and isinstance(event, ChoiceText):
                 first = False
-                self.service.metrics.ttft.labels(self.cache).observe(time.perf_counter() - self.started)
+                self.jobs.metrics.ttft.labels(self.cache).observe(time.perf_counter() - self.started)
             if isinstance(event, ChoiceText) and event.index == 0:
                 answer.append(event.text)
             elif isinstance(event, ChoiceDone) and event.index == 0:
                 finish_reason = event.finish_reason
             yield event
-        self.service.metrics.prompt_tokens.inc(self.plan.prompt_tokens)
+        self.jobs.metrics.prompt_tokens.inc(self.plan.prompt_tokens)
         turn = self.plan.turn
-        if turn is not None and finish_reason in COMPLETED and self.service.turns is not None:
-            await self.service.turns.complete(turn, "".join(answer), self._generated)
+        if turn is not None and finish_reason in COMPLETED and self.jobs.turns is not None:
+            await self.jobs.turns.complete(turn, "".join(answer), self._generated)
 
     async def _replay(self, job: Job, stored: StoredAnswer) -> AsyncIterator[ChoiceEvent]:
         for offset, choice in enumerate(stored.choices):
@@ -153,8 +152,7 @@ class Answer:
                              stored.consensus if offset == 0 else None,
                              len(job.prompt_tokens) if offset == 0 else 0,  # an L1 answer computes no prompt
                              choice.stop_sequence)
-        self.service.ledger.served(len(job.prompt_tokens), sum(c.completion_tokens for c in stored.choices),
-                                   from_l1=True)
+        self.jobs.replayed(job, stored)
 
     async def _generate(self, job: Job, handles: Sequence[GenerationHandle]) -> AsyncIterator[ChoiceEvent]:
         pieces: list[list[Piece]] = [[] for _ in handles]
@@ -170,7 +168,6 @@ class Answer:
                     finished[offset] = event
                     if event.reason not in COMPLETED:
                         raise generation_failure(event.reason, event.error, event.retry_after_s)
-                    self.service.metrics.generated_tokens.inc(event.completion_tokens)
                     if index == 0:
                         self._generated = event.generated
                     yield ChoiceDone(index, event.reason, event.completion_tokens, cached_tokens=event.cached_tokens,
@@ -180,11 +177,10 @@ class Answer:
             yield event
         done = [event for event in finished if event is not None]
         if len(done) == len(handles):
-            self.service.ledger.served(len(job.prompt_tokens), sum(f.completion_tokens for f in done), from_l1=False)
-            self.service.remember(
+            self.jobs.finish(
                 job,
                 [StoredChoice(tuple(p), f.reason, f.completion_tokens, f.stop_sequence) for p, f in zip(pieces, done)],
-                [tuple(f.generated) for f in done],
+                [tuple(f.generated) for f in done], computed=sum(f.completion_tokens for f in done),
             )
 
 

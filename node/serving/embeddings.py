@@ -10,8 +10,8 @@ a plain projection onto the first components), from 1 to the model's width.
 
 Each distinct input is looked up in the archive under its own L1 key, apart from the
 completions' keys (`reame:emb:` + sha256 over the model's content fingerprint, the pooling,
-the tenant (node/serving/tenants.py) and the input's token ids), so an input the same key sent
-before, alone or inside any other request, costs no compute. The record is the pooled vector before normalisation (little-endian float32
+the tenant (node/serving/tenants.py) and the input's token ids), so an input the same key
+sent before, alone or inside any other request, costs no compute. The record is the pooled vector before normalisation (little-endian float32
 with a magic, a version, a length and a CRC); a record that does not verify is a miss. The
 misses go to the engine in one submit (batched there, node/engine/embedder.py) and are
 written back in one background task after the answer. Limits, each a 400 naming the input:
@@ -28,32 +28,26 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from node.engine import errors as engine_errors
 from node.serving.errors import ContextLengthExceeded, GenerationFailed, InvalidRequest, Overloaded
+from node.serving.jobs import Jobs
+from node.serving.options import MAX_EMBEDDING_INPUTS, EmbeddingLimits
 from shared.tokens import pack_tokens
-
-if TYPE_CHECKING:
-    from node.serving.service import CompletionService
 
 KEY_PREFIX = b"reame:emb:"
 KEY_VERSION = 1
 MAGIC = b"REMB"
 RECORD = struct.Struct("<4sBII")  # magic, version, n floats, crc32 of the floats
 RECORD_VERSION = 1
-MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit, the default of [embeddings] max_inputs
 OFF_LOOP_INPUTS = 32  # more inputs than this are tokenized on a worker thread
 
 EmbeddingInput = str | Sequence[int]
 
-
-@dataclass(frozen=True, slots=True)
-class EmbeddingLimits:
-    max_inputs: int = MAX_EMBEDDING_INPUTS
-    max_request_tokens: int = 300_000
+__all__ = ["MAX_EMBEDDING_INPUTS", "EmbeddingInput", "EmbeddingLimits", "EmbeddingUsage", "Embeddings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +97,13 @@ def normalised(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
 
 
 class Embeddings:
-    def __init__(self, service: CompletionService, limits: EmbeddingLimits) -> None:
-        self.service = service
+    def __init__(self, jobs: Jobs, limits: EmbeddingLimits) -> None:
+        self.jobs = jobs
         self.limits = limits
 
     def tokens(self, inputs: Sequence[EmbeddingInput]) -> list[tuple[int, ...]]:
         """Every input's token ids, checked against the limits (raises InvalidRequest)."""
-        engine, model = self.service.engine, self.service.model
+        engine, model = self.jobs.engine, self.jobs.model
         if not inputs:
             raise InvalidRequest("'input' must hold at least one input", param="input", code="invalid_value")
         if len(inputs) > self.limits.max_inputs:
@@ -144,32 +138,32 @@ class Embeddings:
         return out
 
     def check_dimensions(self, dimensions: int | None) -> None:
-        n_embd = self.service.engine.embedding_info.n_embd
+        n_embd = self.jobs.engine.embedding_info.n_embd
         if dimensions is not None and not 1 <= dimensions <= n_embd:
             raise InvalidRequest(f"'dimensions' must be between 1 and {n_embd} (this model's width), got "
                                  f"{dimensions}", param="dimensions", code="invalid_value")
 
     async def embed(self, inputs: Sequence[EmbeddingInput], dimensions: int | None = None,
                     tenant: str = "") -> tuple[np.ndarray, EmbeddingUsage]:
-        service = self.service
+        jobs = self.jobs
         self.check_dimensions(dimensions)
         if len(inputs) > OFF_LOOP_INPUTS:
             tokens = await asyncio.get_running_loop().run_in_executor(None, self.tokens, inputs)
         else:
             tokens = self.tokens(inputs)
-        info = service.engine.embedding_info
+        info = jobs.engine.embedding_info
         unique = list(dict.fromkeys(tokens))
-        service.ledger.enter()
-        service.live_first.enter()  # a live request: batch lines wait for their turn meanwhile
+        jobs.ledger.enter()
+        jobs.live_first.enter()  # a live request: batch lines wait for their turn meanwhile
         try:
-            keys = [embedding_key(service.model.fingerprint, info.pooling, t, tenant) for t in unique] \
-                if service.options.l1_enabled else []
+            keys = [embedding_key(jobs.model.fingerprint, info.pooling, t, tenant) for t in unique] \
+                if jobs.options.l1_enabled else []
             found = await self._lookup(keys, info.n_embd) if keys else [None] * len(unique)
             vectors = {t: v for t, v in zip(unique, found) if v is not None}
             misses = [t for t in unique if t not in vectors]
             if misses:
-                with service._engine_errors():
-                    future = service.engine.embed(misses)
+                with jobs.engine_errors():
+                    future = jobs.engine.embed(misses)
                 try:
                     computed = await asyncio.wrap_future(future)
                 except engine_errors.EngineClosed:
@@ -179,17 +173,17 @@ class Embeddings:
                 vectors.update(zip(misses, computed))
                 if keys:
                     key_of = dict(zip(unique, keys))
-                    service._background("set", self._store([(key_of[t], vectors[t]) for t in misses]))
+                    jobs.background("set", self._store([(key_of[t], vectors[t]) for t in misses]))
             rows = normalised(np.stack([vectors[t] for t in tokens]), dimensions)
         finally:
-            service.ledger.leave()
-            service.live_first.leave()
+            jobs.ledger.leave()
+            jobs.live_first.leave()
         missed = set(misses)
         hit = [t not in missed for t in tokens]
         cached_tokens = sum(len(t) for t, h in zip(tokens, hit) if h)
         usage = EmbeddingUsage(sum(len(t) for t in tokens), cached_tokens, len(tokens), sum(hit))
-        service.ledger.embedded(usage.prompt_tokens, usage.cached_tokens, all_cached=all(hit))
-        metrics = service.metrics
+        jobs.ledger.embedded(usage.prompt_tokens, usage.cached_tokens, all_cached=all(hit))
+        metrics = jobs.metrics
         metrics.embedding_inputs.labels("hit").inc(usage.cached_inputs)
         metrics.embedding_inputs.labels("miss").inc(usage.inputs - usage.cached_inputs)
         metrics.embedding_tokens.labels("hit").inc(usage.cached_tokens)
@@ -197,14 +191,14 @@ class Embeddings:
         return rows, usage
 
     async def _lookup(self, keys: list[bytes], n_embd: int) -> list[np.ndarray | None]:
-        archive = self.service.archive
+        archive = self.jobs.archive
         started = time.perf_counter()
         values = await asyncio.gather(*(archive.get(key) for key in keys))
-        self.service.metrics.archive_latency.labels("get").observe(time.perf_counter() - started)
+        self.jobs.metrics.archive_latency.labels("get").observe(time.perf_counter() - started)
         return [decode_vector(value, n_embd) if value is not None else None for value in values]
 
     async def _store(self, records: list[tuple[bytes, np.ndarray]]) -> None:
         """One background task for all of a request's new vectors (never dropped one by one)."""
-        archive, ttl = self.service.archive, self.service.options.l1_ttl_s
+        archive, ttl = self.jobs.archive, self.jobs.options.l1_ttl_s
         for key, vector in records:
             await archive.set(key, encode_vector(vector), ttl)

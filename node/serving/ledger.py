@@ -1,10 +1,11 @@
 """What the node served, counted where answers leave the service: tokens, the part of them
 replayed from L1, and how long the node was busy answering.
 
-`Answer` (node/serving/answer.py) records into the service's ledger: `enter()` and `leave()`
-around every plan (busy time is the wall time with at least one answer in flight, L1 hits
-and batch lines included) and `served()` once per job whose choices all ended (a failed or
-cancelled job served nothing); embeddings (node/serving/embeddings.py) record `embedded()`
+`Answer` (node/serving/answer.py) records into the jobs' ledger (node/serving/jobs.py):
+`enter()` and `leave()` around every plan (busy time is the wall time with at least one
+answer in flight, L1 hits and batch lines included) and, through `Jobs.replayed` and
+`Jobs.finish`, `served()` once per job whose choices all ended, plain, Conclave and best_of
+alike (a failed or cancelled job served nothing); embeddings (node/serving/embeddings.py) record `embedded()`
 once per answer, their inputs as prompt tokens, the ones found in L1 as L1 tokens. Counters only grow; node/serving/savings.py samples them.
 Touched on the event loop only.
 """

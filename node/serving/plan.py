@@ -13,7 +13,7 @@ from typing import Mapping
 
 from node.engine.types import GenerationRequest, TokenLogprob
 from node.serving.requests import GenerationOptions
-from node.serving.structure import ToolMarkers
+from node.serving.tools import ToolMarkers
 from node.sessions.turns import SessionTurn
 
 COMPLETED = ("stop", "length")  # the finish reasons of an answer worth remembering

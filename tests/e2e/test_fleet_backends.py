@@ -81,7 +81,7 @@ def settings_for(gemma_path: Path, home: Path, backend: Backend | None):
 @pytest.fixture(scope="module")
 def engines(gemma_path, tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="node extra not installed")
-    from node.models.loader import open_engine
+    from node.assembly import open_engine
 
     base = tmp_path_factory.mktemp("fleet-engines")
     opened = [open_engine(settings_for(gemma_path, base / name, None), progress=False) for name in ("a", "b")]

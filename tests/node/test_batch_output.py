@@ -1,11 +1,11 @@
-"""The output file of `reame batch` (node/batch_output.py): what a rerun skips, a torn last
+"""The output file of `reame batch` (node/cli/batch_output.py): what a rerun skips, a torn last
 line cut off, one record per custom_id (the newest) in input order at the end."""
 
 from __future__ import annotations
 
 import orjson
 
-from node.batch_output import OutputFile
+from node.cli.batch_output import OutputFile
 
 
 def record(custom_id: str, status: int = 200) -> bytes:

@@ -67,8 +67,11 @@ def test_config_errors_name_file_section_and_key(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gemma_home(gemma_path) -> dict[str, str]:
-    return {"REAME_HOME": str(gemma_path.parent.parent)}
+def gemma_home(gemma_path, tmp_path_factory) -> dict[str, str]:
+    """The model's home; an embedded archive of this module's own (a node serving from the home
+    holds the home's archive, and `reame run` opens the archive as a server does)."""
+    return {"REAME_HOME": str(gemma_path.parent.parent),
+            "REAME_ARCA_DIRECTORY": str(tmp_path_factory.mktemp("arca"))}
 
 
 @pytest.mark.model
@@ -82,15 +85,50 @@ def test_one_shot_streams_an_answer(gemma_home):
 
 
 @pytest.mark.model
-def test_best_of_prints_the_winner_and_the_consensus_line(gemma_home):
-    result = reame("run", "gemma3", "What is 2 + 2?", "--best-of", "3", "--max-tokens", "6", "--temp", "0",
+def test_conclave_prints_the_winner_and_the_consensus_line(gemma_home):
+    result = reame("run", "gemma3", "What is 2 + 2?", "--conclave", "3", "--max-tokens", "6", "--temp", "0",
                    "--ctx", "1024", "--verbose", env=gemma_home)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
-    assert re.fullmatch(r"CONCLAVE consensus=[1-3]/3 decision=\w+ started=[23] cancelled=\d votes: .*", lines[-1])
+    assert re.fullmatch(r"CONCLAVE consensus=[1-3]/3 decision=\w+ started=[23] stopped_early=(yes|no) votes: .*", lines[-1])
     assert len(lines) >= 2 and "Traceback" not in result.stderr
-    bad = reame("run", "gemma3", "Hi", "--best-of", "17", env=gemma_home)
-    assert bad.returncode == 1 and "--best-of must be between 1 and 16" in bad.stderr
+    bad = reame("run", "gemma3", "Hi", "--conclave", "17", env=gemma_home)
+    assert bad.returncode == 1 and "--conclave must be between 1 and 16" in bad.stderr
+
+
+def test_best_of_is_a_deprecated_alias_of_conclave_that_says_so(tmp_path):
+    home = {"REAME_HOME": str(tmp_path)}
+    old = reame("run", "gemma3", "Hi", "--best-of", "17", env=home)
+    assert old.returncode == 1 and "--best-of must be between 1 and 16" in old.stderr
+    assert "--best-of is deprecated" in old.stderr and "use --conclave N" in old.stderr
+    new = reame("run", "gemma3", "Hi", "--conclave", "17", env=home)
+    assert new.returncode == 1 and "--conclave must be between 1 and 16" in new.stderr
+    assert "deprecated" not in new.stderr
+    both = reame("run", "gemma3", "Hi", "--conclave", "3", "--best-of", "5", env=home)
+    assert both.returncode == 1 and "disagree" in both.stderr
+
+
+@pytest.mark.model
+def test_the_terminal_answers_through_the_node_l1_and_l4(gemma_home, tmp_path):
+    """`reame run` opens the same node as a server: a greedy question asked again is replayed from
+    L1 (the same text, no decode), and the answer was observed into the L4 corpus."""
+    from arca.archive import Archive, ArchiveConfig
+
+    env = {**gemma_home, "REAME_ARCA_DIRECTORY": str(tmp_path / "arca"), "REAME_CACHE_DIRECTORY": str(tmp_path / "kv")}
+    args = ("run", "gemma3", "Name a river of Italy.", "--max-tokens", "8", "--temp", "0", "--ctx", "1024")
+    first = reame(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"\[\d+ prompt \+ [1-8] generated tokens, [\d.]+ tok/s\]", first.stderr)
+    again = reame(*args, env=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    assert re.search(r"\[\d+ prompt \+ [1-8] generated tokens, replayed from L1\]", again.stderr)
+    archive = Archive(ArchiveConfig(directory=tmp_path / "arca"))
+    try:
+        corpus = archive.info()["arca"]
+        assert corpus["corpus_streams"] >= 1 and corpus["corpus_tokens"] > 0
+    finally:
+        archive.close()
 
 
 class Terminal:

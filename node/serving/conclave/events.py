@@ -6,24 +6,23 @@ is then replayed piece by piece, exactly as it streamed from the engine, followe
 text; its first byte costs the time to the decision instead of one token (with an absolute
 majority: about the time of the slowest of the first majority of candidates).
 
-A completed answer is remembered like any other (L1 for a deterministic request, the verdict
-with it; L4 for the returned choices' tokens); every candidate's generated tokens count in
-the node's generated-token metric.
+A completed answer goes to `jobs.finish()` (node/serving/jobs.py) like any other: the ledger
+serves the tokens the client received; L1 remembers a deterministic request's answer with its
+verdict, L4 the returned choices' tokens; every candidate's generated tokens count in the
+node's generated-token metric.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, AsyncIterator, Sequence
+from typing import AsyncIterator, Sequence
 
 from node.engine.types import GenerationHandle
 from node.serving.conclave.runner import Candidate, ConclaveRun
 from node.serving.conclave.select import best, run_all
 from node.serving.errors import generation_failure
+from node.serving.jobs import Jobs
 from node.serving.l1 import Piece, StoredChoice
 from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText, Job
-
-if TYPE_CHECKING:
-    from node.serving.service import CompletionService
 
 
 def _replay(index: int, candidate: Candidate, logprobs: bool) -> list[ChoiceEvent]:
@@ -44,16 +43,15 @@ def _cached(candidates: Sequence[Candidate]) -> int:
     return max((c.finished.cached_tokens for c in candidates if c.finished is not None), default=0)
 
 
-def _count(service: CompletionService, candidates: Sequence[Candidate]) -> int:
-    tokens = sum(c.finished.completion_tokens for c in candidates if c.finished is not None)
-    service.metrics.generated_tokens.inc(tokens)
-    return tokens
+def _generated(candidates: Sequence[Candidate]) -> int:
+    """Every candidate's generated tokens (the losers' too: the node computed them)."""
+    return sum(c.finished.completion_tokens for c in candidates if c.finished is not None)
 
 
-async def conclave_events(service: CompletionService, job: Job, run: ConclaveRun) -> AsyncIterator[ChoiceEvent]:
+async def conclave_events(jobs: Jobs, job: Job, run: ConclaveRun) -> AsyncIterator[ChoiceEvent]:
     outcome = await run.decide()
-    tokens = _count(service, run.candidates)
-    service.metrics.conclave_outcome(outcome)
+    tokens = _generated(run.candidates)
+    jobs.metrics.conclave_outcome(outcome)
     winner = outcome.winner
     assert winner.finished is not None
     logprobs = job.request.logprobs is not None
@@ -62,15 +60,15 @@ async def conclave_events(service: CompletionService, job: Job, run: ConclaveRun
     consensus = {**outcome.summary(), "generated_tokens": tokens}
     yield ChoiceDone(job.first_choice, winner.finished.reason, winner.finished.completion_tokens, consensus,
                      _cached(run.candidates), winner.finished.stop_sequence)
-    service.remember(job, [_stored(winner, logprobs)], [tuple(winner.finished.generated)], consensus=consensus)
+    jobs.finish(job, [_stored(winner, logprobs)], [tuple(winner.finished.generated)], computed=tokens,
+                consensus=consensus)
 
 
-async def best_of_events(service: CompletionService, job: Job, handles: Sequence[GenerationHandle],
+async def best_of_events(jobs: Jobs, job: Job, handles: Sequence[GenerationHandle],
                          logprobs: bool) -> AsyncIterator[ChoiceEvent]:
     """`logprobs`: whether the client asked for them (the candidates always compute them)."""
     candidates = [Candidate(number, handle) for number, handle in enumerate(handles)]
     await run_all(candidates)
-    _count(service, candidates)
     cached = _cached(candidates)
     chosen = best(candidates, job.n)
     if len(chosen) < job.n:
@@ -84,5 +82,5 @@ async def best_of_events(service: CompletionService, job: Job, handles: Sequence
         yield ChoiceDone(job.first_choice + offset, candidate.finished.reason, candidate.finished.completion_tokens,
                          cached_tokens=cached if offset == 0 else 0,
                          stop_sequence=candidate.finished.stop_sequence)
-    service.remember(job, [_stored(c, logprobs) for c in chosen],
-                     [tuple(c.finished.generated) for c in chosen if c.finished is not None])
+    jobs.finish(job, [_stored(c, logprobs) for c in chosen],
+                [tuple(c.finished.generated) for c in chosen if c.finished is not None], computed=_generated(candidates))

@@ -36,10 +36,10 @@ from node.engine.types import Finished, GenerationHandle, GenerationRequest, Tex
 from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, tally
 from node.serving.errors import GenerationFailed, ServingError, generation_failure
 from node.serving.l1 import Piece
+from node.serving.plan import COMPLETED
 
 log = logging.getLogger(__name__)
 
-COMPLETED = ("stop", "length")
 SEED_SPACE = 2**64
 CANCEL_WAIT_S = 30.0  # the engine applies a cancel at its next step; a loaded machine has slow steps
 

@@ -131,7 +131,8 @@ def drafting_node(settings: Any) -> Iterator[LiveNode]:
     """A live node on the loader's engine, prefix cache (when enabled) and speculation controller,
     with a fixed verify cost line, so that what is drafted does not depend on the machine's load."""
     from node.engine.engine import Engine
-    from node.models.loader import build_prefix_cache, build_speculator, engine_config, plan_engine
+    from node.assembly import build_prefix_cache, build_speculator, engine_config
+    from node.models.loader import plan_engine
     from node.speculative.costs import CostCurve
 
     plan = plan_engine(settings, progress=False)

@@ -63,20 +63,20 @@ def content(reply: dict) -> str:
 @contextlib.contextmanager
 def watching(node):
     """The node's Conclave runs while in the block (their candidates' texts and finishes)."""
-    service = node.state.service
+    jobs = node.state.service.jobs
     runs = []
-    start = service.start_conclave
+    start = jobs.start_conclave
 
     def recording(job):
         run = start(job)
         runs.append(run)
         return run
 
-    service.start_conclave = recording
+    jobs.start_conclave = recording
     try:
         yield runs
     finally:
-        del service.start_conclave
+        del jobs.start_conclave
 
 
 @contextlib.contextmanager
@@ -84,11 +84,12 @@ def policy(node, **changes):
     """The node's Conclave settings changed while in the block."""
     service = node.state.service
     before = service.options
-    service.options = dataclasses.replace(before, conclave=dataclasses.replace(before.conclave, **changes))
+    changed = dataclasses.replace(before, conclave=dataclasses.replace(before.conclave, **changes))
+    service.planner.options = service.jobs.options = changed  # the keys and the runs alike
     try:
         yield
     finally:
-        service.options = before
+        service.planner.options = service.jobs.options = before
 
 
 def assert_freed(node) -> None:
@@ -230,13 +231,13 @@ def parted(node, body: dict, run, other) -> bool:
 @contextlib.contextmanager
 def shaped_candidates(node, shape):
     """The node's Conclave candidates rewritten by `shape(requests, group)` before they are submitted."""
-    service = node.state.service
-    submit = service.submit_group
-    service.submit_group = lambda requests, spare=0, group=None: submit(shape(list(requests), group), spare, group)
+    jobs = node.state.service.jobs
+    submit = jobs.submit_group
+    jobs.submit_group = lambda requests, spare=0, group=None: submit(shape(list(requests), group), spare, group)
     try:
         yield
     finally:
-        del service.submit_group
+        del jobs.submit_group
 
 
 def test_a_late_candidate_drafts_from_the_finished_ones(node):

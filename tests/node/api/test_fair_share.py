@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
-from node.models.loader import open_engine
+from node.assembly import open_engine
 from tests.node.api.live import LiveNode, http_json, node_settings, settled
 
 pytestmark = pytest.mark.model

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from node.api.schemas import parse_chat
-from node.models.loader import open_engine
+from node.assembly import open_engine
 from tests.node.api.live import LiveNode, node_settings
 
 pytestmark = pytest.mark.model

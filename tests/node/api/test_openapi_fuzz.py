@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
-from node.models.loader import open_engine
+from node.assembly import open_engine
 from tests.node.api.live import LiveNode, node_settings
 
 pytestmark = pytest.mark.model

@@ -184,7 +184,7 @@ def test_a_chain_continues_on_another_node_of_the_fleet(gemma_path, tmp_path):
     """Two nodes on one ARCA: a response stored through node A is retrieved, continued and deleted
     through node B. (The two apps share one loaded engine to spare a second model load; each has
     its own archive client, store and HTTP server.)"""
-    from node.models.loader import open_engine
+    from node.assembly import open_engine
     from tests.arca.arca_harness import start_server
 
     arca = start_server(tmp_path)

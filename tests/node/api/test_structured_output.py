@@ -89,7 +89,8 @@ def node(gemma_path, tmp_path_factory):
     """The loader's engine and controller (Il Suggeritore among its sources), with a fixed cost
     line so that what is drafted does not depend on the load of the machine."""
     from node.engine.engine import Engine
-    from node.models.loader import build_speculator, engine_config, plan_engine
+    from node.assembly import build_speculator, engine_config
+    from node.models.loader import plan_engine
     from node.speculative.costs import CostCurve
 
     settings = node_settings(gemma_path, tmp_path_factory.mktemp("structure"))

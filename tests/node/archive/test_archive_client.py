@@ -34,8 +34,8 @@ async def test_embedded_round_trip(tmp_path):
         await archive.set(b"k", b"v" * 100)
         assert await archive.get(b"k") == b"v" * 100
         await archive.observe(b"ns", [10, 11, 12, 13, 14])
-        assert await archive.draft(b"ns", [10, 11, 12], 4) == [13, 14]
-        assert await archive.draft(b"other", [10, 11, 12], 4) is None
+        assert [packed for _, packed in await archive.since(b"ns", 0, 10)] == [pack_tokens([10, 11, 12, 13, 14])]
+        assert await archive.since(b"other", 0, 10) == []
     finally:
         await archive.close()
     reopened = EmbeddedArchive(ArchiveConfig(directory=tmp_path / "arca", max_bytes=1 << 20))

@@ -14,7 +14,7 @@ import logging
 
 import pytest
 
-from node.archive.address import AddressError, ArchiveAddress, parse_address
+from node.address import AddressError, ArchiveAddress, parse_address
 from node.archive.errors import ArchiveUnavailable
 from node.archive.remote import RedisLimits, RemoteArchive
 from node.archive.servers import TlsFiles
@@ -85,7 +85,6 @@ async def tiers_round_trip(archive: RemoteArchive) -> None:
     assert await archive.since(b"fp", streams[0][0], 10) == streams[1:]
     assert await archive.since(b"fp", streams[1][0], 10) == []
     assert await archive.since(b"other", 0, 10) == []
-    assert await archive.draft(b"fp", [1, 2, 3], 2) is None  # drafting is local (the mirror)
     await archive.session_put("sess_" + "a" * 24, b'{"id": 1}', 60)
     assert await archive.session_get("sess_" + "a" * 24) == b'{"id": 1}'
     await archive.session_delete("sess_" + "a" * 24)

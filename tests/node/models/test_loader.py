@@ -7,7 +7,7 @@ import pytest
 from node.config import load_settings
 from node.models.ggufmeta import GGUFError, read_metadata, summarize
 from node.models.loader import auto_threads, plan_engine
-from node.models.catalog import ModelError
+from node.models.errors import ModelError
 
 GIB = 1 << 30
 

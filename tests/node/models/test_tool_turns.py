@@ -11,7 +11,7 @@ import pytest
 from node.api.schemas import parse_chat
 from node.models.templates import ChatTemplate, TemplateError
 from node.models.tool_turns import call_text, plain_tool_turns
-from node.serving.structure import ToolMarkers
+from node.serving.tools import ToolMarkers
 
 ARGS = {"city": "Paris", "unit": "celsius"}
 

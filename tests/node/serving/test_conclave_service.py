@@ -184,3 +184,30 @@ async def test_node_limits_name_their_field(tmp_path):
         service.plan_chat(parse_chat({**CHAT, "conclave": 3}), session=session)
     assert caught.value.param == "conclave"
     await service.archive.close()
+
+
+async def test_the_ledger_counts_a_generated_conclave_and_best_of(service):
+    """What /v1/reame/stats reports: a Conclave's and a best_of's answer, generated on the fake
+    engine (not replayed from L1), is served once each with the tokens the client received (the
+    winner, the n chosen), while every candidate's tokens count as generated."""
+    ledger = service.ledger
+    service.engine.answers = lambda request: "The answer is 42."
+    plan = service.plan_chat(parse_chat({**CHAT, "conclave": 5}))
+    cache, events = await answer(service, plan)
+    assert cache == "miss" and done_of(events).consensus["generated_tokens"] == 3 * 18
+    assert (ledger.answers, ledger.l1_answers) == (1, 0)
+    assert ledger.prompt_tokens == len(plan.jobs[0].prompt_tokens)
+    assert ledger.completion_tokens == done_of(events).completion_tokens == 18
+    await service.drain()
+    cache, _ = await answer(service, service.plan_chat(parse_chat({**CHAT, "conclave": 5})))
+    assert cache == "hit" and (ledger.answers, ledger.l1_answers) == (2, 1)  # the replay counted as before
+
+    service.engine.answers = by_seed({10: "alpha", 11: "beta", 12: "gamma", 13: "delta"})
+    service.engine.logprob = lambda request: {10: -2.0, 11: -0.1, 12: -1.0, 13: -0.2}[request.sampling.seed]
+    body = {"prompt": "Hi", "max_tokens": 8, "temperature": 0.8, "seed": 10, "best_of": 4, "n": 2}
+    plan = service.plan_completion(parse_completion(body))
+    before = ledger.completion_tokens
+    _, events = await answer(service, plan)
+    assert (ledger.answers, ledger.l1_answers) == (3, 1)
+    assert ledger.completion_tokens - before == len("beta") + len("delta") + 2  # each with its end of generation
+    assert ledger.completion_tokens - before == sum(e.completion_tokens for e in events if isinstance(e, ChoiceDone))

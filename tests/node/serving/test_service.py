@@ -85,7 +85,7 @@ async def test_a_grammar_is_part_of_the_key(service):
     plain = service.plan_chat(parse_chat(CHAT))
     options = plain.options
     constrained = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, grammar=GrammarSpec("gbnf", 'root ::= "a"')))
-    job = service._job(0, "chat", "t", plain.jobs[0].prompt_tokens, "", constrained, ())
+    job = service.planner.job(0, "chat", "t", plain.jobs[0].prompt_tokens, "", constrained, ())
     assert job.key != plain.jobs[0].key and job.request.sampling.grammar == GrammarSpec("gbnf", 'root ::= "a"')
 
 

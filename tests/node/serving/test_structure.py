@@ -12,7 +12,7 @@ from node.api.schemas import parse_chat, parse_completion
 from node.serving.errors import InvalidRequest, UnsupportedFeature
 from node.serving import structure
 from node.serving.requests import Output, Tool
-from node.serving.structure import ToolCallReader, ToolMarkers, parse_marked_calls, tool_call_schema
+from node.serving.tools import ToolCallReader, ToolMarkers, parse_marked_calls, tool_call_schema
 from node.speculative.format import (rule_close, rule_indent, rule_list, rule_list_end, rule_prefix,
                                      rule_table)
 

@@ -110,8 +110,9 @@ def test_a_draft_model_that_tokenizes_differently_is_refused(gemma_path):
 
 def test_the_model_source_needs_its_path_and_a_bad_path_is_a_clear_error(tmp_path, gemma_path):
     from node.config import ConfigError, load_settings
-    from node.models.catalog import ModelError
-    from node.models.loader import build_speculator, plan_engine
+    from node.models.errors import ModelError
+    from node.assembly import build_speculator
+    from node.models.loader import plan_engine
 
     env = {"REAME_HOME": str(tmp_path)}
     with pytest.raises(ConfigError, match="needs both"):

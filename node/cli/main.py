@@ -28,7 +28,7 @@ NODE_EXTRA_HINT = (
 
 def _node_main(name: str, argv: list[str]) -> int:
     try:
-        from node import commands
+        from node.cli import commands
     except ImportError as exc:  # a missing extra, not a bug: say how to fix it
         print(f"{NODE_EXTRA_HINT}\n(missing: {exc.name})", file=sys.stderr)
         return 2
@@ -51,7 +51,3 @@ def main(argv: list[str] | None = None) -> int:
 
         return arca_main(argv[1:])
     return _node_main(argv[0], argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,10 +5,10 @@ Three ways to run the same lines (`{"custom_id", "method", "url", "body"}`, Open
   done, its output and error files appended to the output; Ctrl-C cancels the batch and
   keeps what it finished;
 - `--server URL --via requests`: each line POSTed to its endpoint, `--concurrency` at once;
-- `MODEL`: the model loaded in this process, lines answered by the node's own parser and
-  service (node/api/batch_lines.py) without a socket: L1, the prefix cache and speculation
-  apply exactly as on a node.
-The output file (node/batch_output.py) takes whole lines only, skips the custom_ids a
+- `MODEL`: the node opened in this process (node/assembly.py), lines answered by the node's
+  own parser and service (node/api/batch_lines.py) without a socket: L1, the prefix cache
+  and speculation apply exactly as on a node.
+The output file (node/cli/batch_output.py) takes whole lines only, skips the custom_ids a
 previous run answered, and ends in input order. The progress bar (rich, on stderr) shows
 lines done, completion tokens per second, the ETA and what the node's archive saved since
 the run started (L1 answers, prefix tokens restored, draft tokens accepted; from
@@ -18,6 +18,7 @@ the run started (L1 answers, prefix tokens restored, draft tokens accepted; from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from node.batch_output import OutputFile
+from node.cli.batch_output import OutputFile
 from node.batches.lines import ENDPOINTS, LineResult, output_line
 
 POLL_S = 0.5
@@ -260,23 +261,20 @@ class Local:
 
 
 async def open_local(settings: Any) -> Local:
-    """The node's app started without a socket (its engine, archive, cache, speculation), its
-    lines answered by node/api/batch_lines.py."""
-    from aiohttp import web
-
-    from node.api.app import create_app
+    """The node opened in this process (node/assembly.py: its engine, archive, cache, speculation),
+    its lines answered by node/api/batch_lines.py without a socket."""
     from node.api.batch_lines import ApiLines
-    from node.api.state import STATE
+    from node.api.state import NodeState
+    from node.assembly import Node
 
-    runner = web.AppRunner(create_app(settings))
-    await runner.setup()  # runs the app's start-up: the model loads here
-    state = runner.app[STATE]
+    stack = contextlib.AsyncExitStack()
+    node = await stack.enter_async_context(Node.open(settings))  # the model loads here
 
     async def stats() -> dict | None:
-        return state.savings.report()["since_start"]
+        return node.savings.report()["since_start"]
 
-    slots = int(state.engine.stats().get("slots_total", 1) or 1)
-    return Local(ApiLines(state).run, stats, slots, runner.cleanup)
+    slots = int(node.engine.stats().get("slots_total", 1) or 1)
+    return Local(ApiLines(NodeState.of(node)).run, stats, slots, stack.aclose)
 
 
 async def run(input_path: Path, output_path: Path, *, server: str | None, via: str, concurrency: int | None,

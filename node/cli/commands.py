@@ -1,12 +1,13 @@
 """The node's subcommands: `reame list`, `reame run`, `reame warm`, `reame batch`, `reame stats`,
 and the config mode `reame --config FILE`.
 
-`run` answers one prompt (streamed to stdout through the chat template; with `--best-of N`
-by a Conclave of N candidates, node/serving/conclave/), or chats turn after
+`run` answers one prompt (streamed to stdout through the chat template; with `--conclave N`
+by a Conclave of N candidates, node/serving/conclave/; `--best-of N` is its deprecated
+alias, which says so), or chats turn after
 turn keeping the conversation, or, with `--serve`, hands the settings to the API runner.
 `warm` prefills documents known in advance into the prefix cache directory a node will use
 (node/sessions/warm.py), and with `--arca` pushes them to ARCA's L3 for the whole fleet.
-`batch` answers a Batch API input file (node/batch_command.py); `stats` shows what a running
+`batch` answers a Batch API input file (node/cli/batch.py); `stats` shows what a running
 node saved (GET /v1/reame/stats). Expected failures (unknown model, bad config, no network, a prompt too long) end in one line
 on stderr and exit code 1, never a traceback.
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from node.config import NodeSettings, home_dir, load_settings
-from node.models.catalog import CATALOG, ModelError, local_models, models_dir
+from node.models.catalog import CATALOG, local_models, models_dir
+from node.models.errors import ModelError
 from node.models.templates import ChatTemplate, TemplateError
 from shared.config import ConfigError
 from shared.logs import configure_logging
@@ -44,9 +46,11 @@ def build_parser(prog: str, *, model_positional: bool) -> argparse.ArgumentParse
     parser.add_argument("--max-tokens", type=int, default=512, help="longest answer (default 512)")
     parser.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy (default 0.7)")
     parser.add_argument("--seed", type=int, help="sampling seed, for reproducible answers")
-    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+    parser.add_argument("--conclave", type=int, metavar="N",
                         help="Conclave: N candidates forked from one prefill, the answer by majority vote "
                         "(prints CONCLAVE consensus=k/N; --verbose adds the votes)")
+    parser.add_argument("--best-of", type=int, metavar="N",
+                        help="deprecated alias of --conclave (the API's best_of is OpenAI's, not a vote)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: autoconfigured)")
     parser.add_argument("--extra-buffers", choices=("auto", "on", "off"),
                         help="llama.cpp's AMX and repacked-weight kernels (default auto: a probe decides)")
@@ -73,6 +77,20 @@ def quiet_logging(verbose: bool) -> None:
         logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
 
 
+def conclave_flag(args: argparse.Namespace) -> str:
+    """Which flag set the Conclave's size (`args.conclave` holds it after this, 1 when none did);
+    `--best-of` says on stderr that it is deprecated."""
+    if args.best_of is None:
+        args.conclave = 1 if args.conclave is None else args.conclave
+        return "--conclave"
+    print("reame: --best-of is deprecated and will be removed: it runs a Conclave (a vote among N "
+          "candidates), unlike the API's best_of; use --conclave N", file=sys.stderr)
+    if args.conclave is not None and args.conclave != args.best_of:
+        raise ConfigError(f"--conclave {args.conclave} and --best-of {args.best_of} disagree: give --conclave alone")
+    args.conclave = args.best_of
+    return "--best-of"
+
+
 def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     serving = args.serve
     flags = {
@@ -80,7 +98,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         "model.threads": args.threads,
         "model.extra_buffers": args.extra_buffers,
         "model.context_length": args.ctx,
-        "server.parallel": args.parallel if args.parallel is not None or serving else max(1, args.best_of),
+        "server.parallel": args.parallel if args.parallel is not None or serving else max(1, args.conclave),
         "server.host": args.host,
         "server.port": args.port,
         "server.api_key": args.api_key,
@@ -142,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("info" if args.verbose or args.serve else "warning")
     if not args.verbose:  # llama.cpp's load-time remarks are not the user's business
         logging.getLogger("node.engine.llama").setLevel(logging.ERROR)
+    flag = conclave_flag(args)
     settings = settings_from_args(args)
     if args.serve:
         from node.api.runner import run_node
@@ -152,21 +171,18 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_flag
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if not 1 <= args.best_of <= settings.conclave.max_candidates:
-        raise ConfigError(f"--best-of must be between 1 and {settings.conclave.max_candidates} "
-                          f"([conclave] max_candidates), got {args.best_of}")
-    if args.best_of > 1 and prompt is None:
-        raise ConfigError("--best-of answers one prompt: give the prompt on the command line")
-    from node.chat import Conversation, load_engine
+    if not 1 <= args.conclave <= settings.conclave.max_candidates:
+        raise ConfigError(f"{flag} must be between 1 and {settings.conclave.max_candidates} "
+                          f"([conclave] max_candidates), got {args.conclave}")
+    if args.conclave > 1 and prompt is None:
+        raise ConfigError(f"{flag} answers one prompt: give the prompt on the command line")
+    from node.cli.chat import Conversation, NodeLoop
 
-    engine = load_engine(settings)
+    node = NodeLoop(settings)
     try:
-        conversation = Conversation(engine, max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
-        if prompt is not None and args.best_of > 1:
-            from node.serving.conclave.runner import ConclavePolicy
-
-            return conversation.conclave(prompt, sys.stdout, args.best_of, ConclavePolicy.from_settings(settings.conclave),
-                                         votes=args.verbose)
+        conversation = Conversation(node, max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
+        if prompt is not None and args.conclave > 1:
+            return conversation.conclave(prompt, sys.stdout, args.conclave, votes=args.verbose)
         if prompt is not None:
             return conversation.one_shot(prompt, sys.stdout)
         print(CHAT_HELP.format(model=settings.model.path), file=sys.stderr)
@@ -174,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             import readline  # noqa: F401  (line editing and history for input())
         return conversation.loop(sys.stdin, sys.stdout)
     finally:
-        engine.close()
+        node.close()
 
 
 # ----------------------------------------------------------------------------- reame warm
@@ -217,7 +233,7 @@ def cmd_warm(argv: Sequence[str]) -> int:
     import asyncio
 
     from node.cache.prefix_cache import PrefixCache
-    from node.chat import load_engine
+    from node.cli.chat import load_engine
 
     engine = load_engine(settings)
     try:
@@ -313,7 +329,7 @@ def cmd_batch(argv: Sequence[str]) -> int:
         parser.error("--concurrency must be >= 1, and goes with --via requests or MODEL")
     import asyncio
 
-    from node.batch_command import BatchInputError, open_local, run as run_batch
+    from node.cli.batch import BatchInputError, open_local, run as run_batch
 
     output = args.output or args.input.with_name(args.input.stem + ".output.jsonl")
     local = None
@@ -409,10 +425,11 @@ def run_subcommand(name: str, argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     from node.engine.errors import EngineError
+    from node.serving.errors import ServingError
 
     try:
         return command(argv)
-    except (ModelError, ConfigError, TemplateError, EngineError, OSError) as exc:
+    except (ModelError, ConfigError, TemplateError, EngineError, ServingError, OSError) as exc:
         print(f"reame: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,5 +1,8 @@
 """Where the remote archive is: `[arca] remote` parsed into an `ArchiveAddress`.
 
+Below both its readers: the settings check the value when they load (node/config.py) and
+the archive client connects to it (node/archive/).
+
 Accepted forms:
 
     host:port                          plain RESP (the original form)
