@@ -23,8 +23,9 @@ from node.engine.types import SamplingParams
 
 @runtime_checkable
 class PrefixCacheHook(Protocol):
-    def lookup(self, prompt_tokens: Sequence[int]) -> tuple[int, bytes] | None:
-        """Longest cached block boundary that is a prefix of the prompt: (n_tokens, state)."""
+    def lookup(self, prompt_tokens: Sequence[int], beyond: int = 0) -> tuple[int, bytes] | None:
+        """Longest cached block boundary that is a prefix of the prompt, longer than `beyond`
+        tokens (the engine holds that many in a resident slot already): (n_tokens, state)."""
 
     def boundaries_to_store(self, prompt_tokens: Sequence[int]) -> Sequence[int]:
         """Token counts (block boundaries <= len(prompt)-1) whose state is not stored yet."""

@@ -6,7 +6,9 @@ Each step (all on the one thread that owns the llama context):
    arrival order within a class), while a slot is free and the KV budget (budget.py) can
    hold what they may grow to: prompt + max_tokens (+ draft room; the engine refuses at
    submit a sequence over the per-sequence context, so one request cannot reserve every
-   cell). The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
+   cell). A new prompt takes the free slot whose KV still holds the longest prefix of it (a
+   resident prefix, budget.py) and continues at the first token that differs, before any
+   prefix cache tier is asked; that tier is then asked only for a longer prefix. The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
    most, and a request holding fewer slots is admitted before one holding more. A request
    still waiting after its `max_wait_s` ends unstarted with `Finished.retry_after_s` (the
    waiting members of a request that holds slots count their wait from its last step). A batch-priority
@@ -35,7 +37,8 @@ Each step (all on the one thread that owns the llama context):
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
    `store_final_state` that finishes has its prompt + answer state saved before its slot
-   is freed.
+   is freed. A slot freed by a request that did not fail keeps its KV, resident, until a
+   prompt takes it or the reservations need its cells.
 
 Between planning and the step's decode, one batch of waiting embedding inputs runs in the
 embeddings context of its own (node/engine/embedder.py), smaller while sequences generate.
@@ -72,7 +75,7 @@ IDLE_WAIT_S = 0.05
 BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
-            "final_states_stored", "forked_late")
+            "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class SchedulerLimits:
     max_draft: int = 0
     interactive_slots: int = 0  # slots batch-priority requests leave free
     group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
+    resident: bool = True  # a free slot keeps its KV for the next prompt sharing its prefix
 
 
 def _priority(seq: Sequence) -> int:
@@ -157,6 +161,8 @@ class Scheduler:
             "kv_cells_total": self._ctx.n_ctx,
             "kv_cells_reserved": self._budget.reserved,
             "kv_cells_used": KVBudget.cells_used(active),
+            "kv_cells_resident": self._budget.resident_cells,
+            "slots_resident": len(self._budget.resident),
             "threads": self.threads.current if self.threads is not None else self._ctx_threads,
             "threads_tuned": int(self.threads is not None),
             **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
@@ -362,10 +368,11 @@ class Scheduler:
         fork's own first logits (one token of prefill instead of the whole prompt)."""
         assert source.share is not None
         seq.make_sampler(self._model.n_vocab)
-        self._budget.take_fork(seq, own, source.share)
+        slot, _ = self._claim(None)
+        self._budget.take_fork(seq, own, source.share, slot)
+        self._evict()
         self._admitted(seq)
         seq.phase = Phase.PREFILL
-        self._ctx.seq_rm(seq.slot)
         n = len(seq.prompt) - 1
         if n > 0:
             self._ctx.seq_cp(source.slot, seq.slot, 0, n)
@@ -376,7 +383,9 @@ class Scheduler:
     def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
         seq.make_sampler(self._model.n_vocab)
-        self._budget.take(seq, own, leader.share if leader else None)
+        slot, kept = self._claim(seq.prompt if leader is None else None)
+        self._budget.take(seq, own, leader.share if leader else None, slot)
+        self._evict()
         self._admitted(seq)
         if leader is not None:
             seq.phase, seq.leader = Phase.FOLLOWER, leader
@@ -384,8 +393,34 @@ class Scheduler:
             self.counters["shared_prefills"] += 1
         else:
             seq.phase = Phase.PREFILL
-            self._ctx.seq_rm(seq.slot)
+            if kept:
+                seq.n_past = seq.n_cached = kept
+                self.counters["resident_hits"] += 1
+                self.counters["resident_tokens"] += kept
             self._restore_prefix(seq)
+
+    def _claim(self, prompt: tuple[int, ...] | None) -> tuple[int, int]:
+        """The free slot a sequence takes and the tokens of `prompt` its resident KV keeps
+        (budget.py `choose`; None: nothing to keep); the rest of that KV is removed."""
+        slot, kept = self._budget.choose(prompt if self._limits.resident else None, self._window_kept)
+        self._ctx.seq_rm(slot, kept, -1)
+        return slot, kept
+
+    def _evict(self) -> None:
+        """Clear the resident KV whose cells the reservations need."""
+        for slot in self._budget.overflow():
+            self._ctx.seq_rm(slot)
+            self.counters["resident_evicted"] += 1
+
+    def _leave(self, seq: Sequence, slot: int, reason: FinishReason) -> None:
+        """seq's slot is free: its KV stays resident (the tokens of seq it holds) unless the
+        request failed, when what the KV holds is not known."""
+        n = 0
+        if self._limits.resident and reason != "error" and seq.phase in (Phase.PREFILL, Phase.DECODE):
+            n = min(seq.n_past, self._ctx.seq_pos_max(slot) + 1)
+        self._ctx.seq_rm(slot, n, -1)
+        if n > 0:
+            self._budget.keep(slot, seq.tokens[:n])
 
     def _admitted(self, seq: Sequence) -> None:
         """seq holds its slot: it is active and its caller is told."""
@@ -413,12 +448,14 @@ class Scheduler:
         hook = self._prefix_cache
         if hook is None:
             return
+        kept = seq.n_past  # the slot's resident KV holds that much of the prompt already
         try:
-            hit = hook.lookup(seq.prompt)
-            if hit is not None:
+            hit = hook.lookup(seq.prompt, beyond=kept)
+            if hit is not None and kept < hit[0] < len(seq.prompt):
                 n_tokens, state = hit
-                if 0 < n_tokens < len(seq.prompt) and self._ctx.state_set(seq.slot, state) \
-                        and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
+                self._ctx.seq_rm(seq.slot)
+                seq.n_past = seq.n_cached = 0
+                if self._ctx.state_set(seq.slot, state) and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
                     seq.n_past = seq.n_cached = n_tokens
                     self.counters["prefix_tokens_restored"] += n_tokens
                 else:
@@ -428,7 +465,7 @@ class Scheduler:
         except Exception:
             log.exception("prefix cache lookup failed; prefilling from scratch")
             self._ctx.seq_rm(seq.slot)
-            seq.n_past, seq.store_at = 0, []
+            seq.n_past, seq.n_cached, seq.store_at = 0, 0, []
 
     # -- the batch ----------------------------------------------------------------------------
 
@@ -499,6 +536,8 @@ class Scheduler:
         """Let the speculator measure what steps with drafts cost, on idle slots, before serving."""
         if self._speculator is None:
             return
+        for slot in self._budget.drop_residents():  # measuring uses the slots
+            self._ctx.seq_rm(slot)
         self._hook("calibrate", self._measure)
         self._ctx.clear()
 
@@ -707,7 +746,7 @@ class Scheduler:
                 seq.draft_seq = seq.draft = None
             slot = self._budget.release(seq)
             if slot is not None:
-                self._ctx.seq_rm(slot)
+                self._leave(seq, slot, reason)
         finally:
             seq.finish(reason, error)
 
