@@ -33,6 +33,9 @@ Each step (all on the one thread that owns the llama context):
    drafts, sit out the steps that prefill an interactive prompt and decode one at a time
    (in turn) beside interactive decoding; a batch prompt goes in
    chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
+   A constrained sequence's tokens the grammar admits alone (`_jump`: the mask holds one
+   token) are taken the moment they are known, without logits: they go into the next step
+   as rows that ask for none (jump-forward), only the last of them gets its logits;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
@@ -65,6 +68,7 @@ from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+from node.engine.sampling import Choice
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import INTERACTIVE, FinishReason
 from node.engine.verify import verify
@@ -75,7 +79,9 @@ IDLE_WAIT_S = 0.05
 BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
-            "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted")
+            "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
+            "jumped_tokens")
+JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,7 @@ class _Entry:
     start: int
     decoding: bool
     first_row: int = -1
+    known: int = 0  # leading tokens whose next token is known (jump-forward): no logits for them
 
 
 class Scheduler:
@@ -128,6 +135,8 @@ class Scheduler:
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self._batch_turn = 0  # which waiting batch sequence decodes beside live work
+        # forced tokens per sequence and step: its pending tokens and drafts fit its share of a batch
+        self._jump_max = max(0, min(JUMP_MAX, ctx.n_batch // limits.n_parallel - 1 - limits.max_draft))
         self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
         self._thread.start()
 
@@ -220,7 +229,7 @@ class Scheduler:
         elapsed = time.perf_counter() - t0
         if decoding:
             n_tokens = sum(len(e.tokens) for e in entries)
-            if self._speculator is not None:
+            if self._speculator is not None and not any(e.known for e in entries):  # all rows with logits
                 self._hook("step_done", len(entries), n_tokens, elapsed)
             if self.threads is not None:
                 self.threads.observe(threads, n_tokens, elapsed)
@@ -488,7 +497,7 @@ class Scheduler:
             self._hook("start_step", len(decoding))
         for seq in decoding:
             drafts = [] if live and seq.request.priority > INTERACTIVE else self._drafts(seq)
-            entries.append(_Entry(seq, seq.pending + drafts, seq.n_past, True))
+            entries.append(_Entry(seq, seq.pending + drafts, seq.n_past, True, known=len(seq.pending) - 1))
         used = sum(len(e.tokens) for e in entries)
         budget = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         budget = min(budget, self._batch.capacity - used)
@@ -576,9 +585,10 @@ class Scheduler:
         rows = 0
         for e in entries:
             completes = not e.decoding and e.start + len(e.tokens) == len(e.seq.prompt)
-            batch.add(e.tokens, e.start, e.seq.slot, logits="all" if e.decoding else ("last" if completes else "none"))
+            batch.add(e.tokens, e.start, e.seq.slot, logits="all" if e.decoding else ("last" if completes else "none"),
+                      known=e.known)
             e.first_row = rows if (e.decoding or completes) else -1
-            rows += len(e.tokens) if e.decoding else int(completes)
+            rows += len(e.tokens) - e.known if e.decoding else int(completes)
         return rows
 
     def _decode(self, entries: list[_Entry]) -> None:
@@ -625,15 +635,16 @@ class Scheduler:
         assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
         sampler = seq.sampler
         dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
-        verdict = verify(e.tokens, logits[e.first_row:e.first_row + len(e.tokens)],
+        verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
+        verdict = verify(verified, logits[e.first_row:e.first_row + len(verified)],
                          lambda row: sampler.choose(row, seq.tokens),
                          lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
                          choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
-        seq.n_past += verdict.n_valid
-        if verdict.n_valid < len(e.tokens):
-            self.counters["draft_rejected"] += len(e.tokens) - verdict.n_valid
+        seq.n_past += e.known + verdict.n_valid
+        if verdict.n_valid < len(verified):
+            self.counters["draft_rejected"] += len(verified) - verdict.n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
         if seq.draft is not None and seq.draft_seq is not None:  # also when the sequence ends inside its drafts
             self._hook("verified", seq.draft_seq, seq.draft, verdict.accepted)
@@ -642,6 +653,7 @@ class Scheduler:
             self._end(seq, verdict.reason)
             return
         seq.pending = [seq.tokens[-1]]
+        self._jump(seq)
 
     def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()
@@ -676,6 +688,30 @@ class Scheduler:
             self._end(seq, reason)
         else:
             seq.pending = [choice.token]
+            self._jump(seq)
+
+    def _jump(self, seq: Sequence) -> None:
+        """Jump-forward: while the sequence's grammar admits exactly one next token, take it now.
+
+        No logits can change a token the mask admits alone (greedy or sampled: the choice
+        is that token), so it is accepted as if chosen and joins the pending tokens; the
+        next step decodes them all, asking logits for the last one only. A request asking
+        for logprobs is left out (each token's logprob needs its row)."""
+        grammar = seq.constraint
+        if grammar is None or seq.request.logprobs is not None:
+            return
+        for _ in range(self._jump_max):
+            token = grammar.only()
+            if token is None:
+                return
+            grammar.accept(token)
+            self.counters["generated_tokens"] += 1
+            self.counters["jumped_tokens"] += 1
+            reason = seq.accept(Choice(token), self._eog, self._piece)
+            if reason is not None:
+                self._end(seq, reason)
+                return
+            seq.pending.append(token)
 
     def _store_prefix(self, seq: Sequence, n_tokens: int) -> None:
         if self._prefix_cache is None:
