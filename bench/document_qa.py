@@ -40,7 +40,7 @@ PAGE = "Warehouse ledger, week 14.\n" + "\n".join(
     f"Entry {i}: crate {('amber', 'birch', 'cobalt', 'dune', 'ember', 'flint')[i % 6]}-{i * 7 % 31} left bay "
     f"{i % 9} at {6 + i % 12} o'clock with {i * 3 % 17 + 2} boxes of "
     f"{('tea', 'rope', 'nails', 'salt', 'wool', 'ink', 'soap')[i % 7]} for {('Ardee', 'Birr', 'Cobh', 'Dunlavin')[i % 4]}."
-    for i in range(64))
+    for i in range(56))
 QUESTIONS = [f"\n\nQuestion: what did entry {n} carry, and where to?\nAnswer:" for n in (12, 40, 7, 55, 3, 28, 61, 19,
                                                                                       33, 46, 2, 50)]
 
