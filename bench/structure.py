@@ -13,8 +13,10 @@ every case. Greedy; tokens/s are generated tokens over wall time (prefill includ
            262,144-token vocabulary; each p50/p99 against the measured decode step, with the
            compile time of each engine.
   extract  JSON extraction with an 8-field schema over a document: constrained output (compact
-           JSON) with Il Suggeritore against unconstrained decoding of the same length (end of
-           generation banned, speculation off); and, when a llama.cpp server binary is found
+           JSON) with jump-forward (tokens the grammar admits alone taken without logits) and
+           Il Suggeritore against unconstrained decoding of the same length (end of generation
+           banned, speculation off), and the same constrained request asking for logprobs
+           (every token's row computed: nothing jumped, forced tokens verified as drafts); and, when a llama.cpp server binary is found
            (bench/llama_server.py: --llama-server, $REAME_LLAMA_SERVER or the benches' build),
            against its grammar sampler on the same schema and prompt, run with the node's
            kernels: with a grammar that admits compact JSON only (as ours), and with its own
@@ -90,12 +92,14 @@ def make_engine(model: Path):
     return engine, controller
 
 
-def run(engine, prompt: str, tokens: int, *, speculation: bool, grammar=None, ban_eog: bool = False):
+def run(engine, prompt: str, tokens: int, *, speculation: bool, grammar=None, ban_eog: bool = False,
+        logprobs: int | None = None):
     """(tokens, seconds, text, decode steps) of one greedy generation."""
     from node.engine.types import GenerationRequest, SamplingParams
 
     bias = {t: float("-inf") for t in engine.model_info.eog_tokens} if ban_eog else {}
     request = GenerationRequest(tuple(engine.tokenize(prompt)), max_tokens=tokens, speculation=speculation,
+                                logprobs=logprobs,
                                 sampling=SamplingParams(temperature=0.0, logit_bias=bias, grammar=grammar))
     steps = engine.stats()["steps"]
     start = time.perf_counter()
@@ -269,17 +273,27 @@ def case_extract(engine, controller, args) -> list[str]:
     engine.prepare_grammar(spec)
     n = run(engine, EXTRACT_PROMPT, 200, speculation=False, grammar=spec)[0]  # the answer's length
     plain = best_of(lambda: run(engine, EXTRACT_PROMPT, n, speculation=False, ban_eog=True), args.rounds)
+    jumped = engine.stats()["jumped_tokens"]
     ours = best_of(lambda: run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec), args.rounds)
+    jumped = (engine.stats()["jumped_tokens"] - jumped) // (args.rounds + 1)
+    # logprobs need every token's row: the engine jumps nothing, forced tokens are drafts verified with logits
+    rows = best_of(lambda: run(engine, EXTRACT_PROMPT, 200, speculation=True, grammar=spec, logprobs=0), args.rounds)
     answer = ours[2]
     json.loads(answer)
     stats = controller.stats.snapshot()
     kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "lookup")}
+    line = controller.costs.line()
     lines = [f"extract 8 fields: warm-up + best of {args.rounds} timed requests for every series, wall time "
              f"with prefill  {load()}",
+             f"  cost line: {line.per_step * 1000:.1f} ms per step + {line.per_token * 1000:.2f} ms per token with "
+             f"logits (a row is {line.per_token / (line.per_step + line.per_token):.2f} of a one-token step)",
              series("reame unconstrained (same length, speculation off)", plain),
-             series("reame constrained + Il Suggeritore (compact JSON)", ours),
-             f"  constrained + Il Suggeritore / unconstrained: {plain[1] / ours[1] * ours[0] / plain[0]:5.2f}x per "
-             f"token (target >= 1.5x)  draft tokens kept {kept}"]
+             series("reame constrained, every token's row (logprobs: no jump)", rows),
+             series("reame constrained + jump-forward + Il Suggeritore", ours),
+             f"  same answer with and without jump-forward: {rows[2] == ours[2]}; {jumped} tokens jumped per answer",
+             f"  constrained + jump-forward / unconstrained: {plain[1] / ours[1] * ours[0] / plain[0]:5.2f}x per "
+             f"token (target >= 1.5x); without jumping {plain[1] / rows[1] * rows[0] / plain[0]:5.2f}x; "
+             f"draft tokens kept {kept}"]
     binary = llama_server.find_binary(args.llama_server)
     if binary is None:
         lines.append("  llama.cpp server: no binary found (--llama-server, or run bench/versus_llama_server.py once "

@@ -279,7 +279,7 @@ def engine_config(settings: NodeSettings, plan: EnginePlan, prefix_cache: Prefix
         max_draft=speculator.config.max_draft if speculator is not None else 0,
         interactive_slots=min(settings.batch.interactive_slots, plan.n_parallel - 1),
         extra_buffers=settings.model.extra_buffers, kernel_cache=settings.home / "kernels",
-        embed_batch_tokens=settings.embeddings.batch_tokens,
+        embed_batch_tokens=settings.embeddings.batch_tokens, resident_prefixes=settings.cache.resident,
     )
 
 

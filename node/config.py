@@ -50,6 +50,9 @@ OPTIONS: tuple[Option, ...] = (
          "Compress cached KV blocks with zstd (KV states shrink only ~1.1x; off by measurement)."),
     _opt("cache", "block_tokens", int, 32,
          "Tokens per cached block: a restorable boundary every block (32 by measurement)."),
+    _opt("cache", "resident", bool, True,
+         "A slot keeps its KV when its request ends: a prompt sharing its prefix continues from the exact "
+         "token it differs at, before any cache tier is asked (evicted when the cells are needed)."),
     _opt("server", "host", str, "127.0.0.1", "Address to listen on (0.0.0.0 exposes the node)."),
     _opt("server", "port", int, 8080, "TCP port of the OpenAI-compatible API."),
     _opt("server", "max_concurrent_requests", int, 64,
@@ -242,6 +245,7 @@ class CacheSettings:
     max_size_mb: int
     compress: bool
     block_tokens: int
+    resident: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,12 +101,12 @@ class PrefixCache:
 
     # ----------------------------------------------------------------- engine hook
 
-    def lookup(self, prompt_tokens: Sequence[int], scope: str = "") -> tuple[int, bytes] | None:
+    def lookup(self, prompt_tokens: Sequence[int], scope: str = "", beyond: int = 0) -> tuple[int, bytes] | None:
         started = time.perf_counter()
-        found = self._find(self.chain.restorable(prompt_tokens, scope))
+        found = self._find([b for b in self.chain.restorable(prompt_tokens, scope) if b.n_tokens > beyond])
         restored = found[0].n_tokens if found else 0
         deltas: dict[str, float] = dict(
-            lookups=1, tokens_restored=restored, tokens_prefilled=len(prompt_tokens) - restored
+            lookups=1, tokens_restored=restored, tokens_prefilled=len(prompt_tokens) - max(restored, beyond)
         )
         if found is None:
             deltas.update(ram_misses=1, disk_misses=1 if self.disk else 0)

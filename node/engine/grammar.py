@@ -15,7 +15,8 @@ judges every token it is handed and costs milliseconds over the whole vocabulary
   never cached. Every compile runs under node/engine/grammar_limits.py's limits.
 - `Matcher` (one per sequence, a copy of the compiled grammar's initial state): `allows`
   checks one token, `masked` applies the whole mask to a row of logits, `accept` advances,
-  `forced` lists the tokens the grammar admits no alternative to.
+  `forced` lists the tokens the grammar forces in its own tokenization, `only` the next token
+  when the mask admits that one alone (the engine's jump-forward, node/engine/scheduler.py).
 
 Every end-of-generation token of the model counts as the grammar's end: once the output is
 complete, only they are allowed.
@@ -132,6 +133,17 @@ class Matcher:
         if self._m.is_stopped():
             return []
         return list(self._m.compute_ff_tokens())
+
+    def only(self) -> int | None:
+        """The one token the grammar admits next, or None when it admits more (or none): a
+        token no choice can differ from, whatever the logits. The forced tokens are asked
+        first (cheap, and [] wherever the output is free); the whole mask then decides."""
+        forced = self.forced()
+        if not forced:
+            return None
+        allowed = self.allowed_mask()
+        token = int(forced[0])
+        return token if allowed[token] and np.count_nonzero(allowed) == 1 else None
 
     def valid(self, tokens: Sequence[int]) -> int:
         """How many of the tokens, in order, fit the grammar from here (nothing is consumed)."""

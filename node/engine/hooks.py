@@ -28,8 +28,9 @@ from node.engine.types import SamplingParams
 class PrefixCacheHook(Protocol):
     # `scope` is the request's tenant (GenerationRequest.cache_scope): a state stored under one
     # scope is never found under another.
-    def lookup(self, prompt_tokens: Sequence[int], scope: str = "") -> tuple[int, bytes] | None:
-        """Longest cached block boundary that is a prefix of the prompt: (n_tokens, state)."""
+    def lookup(self, prompt_tokens: Sequence[int], scope: str = "", beyond: int = 0) -> tuple[int, bytes] | None:
+        """Longest cached block boundary that is a prefix of the prompt, longer than `beyond`
+        tokens (the engine holds that many in a resident slot already): (n_tokens, state)."""
 
     def boundaries_to_store(self, prompt_tokens: Sequence[int], scope: str = "") -> Sequence[int]:
         """Token counts (block boundaries <= len(prompt)-1) whose state is not stored yet."""

@@ -367,8 +367,9 @@ class TokenBatch:
     def clear(self) -> None:
         self.n_tokens = 0
 
-    def add(self, tokens: Sequence[int], start_pos: int, seq: int, *, logits: str = "last") -> int:
-        """Append tokens of one sequence; logits: "last", "all" or "none". Returns the first index."""
+    def add(self, tokens: Sequence[int], start_pos: int, seq: int, *, logits: str = "last", known: int = 0) -> int:
+        """Append tokens of one sequence; logits: "last", "all" or "none"; with "all", the first
+        `known` tokens get none (the token after each is known already). Returns the first index."""
         n, first = len(tokens), self.n_tokens
         if n > self.room:
             raise ValueError(f"batch overflow: {n} tokens into {self.room} free places")
@@ -377,6 +378,8 @@ class TokenBatch:
         self.positions[first:end] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         self.seq_ids[first:end] = seq
         self.wants_logits[first:end] = 1 if logits == "all" else 0
+        if known:
+            self.wants_logits[first:first + known] = 0
         if logits == "last" and n:
             self.wants_logits[end - 1] = 1
         self.n_tokens = end

@@ -6,7 +6,9 @@ Each step (all on the one thread that owns the llama context):
    arrival order within a class), while a slot is free and the KV budget (budget.py) can
    hold what they may grow to: prompt + max_tokens (+ draft room; the engine refuses at
    submit a sequence over the per-sequence context, so one request cannot reserve every
-   cell). The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
+   cell). A new prompt takes the free slot whose KV still holds the longest prefix of it (a
+   resident prefix, budget.py) and continues at the first token that differs, before any
+   prefix cache tier is asked; that tier is then asked only for a longer prefix. The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
    most, and a request holding fewer slots is admitted before one holding more. A request
    still waiting after its `max_wait_s` ends unstarted with `Finished.retry_after_s` (the
    waiting members of a request that holds slots count their wait from its last step). A batch-priority
@@ -33,11 +35,15 @@ Each step (all on the one thread that owns the llama context):
    drafts, sit out the steps that prefill an interactive prompt and decode one at a time
    (in turn) beside interactive decoding; a batch prompt goes in
    chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
+   A constrained sequence's tokens the grammar admits alone (`_jump`: the mask holds one
+   token) are taken the moment they are known, without logits: they go into the next step
+   as rows that ask for none (jump-forward), only the last of them gets its logits;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
    `store_final_state` that finishes has its prompt + answer state saved before its slot
-   is freed.
+   is freed. A slot freed by a request that did not fail keeps its KV, resident, until a
+   prompt takes it or the reservations need its cells.
 
 Between planning and the step's decode, one batch of waiting embedding inputs runs in the
 embeddings context of its own (node/engine/embedder.py), smaller while sequences generate.
@@ -64,6 +70,7 @@ from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+from node.engine.sampling import Choice
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import INTERACTIVE, FinishReason
 from node.engine.verify import verify
@@ -74,7 +81,9 @@ IDLE_WAIT_S = 0.05
 BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a live arrival's wait
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
-            "final_states_stored", "forked_late")
+            "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
+            "jumped_tokens")
+JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,7 @@ class SchedulerLimits:
     max_draft: int = 0
     interactive_slots: int = 0  # slots batch-priority requests leave free
     group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
+    resident: bool = True  # a free slot keeps its KV for the next prompt sharing its prefix
 
 
 def _priority(seq: Sequence) -> int:
@@ -100,6 +110,7 @@ class _Entry:
     start: int
     decoding: bool
     first_row: int = -1
+    known: int = 0  # leading tokens whose next token is known (jump-forward): no logits for them
 
 
 class Scheduler:
@@ -126,6 +137,8 @@ class Scheduler:
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self._batch_turn = 0  # which waiting batch sequence decodes beside live work
+        # forced tokens per sequence and step: its pending tokens and drafts fit its share of a batch
+        self._jump_max = max(0, min(JUMP_MAX, ctx.n_batch // limits.n_parallel - 1 - limits.max_draft))
         self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
         self._thread.start()
 
@@ -159,6 +172,8 @@ class Scheduler:
             "kv_cells_total": self._ctx.n_ctx,
             "kv_cells_reserved": self._budget.reserved,
             "kv_cells_used": KVBudget.cells_used(active),
+            "kv_cells_resident": self._budget.resident_cells,
+            "slots_resident": len(self._budget.resident),
             "threads": self.threads.current if self.threads is not None else self._ctx_threads,
             "threads_tuned": int(self.threads is not None),
             **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
@@ -216,7 +231,7 @@ class Scheduler:
         elapsed = time.perf_counter() - t0
         if decoding:
             n_tokens = sum(len(e.tokens) for e in entries)
-            if self._speculator is not None:
+            if self._speculator is not None and not any(e.known for e in entries):  # all rows with logits
                 self._hook("step_done", len(entries), n_tokens, elapsed)
             if self.threads is not None:
                 self.threads.observe(threads, n_tokens, elapsed)
@@ -364,10 +379,11 @@ class Scheduler:
         fork's own first logits (one token of prefill instead of the whole prompt)."""
         assert source.share is not None
         seq.make_sampler(self._model.n_vocab)
-        self._budget.take_fork(seq, own, source.share)
+        slot, _ = self._claim(None)
+        self._budget.take_fork(seq, own, source.share, slot)
+        self._evict()
         self._admitted(seq)
         seq.phase = Phase.PREFILL
-        self._ctx.seq_rm(seq.slot)
         n = len(seq.prompt) - 1
         if n > 0:
             self._ctx.seq_cp(source.slot, seq.slot, 0, n)
@@ -378,7 +394,9 @@ class Scheduler:
     def _start(self, seq: Sequence, own: int, leader: Sequence | None) -> None:
         """Sampler, slot and reservation, then prefill (or follow an identical prompt)."""
         seq.make_sampler(self._model.n_vocab)
-        self._budget.take(seq, own, leader.share if leader else None)
+        slot, kept = self._claim(seq.prompt if leader is None else None, seq.request.cache_scope)
+        self._budget.take(seq, own, leader.share if leader else None, slot)
+        self._evict()
         self._admitted(seq)
         if leader is not None:
             seq.phase, seq.leader = Phase.FOLLOWER, leader
@@ -386,8 +404,35 @@ class Scheduler:
             self.counters["shared_prefills"] += 1
         else:
             seq.phase = Phase.PREFILL
-            self._ctx.seq_rm(seq.slot)
+            if kept:
+                seq.n_past = seq.n_cached = kept
+                self.counters["resident_hits"] += 1
+                self.counters["resident_tokens"] += kept
             self._restore_prefix(seq)
+
+    def _claim(self, prompt: tuple[int, ...] | None, scope: str = "") -> tuple[int, int]:
+        """The free slot a sequence takes and the tokens of `prompt` its resident KV keeps
+        (budget.py `choose`; None: nothing to keep; only a slot the same tenant, `scope`, left
+        continues); the rest of that KV is removed."""
+        slot, kept = self._budget.choose(prompt if self._limits.resident else None, self._window_kept, scope)
+        self._ctx.seq_rm(slot, kept, -1)
+        return slot, kept
+
+    def _evict(self) -> None:
+        """Clear the resident KV whose cells the reservations need."""
+        for slot in self._budget.overflow():
+            self._ctx.seq_rm(slot)
+            self.counters["resident_evicted"] += 1
+
+    def _leave(self, seq: Sequence, slot: int, reason: FinishReason) -> None:
+        """seq's slot is free: its KV stays resident (the tokens of seq it holds) unless the
+        request failed, when what the KV holds is not known."""
+        n = 0
+        if self._limits.resident and reason != "error" and seq.phase in (Phase.PREFILL, Phase.DECODE):
+            n = min(seq.n_past, self._ctx.seq_pos_max(slot) + 1)
+        self._ctx.seq_rm(slot, n, -1)
+        if n > 0:
+            self._budget.keep(slot, seq.tokens[:n], seq.request.cache_scope)
 
     def _admitted(self, seq: Sequence) -> None:
         """seq holds its slot: it is active and its caller is told."""
@@ -416,13 +461,15 @@ class Scheduler:
         hook = self._prefix_cache
         if hook is None:
             return
+        kept = seq.n_past  # the slot's resident KV holds that much of the prompt already
         try:
             scope = seq.request.cache_scope
-            hit = hook.lookup(seq.prompt, scope)
-            if hit is not None:
+            hit = hook.lookup(seq.prompt, scope, beyond=kept)
+            if hit is not None and kept < hit[0] < len(seq.prompt):
                 n_tokens, state = hit
-                if 0 < n_tokens < len(seq.prompt) and self._ctx.state_set(seq.slot, state) \
-                        and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
+                self._ctx.seq_rm(seq.slot)
+                seq.n_past = seq.n_cached = 0
+                if self._ctx.state_set(seq.slot, state) and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
                     seq.n_past = seq.n_cached = n_tokens
                     self.counters["prefix_tokens_restored"] += n_tokens
                 else:
@@ -432,7 +479,7 @@ class Scheduler:
         except Exception:
             log.exception("prefix cache lookup failed; prefilling from scratch")
             self._ctx.seq_rm(seq.slot)
-            seq.n_past, seq.store_at = 0, []
+            seq.n_past, seq.n_cached, seq.store_at = 0, 0, []
 
     # -- the batch ----------------------------------------------------------------------------
 
@@ -462,7 +509,7 @@ class Scheduler:
         for seq in decoding:
             seq.draft = drafts.get(seq.key)
             tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
-            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True))
+            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1))
         return entries + self._prefill_entries(live, prefill)
 
     def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
@@ -519,6 +566,8 @@ class Scheduler:
         """Let the speculator measure what steps with drafts cost, on idle slots, before serving."""
         if self._speculator is None:
             return
+        for slot in self._budget.drop_residents():  # measuring uses the slots
+            self._ctx.seq_rm(slot)
         self._hook("calibrate", self._measure)
         self._ctx.clear()
 
@@ -557,9 +606,10 @@ class Scheduler:
         rows = 0
         for e in entries:
             completes = not e.decoding and e.start + len(e.tokens) == len(e.seq.prompt)
-            batch.add(e.tokens, e.start, e.seq.slot, logits="all" if e.decoding else ("last" if completes else "none"))
+            batch.add(e.tokens, e.start, e.seq.slot, logits="all" if e.decoding else ("last" if completes else "none"),
+                      known=e.known)
             e.first_row = rows if (e.decoding or completes) else -1
-            rows += len(e.tokens) if e.decoding else int(completes)
+            rows += len(e.tokens) - e.known if e.decoding else int(completes)
         return rows
 
     def _decode(self, entries: list[_Entry]) -> None:
@@ -606,15 +656,16 @@ class Scheduler:
         assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
         sampler = seq.sampler
         dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
-        verdict = verify(e.tokens, logits[e.first_row:e.first_row + len(e.tokens)],
+        verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
+        verdict = verify(verified, logits[e.first_row:e.first_row + len(verified)],
                          lambda row: sampler.choose(row, seq.tokens),
                          lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
                          choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
-        seq.n_past += verdict.n_valid
-        if verdict.n_valid < len(e.tokens):
-            self.counters["draft_rejected"] += len(e.tokens) - verdict.n_valid
+        seq.n_past += e.known + verdict.n_valid
+        if verdict.n_valid < len(verified):
+            self.counters["draft_rejected"] += len(verified) - verdict.n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
         if seq.draft is not None and seq.draft_seq is not None:  # also when the sequence ends inside its drafts
             self._hook("verified", seq.draft_seq, seq.draft, verdict.accepted)
@@ -623,6 +674,7 @@ class Scheduler:
             self._end(seq, verdict.reason)
             return
         seq.pending = [seq.tokens[-1]]
+        self._jump(seq)
 
     def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()
@@ -657,6 +709,30 @@ class Scheduler:
             self._end(seq, reason)
         else:
             seq.pending = [choice.token]
+            self._jump(seq)
+
+    def _jump(self, seq: Sequence) -> None:
+        """Jump-forward: while the sequence's grammar admits exactly one next token, take it now.
+
+        No logits can change a token the mask admits alone (greedy or sampled: the choice
+        is that token), so it is accepted as if chosen and joins the pending tokens; the
+        next step decodes them all, asking logits for the last one only. A request asking
+        for logprobs is left out (each token's logprob needs its row)."""
+        grammar = seq.constraint
+        if grammar is None or seq.request.logprobs is not None:
+            return
+        for _ in range(self._jump_max):
+            token = grammar.only()
+            if token is None:
+                return
+            grammar.accept(token)
+            self.counters["generated_tokens"] += 1
+            self.counters["jumped_tokens"] += 1
+            reason = seq.accept(Choice(token), self._eog, self._piece)
+            if reason is not None:
+                self._end(seq, reason)
+                return
+            seq.pending.append(token)
 
     def _store_prefix(self, seq: Sequence, n_tokens: int) -> None:
         if self._prefix_cache is None:
@@ -728,7 +804,7 @@ class Scheduler:
                 seq.draft_seq = seq.draft = None
             slot = self._budget.release(seq)
             if slot is not None:
-                self._ctx.seq_rm(slot)
+                self._leave(seq, slot, reason)
         finally:
             seq.finish(reason, error)
 

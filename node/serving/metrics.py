@@ -3,7 +3,7 @@
 Counted by the node: requests by route and status, prompt and generated tokens, embedding
 inputs and their tokens by L1 outcome, time to first token, request latency, L1 archive hits and misses and lookup latency, Conclaves (by
 decision, candidates by outcome). Read at scrape
-time from their owners: the engine's queue depth and active sequences, the archive
+time from their owners: the engine's queue depth, active sequences and resident prefixes, the archive
 client's errors per operation, the prefix KV cache's counters per tier (`CacheStats`), and
 the kernel path with the step cost line (`KernelSeries`).
 """
@@ -39,6 +39,16 @@ class LiveStats(Collector):
         ):
             if isinstance(stats.get(key), (int, float)):
                 yield GaugeMetricFamily(name, doc, value=stats[key])
+        for name, key, doc in (
+            ("reame_prefix_resident_hits", "resident_hits", "Prompts continued from a free slot's resident KV"),
+            ("reame_prefix_resident_tokens", "resident_tokens", "Prompt tokens a resident slot's KV held already"),
+            ("reame_prefix_resident_evicted", "resident_evicted", "Resident slot KV cleared for the cells"),
+        ):
+            if isinstance(stats.get(key), (int, float)):
+                yield CounterMetricFamily(name, doc, value=stats[key])
+        if isinstance(stats.get("kv_cells_resident"), (int, float)):
+            yield GaugeMetricFamily("reame_kv_cells_resident", "KV cells free slots hold for resident prefixes",
+                                    value=stats["kv_cells_resident"])
         errors = CounterMetricFamily("reame_archive_errors", "Archive operations that failed (answered as misses)",
                                      labels=["operation"])
         for operation, count in self.archive_errors().items():

@@ -3,12 +3,13 @@
 `Savings` samples cumulative counters every `[stats] sample_seconds`: the service's ledger
 (node/serving/ledger.py: tokens served, the part replayed from L1, busy seconds), the
 engine's counters (`prefill_tokens`, `generated_tokens`, `draft_accepted`,
-`prefix_tokens_restored`) and the speculation statistics' accepted draft tokens per source
+`prefix_tokens_restored`, `resident_tokens`) and the speculation statistics' accepted draft tokens per source
 (node/speculative/stats.py). Tokens computed are the ones the model ran a step for:
 prompt tokens prefilled plus generated tokens that were not accepted drafts, plus tokens of
 embedding inputs decoded (`embedding_tokens`). Each tier's
 saving is the tokens served without that work: L1 (whole answers, prompt and completion,
-replayed), prefix (prompt tokens restored from the prefix KV cache), drafts (generated
+replayed), prefix (prompt tokens restored from the prefix KV cache or continued from a
+resident slot's KV), drafts (generated
 tokens verified in another token's step).
 
 Effective tokens per second are completion tokens served per busy second (L1 answers
@@ -92,7 +93,7 @@ class Savings:
         ledger = self.ledger
         return Point(self.clock(), ledger.busy_s, ledger.answers, ledger.l1_answers, ledger.prompt_tokens,
                      ledger.completion_tokens, computed,
-                     ledger.l1_tokens, counter("prefix_tokens_restored"), drafts)
+                     ledger.l1_tokens, counter("prefix_tokens_restored") + counter("resident_tokens"), drafts)
 
     def sample(self) -> Point:
         point = self.point()

@@ -6,7 +6,10 @@ the rest of an enum value only one option still fits), in the grammar engine's o
 tokenization (node/engine/grammar.py `Matcher.forced`). They are proposed as a draft and
 verified in the batch like any other: the target's masked choice decides, so a forced token
 the model would tokenize differently is simply not kept, and the output is exactly what
-constrained decoding without drafts gives.
+constrained decoding without drafts gives. Where the mask admits one token alone, the engine
+has already taken it without logits (jump-forward, node/engine/scheduler.py `_jump`), so this
+source drafts forced tokens only where the engine does not jump (a request asking for logprobs,
+a run past the engine's per-step bound).
 
 Without a grammar, form rules read the last lines of the text (prompt tail and output), each
 its own source so the controller measures and switches each one separately:

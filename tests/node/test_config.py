@@ -169,7 +169,7 @@ def test_api_keys_add_to_the_single_key_from_file_env_and_flag(tmp_path):
     assert load_settings(None, {}, env={**env, "REAME_SERVER_API_KEYS": "x,y"}).server.keys == ("x", "y")
     assert load_settings(None, {}, env=env).server.keys == ()  # no key: one open tenant
 
-    from node.commands import build_parser, settings_from_args
+    from node.cli.commands import build_parser, settings_from_args
 
     args = build_parser("reame", model_positional=False).parse_args(["--serve", "--api-keys", "p,q", "--api-key", "k"])
     assert settings_from_args(args).server.keys == ("k", "p", "q")
@@ -178,7 +178,7 @@ def test_api_keys_add_to_the_single_key_from_file_env_and_flag(tmp_path):
 def test_reame_warm_prefills_for_every_configured_key_or_the_one_asked(tmp_path):
     """A keyed node restores only its keys' states: `reame warm` warms for each key of the
     config (a document warmed for the keyless tenant would never be restored there)."""
-    from node.commands import warm_tenants
+    from node.cli.commands import warm_tenants
     from node.serving.tenants import OPEN, tenant_id
 
     env = {"REAME_HOME": str(tmp_path)}

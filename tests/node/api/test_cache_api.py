@@ -23,7 +23,9 @@ RESTORED = "reame_prefix_cache_tokens_restored_total"
 def node(gemma_path, tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="node extra not installed")
     home = tmp_path_factory.mktemp("cache-node")
-    settings = node_settings(gemma_path, home, **{"model.threads": 1, "cache.enabled": True, "cache.directory": str(home / "cache"),
+    # resident prefixes off: the cache's tiers are under test (tests/node/api/test_resident_api.py has them on)
+    settings = node_settings(gemma_path, home, **{"model.threads": 1, "cache.enabled": True, "cache.resident": False,
+                                                  "cache.directory": str(home / "cache"),
                                                   "arca.observe": False})
     with LiveNode(settings) as live:
         yield live

@@ -36,7 +36,8 @@ DOC = " ".join(f"Box {i} holds {i * 7 % 10 + 1} {('red', 'blue', 'green')[i % 3]
 def node(gemma_path, tmp_path_factory):
     """Six slots (a Conclave of three and three plain users), the prefix cache, drafts."""
     home = tmp_path_factory.mktemp("conclave-mix")
-    settings = node_settings(gemma_path, home, **{"server.parallel": 6, "cache.enabled": True,
+    # resident prefixes off: the prefix cache's tiers are what these tests follow
+    settings = node_settings(gemma_path, home, **{"server.parallel": 6, "cache.enabled": True, "cache.resident": False,
                                                   "cache.directory": str(home / "cache"), "arca.observe": False})
     with drafting_node(settings) as live:
         assert "lookup" in live.state.speculation.source_names
@@ -45,8 +46,9 @@ def node(gemma_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uncached(gemma_path, tmp_path_factory):
-    """A second node of the same build with the prefix cache off."""
-    with LiveNode(node_settings(gemma_path, tmp_path_factory.mktemp("uncached"), **{"arca.observe": False})) as live:
+    """A second node of the same build with the prefix cache (and resident prefixes) off."""
+    with LiveNode(node_settings(gemma_path, tmp_path_factory.mktemp("uncached"),
+                                **{"arca.observe": False, "cache.resident": False})) as live:
         yield live
 
 

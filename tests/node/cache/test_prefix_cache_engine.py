@@ -32,7 +32,8 @@ QUESTIONS = (
 GREEDY = SamplingParams(temperature=0.0)
 BLOCK = 32
 CHECKPOINT = 4 * BLOCK
-CTX = dict(n_ctx=2048, n_threads=2, n_parallel=4, n_batch=512, n_ubatch=512, kv_type="f16")
+# resident prefixes off: these tests are about the cache's tiers, which a resident slot would answer first
+CTX = dict(n_ctx=2048, n_threads=2, n_parallel=4, n_batch=512, n_ubatch=512, kv_type="f16", resident_prefixes=False)
 
 
 class SwitchableHook:
@@ -47,8 +48,8 @@ class SwitchableHook:
     def __init__(self, target: PrefixCache):
         self.target = target
 
-    def lookup(self, prompt_tokens, scope=""):
-        return self.target.lookup(prompt_tokens, scope)
+    def lookup(self, prompt_tokens, scope="", beyond=0):
+        return self.target.lookup(prompt_tokens, scope, beyond)
 
     def boundaries_to_store(self, prompt_tokens, scope=""):
         return self.target.boundaries_to_store(prompt_tokens, scope)
@@ -182,7 +183,7 @@ def test_four_interleaved_users_with_the_cache(gemma_path, tmp_path, engine):
     # The reference never restores: a user admitted one step after another would otherwise
     # restore what the first one just stored.
     fresh = use_cache(engine, new_cache(gemma_path, None))
-    fresh.lookup = lambda prompt_tokens: None  # same split points, nothing restored
+    fresh.lookup = lambda prompt_tokens, beyond=0: None  # same split points, nothing restored
     reference = together(engine, ps, logprobs=2)
     fresh.close()
     cache = use_cache(engine, new_cache(gemma_path, tmp_path))

@@ -60,7 +60,18 @@ def test_fork_continues_exactly_like_a_fresh_prefill(engine):
         assert fork.generated == fresh.generated
 
 
-def test_cancelled_leader_hands_its_prefill_to_a_fork(engine):
+def test_cancelled_leader_hands_its_prefill_to_a_fork(gemma_path):
+    # resident prefixes off: the reference run's slot would otherwise hold the prompt, and the
+    # leader would continue from it instead of prefilling the prompt the fork takes over
+    engine = Engine(EngineConfig(model_path=gemma_path, n_ctx=2048, n_parallel=4, n_batch=512, max_queue=16,
+                                 step_token_budget=64, seq_cells=1024, resident_prefixes=False))
+    try:
+        handed_over(engine)
+    finally:
+        engine.close()
+
+
+def handed_over(engine):
     text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(50))
     req = GenerationRequest(tuple(engine.tokenize(text))[:600], max_tokens=6, sampling=GREEDY)
     fresh = finish(engine.submit(req))[0]

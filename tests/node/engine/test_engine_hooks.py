@@ -71,8 +71,8 @@ class DictPrefixCache:
         self.states: dict[tuple[int, ...], bytes] = {}
         self.hits = 0
 
-    def lookup(self, prompt_tokens, scope=""):
-        for n in range((len(prompt_tokens) - 1) // BLOCK * BLOCK, 0, -BLOCK):
+    def lookup(self, prompt_tokens, scope="", beyond=0):
+        for n in range((len(prompt_tokens) - 1) // BLOCK * BLOCK, beyond, -BLOCK):
             state = self.states.get(tuple(prompt_tokens[:n]))
             if state is not None:
                 self.hits += 1
@@ -89,7 +89,8 @@ class DictPrefixCache:
 @pytest.fixture(scope="module")
 def hooked(gemma_path):
     drafts, cache = ScriptedDrafts(), DictPrefixCache()
-    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=1024, n_parallel=2, max_draft=4,
+    # resident prefixes off: a resident slot would answer the prompts the cache is tested with
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=1024, n_parallel=2, max_draft=4, resident_prefixes=False,
                               speculator=drafts, prefix_cache=cache, step_token_budget=64))
     yield eng, drafts, cache
     eng.close()

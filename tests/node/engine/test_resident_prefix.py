@@ -1,0 +1,146 @@
+"""Resident prefixes on the real Gemma model: a free slot keeps its KV, and the next prompt
+sharing its prefix continues from the exact token it differs at.
+
+One document of ~1,500 tokens with different questions, asked one after another: every
+question after the first prefills only its own tokens (the engine's prefill counter and the
+request's `cached_tokens` say so), and the answers are the ones an engine without resident
+prefixes gives, up to near-ties (tests/node/near_ties.py). A conversation that extends the
+last prompt and answer continues after both; forks, cancels and KV pressure keep working.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from node.engine.budget import common_prefix
+from node.engine.engine import Engine, EngineConfig
+from node.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
+from tests.node.near_ties import NEAR_TIE
+
+pytestmark = [pytest.mark.model]
+
+PAGE = " ".join(
+    f"Entry {i}: the crate labelled {('amber', 'birch', 'cobalt', 'dune', 'ember')[i % 5]}-{i * 7 % 31} "
+    f"left bay {i % 9} at {6 + i % 12} o'clock with {i * 3 % 17 + 2} boxes of "
+    f"{('tea', 'rope', 'nails', 'salt', 'wool', 'ink')[i % 6]}."
+    for i in range(60))
+QUESTIONS = (
+    "\nQuestion: which bay did entry 12 leave from?\nAnswer:",
+    "\nQuestion: what did entry 40 carry?\nAnswer:",
+    "\nQuestion: how many boxes left with entry 7?\nAnswer:",
+)
+CFG = dict(n_ctx=4096, n_parallel=2, n_batch=512, n_ubatch=512, seq_cells=2048, step_token_budget=256)
+
+
+def never_end(engine: Engine) -> SamplingParams:
+    """Greedy without end-of-generation tokens: every request runs its max_tokens, so each
+    divergence has a logprob entry to judge it by."""
+    return SamplingParams(temperature=0.0, logit_bias={token: -100.0 for token in engine.model_info.eog_tokens})
+
+
+def run(engine: Engine, prompt, max_tokens: int = 10, logprobs: int | None = None) -> tuple[Finished, list]:
+    req = GenerationRequest(tuple(prompt), max_tokens=max_tokens, sampling=never_end(engine), logprobs=logprobs)
+    events = list(engine.submit(req).iter_sync(timeout=300))
+    final = events[-1]
+    assert isinstance(final, Finished) and final.reason in ("stop", "length"), final.error
+    return final, [lp for e in events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
+
+
+def assert_same_up_to_near_ties(reference: tuple[Finished, list], got: Finished) -> None:
+    (expected, logprobs), a, b = reference, reference[0].generated, got.generated
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None:
+        assert a == b
+        return
+    gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]
+    assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
+
+
+@pytest.fixture(scope="module")
+def engines(gemma_path):
+    resident = Engine(EngineConfig(model_path=gemma_path, **CFG))
+    plain = Engine(EngineConfig(model_path=gemma_path, resident_prefixes=False, **CFG))
+    yield resident, plain
+    resident.close()
+    plain.close()
+
+
+def test_document_questions_in_turn_prefill_only_the_question(engines):
+    resident, plain = engines
+    prompts = [resident.tokenize(PAGE + q) for q in QUESTIONS]
+    page = len(resident.tokenize(PAGE))
+    assert 1000 < page < 2000
+    in_kv: list[int] = []  # what the resident slot holds after the previous question
+    for i, prompt in enumerate(prompts):
+        reference = run(plain, prompt, logprobs=2)
+        before = resident.stats()
+        final, _ = run(resident, prompt)
+        after = resident.stats()
+        kept = min(common_prefix(in_kv, prompt), len(prompt) - 1)
+        if i == 0:
+            assert kept == 0 and final.cached_tokens == 0
+        else:
+            assert kept >= page - 2  # the page (its last token may merge with the question's first)
+            assert final.cached_tokens == kept
+            assert after["resident_hits"] - before["resident_hits"] == 1
+            assert after["resident_tokens"] - before["resident_tokens"] == kept
+        assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt) - kept
+        assert_same_up_to_near_ties(reference, final)
+        # the KV holds the prompt and every generated token but the last (never decoded)
+        in_kv = list(prompt) + list(final.generated[:-1])
+    assert plain.stats()["resident_hits"] == 0 and plain.stats()["slots_resident"] == 0
+
+
+def test_a_conversation_continues_after_the_last_answer(engines):
+    resident, plain = engines
+    first = resident.tokenize(PAGE + QUESTIONS[0])
+    answer, _ = run(resident, first, max_tokens=6)
+    turn = first + list(answer.generated) + resident.tokenize("\nQuestion: and entry 13?\nAnswer:", add_bos=False)
+    reference = run(plain, turn, logprobs=2)
+    before = resident.stats()
+    final, _ = run(resident, turn)
+    assert final.cached_tokens == len(first) + len(answer.generated) - 1  # all the KV held
+    assert resident.stats()["prefill_tokens"] - before["prefill_tokens"] == len(turn) - final.cached_tokens
+    assert_same_up_to_near_ties(reference, final)
+
+
+def test_forks_of_a_resident_prompt_and_a_cancel(engines):
+    resident, plain = engines
+    prompt = resident.tokenize(PAGE + QUESTIONS[1])
+    run(resident, prompt, max_tokens=4)
+    reference = run(plain, prompt, logprobs=2)
+    req = GenerationRequest(tuple(prompt), max_tokens=10, sampling=never_end(resident))
+    hits = resident.stats()["resident_hits"]
+    finals = [list(h.iter_sync(timeout=300))[-1] for h in resident.submit_n(req, 2)]
+    # the first continues from the resident KV; the second follows it, or (one slot per request
+    # here: group_slots) continues from the first's KV once that is resident in turn
+    assert resident.stats()["resident_hits"] in (hits + 1, hits + 2)
+    for final in finals:
+        assert isinstance(final, Finished) and final.reason == "length"
+        assert_same_up_to_near_ties(reference, final)
+    assert finals[0].generated == finals[1].generated  # one KV, the same greedy choices
+
+    handle = resident.submit(GenerationRequest(tuple(prompt), max_tokens=200, sampling=never_end(resident)))
+    for event in handle.iter_sync(timeout=300):
+        if isinstance(event, TextDelta):
+            handle.cancel()  # a client that goes away mid-answer
+    stats = resident.stats()
+    assert stats["slots_free"] == 2 and stats["kv_cells_reserved"] == 0  # the slot is free again
+    final, _ = run(resident, prompt)
+    assert final.cached_tokens == len(prompt) - 1  # and its KV still serves the same prompt
+
+
+def test_resident_kv_gives_way_to_reservations(gemma_path):
+    """A prompt of its own whose reservation needs the cells a resident slot holds: the
+    resident KV goes and the prompt runs to its end (no decode fails for lack of room)."""
+    small = Engine(EngineConfig(model_path=gemma_path, n_ctx=2048, n_parallel=2, n_batch=512, seq_cells=2048))
+    try:
+        run(small, small.tokenize(PAGE + QUESTIONS[2]), max_tokens=2)
+        assert small.stats()["slots_resident"] == 1
+        other = small.tokenize("Report. " + PAGE[: len(PAGE) // 2])
+        final, _ = run(small, other, max_tokens=2048 - len(other) - 8)
+        assert final.reason == "length" and final.cached_tokens == 0
+        stats = small.stats()
+        assert stats["resident_evicted"] == 1 and stats["slots_resident"] == 1  # the new one's KV stays
+    finally:
+        small.close()
