@@ -116,6 +116,14 @@ def option_fields(fields: Fields) -> Fields:
     return options
 
 
+def num_predict(options: Fields) -> int | None:
+    """`num_predict`: positive, or -1 / -2 (until the context is full); None when absent."""
+    predict = options.integer("num_predict", None, -2, MAX_TOKENS_LIMIT)
+    if predict == 0:
+        raise options.fail("num_predict", "must be positive, or -1 / -2 for until the context is full")
+    return predict
+
+
 def parse_window(body: Any, n_ctx: int) -> Window:
     """`num_predict` and `num_ctx`; a num_ctx over the node's context is a 400."""
     options = option_fields(Fields(body))
@@ -123,9 +131,7 @@ def parse_window(body: Any, n_ctx: int) -> Window:
     if num_ctx is not None and num_ctx > n_ctx:
         raise options.fail("num_ctx", f"is {num_ctx}, over this node's context of {n_ctx} tokens "
                                       "([model] context_length); ask for at most that")
-    predict = options.integer("num_predict", None, -2, MAX_TOKENS_LIMIT)
-    if predict == 0:
-        raise options.fail("num_predict", "must be positive, or -1 / -2 for until the context is full")
+    predict = num_predict(options)
     if predict in FILL_CONTEXT:
         return Window(None, num_ctx)
     return Window(predict or DEFAULT_CHAT_MAX_TOKENS, num_ctx)
@@ -244,7 +250,7 @@ def parse_embed(body: Any, *, key: str) -> tuple[str | None, list[str], int | No
     fields = Fields(body)
     parse_keep_alive(fields)
     options = option_fields(fields)  # checked as /api/generate checks them, though embeddings sample nothing
-    options.integer("num_predict", None, -2, MAX_TOKENS_LIMIT)
+    num_predict(options)
     options.integer("num_ctx", None, 1, MAX_CONTEXT_TOKENS)
     parse_sampling(options)
     parse_stop(options)

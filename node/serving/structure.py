@@ -36,7 +36,8 @@ from node.serving.schema_limits import check_grammar_shape, check_schema_shape
 JSON_COMPILE_OPTIONS: Any = {"whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 ANY_OBJECT_TEXT = json.dumps(ANY_OBJECT, separators=(",", ":"))
-MAX_DIGITS = 16  # digits before the point of a generated integer or number, as llama.cpp's grammars bound them
+MAX_DIGITS = 15  # digits before the point of a generated integer or number; the grammar engine reads a
+# bound as a double, and 10**16 - 1 is not one (it reads 1e16, admitting 17 digits): 10**15 - 1 is exact
 DIGIT_BOUND = 10**MAX_DIGITS - 1
 MAX_DECIMALS = 10  # digits after it (the finest `multipleOf` llguidance takes exactly is 1e-10)
 DECIMAL_STEP = 10.0**-MAX_DECIMALS

@@ -114,7 +114,7 @@ def test_generate_embed_and_show_bodies():
     assert parse_embed({"input": "a"}, key="input") == (None, ["a"], None)
     assert parse_embed({"model": "m:latest", "input": ["a", "b"]}, key="input") == ("m", ["a", "b"], None)
     assert parse_embed({"prompt": "a", "dimensions": 64}, key="prompt") == (None, ["a"], 64)
-    for bad in ({"repeat_last_n": -1.5}, {"presence_penalty": 1e9}, {"num_predict": 0.5}):  # checked, though unused
+    for bad in ({"repeat_last_n": -1.5}, {"presence_penalty": 1e9}, {"num_predict": 0.5}, {"num_predict": 0}):  # checked, though unused
         with pytest.raises(InvalidRequest):
             parse_embed({"input": "a", "options": bad}, key="input")
     with pytest.raises(InvalidRequest):

@@ -18,6 +18,7 @@ import jsonschema
 import openai
 import pytest
 
+from node.serving import structure
 from tests.node.api.live import LiveNode, node_settings
 from tests.node.near_ties import NEAR_TIE
 
@@ -368,7 +369,7 @@ def test_a_forced_call_with_a_number_cannot_run_away_in_digits(client):
     assert call.function.name == "set_price"
     number = call.function.arguments.split('"euros":')[-1].rstrip("}").lstrip("-")
     whole, _, decimals = number.partition(".")
-    assert len(whole) <= 16 and len(decimals) <= 10, call.function.arguments
+    assert len(whole) <= structure.MAX_DIGITS and len(decimals) <= structure.MAX_DECIMALS, call.function.arguments
     if choice.finish_reason == "tool_calls":
         jsonschema.validate(json.loads(call.function.arguments), PRICE["function"]["parameters"])
     else:

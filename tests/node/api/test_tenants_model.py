@@ -48,8 +48,9 @@ def test_a_prefix_warmed_under_one_key_is_cached_only_for_that_key(node):
 
     cache, usage = chat(node, B)  # the same document under the other key: nothing restored
     assert cache == "miss" and usage["prompt_tokens_details"] == {"cached_tokens": 0}
-    cache, usage = chat(node, A)  # A's own warmed document restores; B's answer is not A's hit
-    assert cache == "miss" and usage["prompt_tokens_details"] == {"cached_tokens": stored}
+    cache, usage = chat(node, A)  # A's own warmed document restores (from the cache, or the slot the warm
+    # left resident: all its prompt); B's answer is not A's hit
+    assert cache == "miss" and usage["prompt_tokens_details"]["cached_tokens"] >= stored
     cache, usage = chat(node, A)
     assert cache == "hit" and usage["prompt_tokens_details"] == {"cached_tokens": usage["prompt_tokens"]}
     cache, usage = chat(node, B)

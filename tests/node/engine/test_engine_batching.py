@@ -136,10 +136,11 @@ def test_identical_prompts_of_two_tenants_do_not_share_a_prefill(engine):
     """Two submits of one prompt in flight together share its prefill (the second clones the
     first's KV), which would tell the second tenant, by its time to first token, that someone
     sent the same prompt: only requests of one cache scope share."""
-    text = " ".join(f"row {i}: a tenant's own document, line after line." for i in range(50))
-    tokens = tuple(engine.tokenize(text))[:600]
+    def document(title: str) -> tuple[int, ...]:  # a prompt no slot holds yet (resident KV stays per slot)
+        text = " ".join(f"{title} row {i}: a tenant's own document, line after line." for i in range(50))
+        return tuple(engine.tokenize(text))[:600]
 
-    def pair(scopes):
+    def pair(scopes, tokens):
         before = engine.stats()
         handles = [engine.submit(GenerationRequest(tokens, max_tokens=2, sampling=GREEDY, cache_scope=scope))
                    for scope in scopes]
@@ -148,5 +149,5 @@ def test_identical_prompts_of_two_tenants_do_not_share_a_prefill(engine):
         after = engine.stats()
         return after["shared_prefills"] - before["shared_prefills"], after["prefill_tokens"] - before["prefill_tokens"]
 
-    assert pair(("tenant-a", "tenant-a")) == (1, 600)  # one scope: one prefill, one clone
-    assert pair(("tenant-a", "tenant-b")) == (0, 1200)  # two scopes: each prefills its own
+    assert pair(("tenant-a", "tenant-a"), document("first")) == (1, 600)  # one scope: one prefill, one clone
+    assert pair(("tenant-a", "tenant-b"), document("second")) == (0, 1200)  # two scopes: each prefills its own

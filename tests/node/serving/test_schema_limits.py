@@ -146,7 +146,14 @@ def test_grammar_shape_limits(rules, param_words):
     assert caught.value.param == "grammar" and param_words in caught.value.message
 
 
-def test_integers_and_numbers_are_bounded_to_sixteen_digits_and_ten_decimals():
+def test_the_digit_bound_survives_the_grammar_engines_reading_as_a_double():
+    """The grammar engine reads `maximum` as a double: 9,999,999,999,999,999 became 1e16 there,
+    and a forced tool call wrote 10000000000000000 (17 digits) under the 16-digit bound."""
+    assert int(float(structure.DIGIT_BOUND)) == structure.DIGIT_BOUND
+    assert len(str(structure.DIGIT_BOUND)) == structure.MAX_DIGITS
+
+
+def test_integers_and_numbers_are_bounded_to_fifteen_digits_and_ten_decimals():
     bound = 10**structure.MAX_DIGITS - 1
     spec = structure.schema_spec({"type": "object", "properties": {
         "n": {"type": "number"}, "i": {"type": ["integer", "null"], "minimum": 0},

@@ -42,7 +42,8 @@ def spec(gemma_path):
     controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=8, n_parallel=4), costs=costs)
     cache = DictPrefixCache()
     eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=4096, n_parallel=4, max_draft=8, speculator=controller,
-                              prefix_cache=cache, step_token_budget=64))
+                              prefix_cache=cache, step_token_budget=64,
+                              resident_prefixes=False))  # the prefix cache tier, not a kept slot, must answer
     yield eng, controller, cache
     eng.close()
 
