@@ -96,6 +96,7 @@ def running_with(url: str, completed: int) -> bool:
     return batch is not None and batch["status"] == "in_progress" and batch["request_counts"]["completed"] >= completed
 
 
+@pytest.mark.slow  # a node process and its batch runs: seconds each
 def test_progress_then_a_rerun_runs_only_the_new_lines(node, tmp_path):
     url, log = node
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -113,6 +114,7 @@ def test_progress_then_a_rerun_runs_only_the_new_lines(node, tmp_path):
     assert output_ids(out) == ids
 
 
+@pytest.mark.slow  # a node process and its batch runs: seconds each
 def test_ctrl_c_cancels_the_batch_and_leaves_whole_lines_a_rerun_completes(node, tmp_path):
     url, _ = node
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -132,6 +134,7 @@ def test_ctrl_c_cancels_the_batch_and_leaves_whole_lines_a_rerun_completes(node,
     assert output_ids(out) == ids
 
 
+@pytest.mark.slow  # reads what the batch runs above served
 def test_reame_stats_prints_what_the_node_saved(node):
     url, _ = node
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}

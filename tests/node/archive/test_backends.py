@@ -177,6 +177,7 @@ def keys_elsewhere(cluster: RedisCluster, count: int) -> list[bytes]:
 
 
 @needs_redis
+@pytest.mark.slow  # a Redis Cluster of real servers: the full suite's, not the fast tier's
 async def test_cluster_follows_a_moved_slot(cluster):
     """A slot resharded after the client loaded the map: the MOVED reply is followed."""
     import itertools
@@ -205,6 +206,7 @@ async def test_cluster_follows_a_moved_slot(cluster):
 
 
 @needs_redis
+@pytest.mark.slow  # a Redis Cluster of real servers: the full suite's, not the fast tier's
 async def test_cluster_follows_ask_during_a_migration(cluster):
     """A slot half-way through a migration: a key not on the old master yet is answered with
     ASK, and the client asks the importing master (ASKING first)."""
@@ -233,6 +235,7 @@ async def test_cluster_follows_ask_during_a_migration(cluster):
 
 
 @needs_redis
+@pytest.mark.slow  # a Redis Cluster of real servers: the full suite's, not the fast tier's
 async def test_cluster_tiers_and_a_failed_master(cluster, caplog):
     caplog.set_level(logging.INFO, logger="node.archive")
     archive = RemoteArchive(address=parse_address(cluster.url()), timeout_ms=3000)
@@ -297,6 +300,7 @@ async def test_l3_on_a_server_of_its_own(redis_plain, tmp_path):
 
 
 @needs_redis
+@pytest.mark.slow  # a Redis Cluster of real servers: the full suite's, not the fast tier's
 async def test_a_cluster_over_tls_with_a_password(tmp_path, certs):
     nodes = RedisCluster(tmp_path / "tls-cluster", tls=certs, password="cluster-pw", replica=False)
     try:
@@ -315,6 +319,7 @@ async def test_a_cluster_over_tls_with_a_password(tmp_path, certs):
 
 
 @needs_redis
+@pytest.mark.slow  # a Redis Cluster of real servers: the full suite's, not the fast tier's
 async def test_a_cluster_that_comes_up_after_the_node(tmp_path):
     """Nodes may start before their cluster is formed: misses until then, then shared."""
     nodes = RedisCluster(tmp_path / "late-cluster", replica=False)

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import openai
 import orjson
 
@@ -37,6 +39,7 @@ def prompt(i: int) -> str:
     return f"line {i:02d} of the restart test"
 
 
+@pytest.mark.slow  # a node process killed and restarted
 def test_a_killed_node_resumes_its_batch_and_never_reruns_a_finished_line(tmp_path):
     port = free_port()
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
