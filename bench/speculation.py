@@ -286,8 +286,8 @@ def case_users4(engine, args) -> list[str]:
                   "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"]
     mixed = list(PROSE)
     return [row("4 users, repetitive mix (aggregate)", *versus(engine, repetitive, args.tokens, args.rounds, True),
-                ">= 1.5x"),
-            row("4 users, non-repetitive mix", *versus(engine, mixed, args.tokens, args.rounds, True), ">= 1.0x")]
+                ">= 1.7x"),
+            row("4 users, non-repetitive mix", *versus(engine, mixed, args.tokens, args.rounds, True), ">= 1.2x, never < 1.0x")]
 
 
 def case_nightly(engine, args) -> list[str]:
