@@ -139,7 +139,7 @@ def parse_window(body: Any, n_ctx: int) -> Window:
 
 def parse_generation(fields: Fields, *, chat: bool) -> GenerationOptions:
     options = option_fields(fields)
-    predict = options.integer("num_predict", None, -2, MAX_TOKENS_LIMIT)
+    predict = num_predict(options)
     top = fields.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     logprobs = top if fields.boolean("logprobs", False) else None
     asked = ("format", "tools") if chat else ("format",)  # /api/generate has no tools

@@ -33,7 +33,6 @@ from node.serving.answer import Answer
 from node.serving.embeddings import EmbeddingInput, Embeddings, EmbeddingUsage
 from node.serving.engine_client import EngineClient
 from node.serving.jobs import Jobs
-from node.serving.live_first import LiveFirst
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.options import ServiceOptions
@@ -60,6 +59,7 @@ class CompletionService:
         self.turns = self.jobs.turns
         self.ledger = self.jobs.ledger
         self.grammar_workers = self.jobs.grammar_workers
+        self.live_first = self.jobs.live_first  # batch lines' loop work waits for live requests
         self.planner = Planner(engine, model, self.prompts, options, turns=self.turns,
                                final_states=cache is not None)
         self.embeddings = Embeddings(self.jobs, options.embeddings)
@@ -108,11 +108,6 @@ class CompletionService:
     async def warm(self, tokens: Sequence[int], tenant: str = OPEN) -> WarmResult:
         """Prefill `tokens` into the tenant's prefix cache (node/sessions/warm.py)."""
         return await self.jobs.warm(tokens, tenant)
-
-    @property
-    def live_first(self) -> LiveFirst:
-        """Batch lines' loop work waits for live requests (node/serving/live_first.py)."""
-        return self.jobs.live_first
 
     @property
     def pending_writes(self) -> int:
