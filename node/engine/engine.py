@@ -1,4 +1,4 @@
-"""The engine facade: load a model, run the scheduler thread, hand out request handles.
+"""The engine facade: load a model, start and stop the scheduler's thread, hand out request handles.
 
     engine = Engine(EngineConfig(model_path=path, n_parallel=4))
     handle = engine.submit(GenerationRequest(prompt_tokens=tuple(engine.tokenize("Hi"))))
@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
@@ -121,6 +122,8 @@ class Engine:
                             config.interactive_slots, config.slots_per_group, config.resident_prefixes),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
             threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None, embedder=self._embedder)
+        self._thread = threading.Thread(target=self._scheduler.run, name="reame-engine", daemon=True)
+        self._thread.start()
         self.grammars = GrammarCompiler(self._model.vocab, self._model.n_vocab, self._model.info.eog_tokens)
         self._closed = False
         self._ids = itertools.count(1)
@@ -296,7 +299,8 @@ class Engine:
             return
         self._closed = True
         self.grammars.close()
-        self._scheduler.close()
+        self._scheduler.stop()
+        self._thread.join()
         self._embedder.close()
         self._ctx.close()
         self._model.close()

@@ -139,8 +139,6 @@ class Scheduler:
         self._batch_turn = 0  # which waiting batch sequence decodes beside live work
         # forced tokens per sequence and step: its pending tokens and drafts fit its share of a batch
         self._jump_max = max(0, min(JUMP_MAX, ctx.n_batch // limits.n_parallel - 1 - limits.max_draft))
-        self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
-        self._thread.start()
 
     # -- caller side (any thread) ---------------------------------------------------------
 
@@ -179,15 +177,17 @@ class Scheduler:
             **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
         }
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Ask `run` to return: it ends what is active and cancels what waits (the thread's
+        owner, node/engine/engine.py, joins it)."""
         with self._lock:
             self._closing = True
             self._wake.notify()
-        self._thread.join()
 
     # -- engine thread ----------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The engine thread's loop: a step while there is work, asleep otherwise, until `stop`."""
         self._calibrate()
         while True:
             with self._lock:
@@ -200,13 +200,17 @@ class Scheduler:
                 if self._closing:
                     break
             try:
-                if not self._step():
+                if not self.step():
                     with self._lock:
                         self._wake.wait(IDLE_WAIT_S)
             except Exception:  # a scheduler bug: end what is running, keep serving
                 log.exception("engine step failed; ending the active requests")
                 for seq in list(self._active):
                     self._end(seq, "error", "internal engine error")
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """End every active sequence and every waiting one as cancelled ("engine closed")."""
         for seq in list(self._active):
             self._end(seq, "cancelled", "engine closed")
         with self._lock:
@@ -214,8 +218,9 @@ class Scheduler:
         for seq in waiting:
             seq.finish("cancelled", "engine closed")
 
-    def _step(self) -> bool:
-        """One scheduling round; False when there was nothing to decode."""
+    def step(self) -> bool:
+        """One scheduling round; False when there was nothing to decode. `run` calls it on the
+        engine thread; a test may call it on its own with no thread running."""
         start = time.perf_counter()
         self._reap_cancelled()
         self._admit()
