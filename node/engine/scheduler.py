@@ -72,7 +72,7 @@ from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sampling import Choice
 from node.engine.sequence import Phase, Sequence
-from node.engine.types import INTERACTIVE, FinishReason
+from node.engine.types import COMPLETED, INTERACTIVE, FinishReason
 from node.engine.verify import verify
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,19 @@ class _Entry:
     decoding: bool
     first_row: int = -1
     known: int = 0  # leading tokens whose next token is known (jump-forward): no logits for them
+
+
+def _trim(chunks: list[_Entry], budget: int) -> list[_Entry]:
+    """The prompt chunks cut to `budget` tokens in order: what `_prefill_entries` gives for that
+    budget (each chunk is the smaller of its own bound and the budget left)."""
+    kept: list[_Entry] = []
+    for e in chunks:
+        if budget <= 0:
+            break
+        del e.tokens[budget:]
+        kept.append(e)
+        budget -= len(e.tokens)
+    return kept
 
 
 class Scheduler:
@@ -509,13 +522,13 @@ class Scheduler:
         used = sum(len(seq.pending) for seq in decoding)
         room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         room = min(room, self._batch.capacity - used)
-        offered = sum(len(e.tokens) for e in self._prefill_entries(live, room))
-        drafts, prefill = self._drafts(len(decoding), asks, offered, room)
+        chunks = self._prefill_entries(live, room)
+        drafts, prefill = self._drafts(len(decoding), asks, sum(len(e.tokens) for e in chunks), room)
         for seq in decoding:
             seq.draft = drafts.get(seq.key)
             tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
             entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1))
-        return entries + self._prefill_entries(live, prefill)
+        return entries + _trim(chunks, prefill)
 
     def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
         """Prompt chunks for up to `budget` tokens, interactive prompts first."""
@@ -801,7 +814,7 @@ class Scheduler:
                 seq.leader.followers.remove(seq)
             if seq in self._active:
                 self._active.remove(seq)
-            if (reason in ("stop", "length") and seq.request.store_final_state and self._prefix_cache is not None
+            if (reason in COMPLETED and seq.request.store_final_state and self._prefix_cache is not None
                     and seq.phase is Phase.DECODE):
                 self._store_final(seq)
             if seq.draft_seq is not None:

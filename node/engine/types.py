@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Mapping, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# The finish reasons of a generation that ran to its end (an end token, a stop string or
+# max_tokens): its answer is complete, worth remembering and its final state worth storing.
+COMPLETED: tuple[FinishReason, ...] = ("stop", "length")
 GrammarKind = Literal["gbnf", "lark", "json_schema", "regex"]
 
 

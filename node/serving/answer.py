@@ -20,13 +20,13 @@ import asyncio
 import time
 from typing import AsyncIterator, Sequence
 
-from node.engine.types import INTERACTIVE, Finished, GenerationHandle, TextDelta
+from node.engine.types import COMPLETED, INTERACTIVE, Finished, GenerationHandle, TextDelta
 from node.serving.conclave.events import best_of_events, conclave_events
 from node.serving.conclave.runner import ConclaveRun
 from node.serving.errors import Overloaded, generation_failure
 from node.serving.jobs import Jobs
 from node.serving.l1 import Piece, StoredAnswer, StoredChoice
-from node.serving.plan import COMPLETED, ChoiceDone, ChoiceEvent, ChoiceText, Job, Plan
+from node.serving.plan import ChoiceDone, ChoiceEvent, ChoiceText, Job, Plan
 
 
 class Answer:

@@ -42,7 +42,7 @@ from node.cache.fleet import FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.engine import errors as engine_errors
 from node.engine.grammar_limits import short_error
-from node.engine.types import GenerationHandle, GenerationRequest
+from node.engine.types import COMPLETED, GenerationHandle, GenerationRequest
 from node.serving import structure
 from node.serving.conclave.runner import SEED_SPACE, ConclaveRun
 from node.serving.engine_client import EngineClient
@@ -54,7 +54,7 @@ from node.serving.live_first import LiveFirst
 from node.serving.metrics import Metrics
 from node.serving.model import ServedModel
 from node.serving.options import ServiceOptions
-from node.serving.plan import COMPLETED, Job
+from node.serving.plan import Job
 from node.serving.prompts import Prompts
 from node.serving.tenants import OPEN
 from node.serving.requests import Output

@@ -16,7 +16,6 @@ from node.serving.requests import GenerationOptions
 from node.serving.tools import ToolMarkers
 from node.sessions.turns import SessionTurn
 
-COMPLETED = ("stop", "length")  # the finish reasons of an answer worth remembering
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from node.cache.fleet import FleetTier
 from node.cache.prefix_cache import PrefixCache
 from node.engine.errors import EngineError
-from node.engine.types import Finished, GenerationHandle, GenerationRequest, SamplingParams
+from node.engine.types import COMPLETED, Finished, GenerationHandle, GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -73,7 +73,7 @@ async def warm(submit: Callable[[GenerationRequest], GenerationHandle], cache: P
         handle.cancel()
     if finished is not None and finished.retry_after_s > 0:
         raise WarmFailed(f"warming {len(tokens)} tokens never started: {finished.error}", finished.retry_after_s)
-    if finished is None or finished.reason not in ("stop", "length"):
+    if finished is None or finished.reason not in COMPLETED:
         detail = finished.error if finished is not None and finished.error else "no detail"
         raise WarmFailed(f"warming {len(tokens)} tokens ended early: {detail}")
     return WarmResult(len(tokens), cached, held_tokens(cache, tokens, scope), time.perf_counter() - started)

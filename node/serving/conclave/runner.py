@@ -32,11 +32,10 @@ from typing import Callable, Sequence
 
 from node.config import ConclaveSettings
 from node.engine.errors import EngineError
-from node.engine.types import Finished, GenerationHandle, GenerationRequest, TextDelta
+from node.engine.types import COMPLETED, Finished, GenerationHandle, GenerationRequest, TextDelta
 from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, tally
 from node.serving.errors import GenerationFailed, ServingError, generation_failure
 from node.serving.l1 import Piece
-from node.serving.plan import COMPLETED
 
 log = logging.getLogger(__name__)
 

@@ -412,3 +412,25 @@ def test_a_new_prompt_takes_the_free_slot_whose_kv_holds_its_longest_prefix():
     sched.enqueue([stranger])
     run(sched, stranger)
     assert sched.counters["resident_hits"] == 1 and finished(stranger).cached_tokens == 0
+
+
+def test_the_prompt_tokens_beside_decoding_are_what_the_planner_grants():
+    @dataclass
+    class Stingy(ScriptedSpeculator):
+        def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int) -> StepPlan:
+            return StepPlan({}, min(prefill, 3))
+
+    limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
+    sched, fake = make(limits, speculator=Stingy(k=0, right=0))
+    first, = seqs(request("a", max_tokens=12))
+    sched.enqueue([first])
+    sched.step()
+    sched.step()
+    second, = seqs(request(LONG, max_tokens=2))
+    sched.enqueue([second])
+    sched.step()
+    slot = second.slot
+    run(sched, first, second)
+    chunks = [sum(1 for r in rows if r.seq == slot and r.pos < len(second.prompt)) for rows in fake.decodes]
+    assert max(chunks) == 3 and sum(chunks) == len(second.prompt)  # never more prompt tokens than granted
+    assert text(second) == " u v" and text(first) == letters("a", 12)
