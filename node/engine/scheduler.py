@@ -67,7 +67,8 @@ import numpy as np
 from node.engine.budget import KVBudget
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
-from node.engine.hooks import Draft, DraftAsk, DraftSeq, PrefixCacheHook, Speculator
+from node.engine.drafting import Drafting
+from node.engine.hooks import PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sampling import Choice
@@ -135,7 +136,7 @@ class Scheduler:
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
-        self._speculator = speculator if limits.max_draft > 0 else None
+        self._drafting = Drafting(speculator, limits.max_draft)
         self.threads = threads
         self._threads_now = threads.current if threads is not None else 0
         self._ctx_threads = ctx.n_threads
@@ -205,7 +206,7 @@ class Scheduler:
         while True:
             with self._lock:
                 idle = not self._closing and not self._queue and not self._active and not self.embed_waiting()
-            if idle and self._calibration_due():
+            if idle and self._drafting.calibration_due():
                 self._calibrate()
             with self._lock:
                 while not self._closing and not self._queue and not self._active and not self.embed_waiting():
@@ -249,8 +250,8 @@ class Scheduler:
         elapsed = time.perf_counter() - t0
         if decoding:
             n_tokens = sum(len(e.tokens) for e in entries)
-            if self._speculator is not None and not any(e.known for e in entries):  # all rows with logits
-                self._hook("step_done", len(entries), n_tokens, elapsed)
+            if not any(e.known for e in entries):  # all rows with logits
+                self._drafting.step_done(len(entries), n_tokens, elapsed)
             if self.threads is not None:
                 self.threads.observe(threads, n_tokens, elapsed)
         self.counters["steps"] += 1
@@ -516,19 +517,19 @@ class Scheduler:
         elif waiting and not any(seq.phase is not Phase.DECODE for seq in live):
             self._batch_turn += 1  # beside live decoding: one batch sequence a step, in turn
             decoding.append(waiting[self._batch_turn % len(waiting)])
-        asks = [] if self._speculator is None else \
-            [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
-             for ask in [self._ask(seq)] if ask is not None]
+        asks = [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
+                for ask in [self._drafting.ask(seq)] if ask is not None]
         used = sum(len(seq.pending) for seq in decoding)
         room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         room = min(room, self._batch.capacity - used)
         chunks = self._prefill_entries(live, room)
-        drafts, prefill = self._drafts(len(decoding), asks, sum(len(e.tokens) for e in chunks), room)
+        plan = self._drafting.plan(len(decoding), asks, sum(len(e.tokens) for e in chunks), room)
+        self.counters["draft_tokens"] += plan.rows
         for seq in decoding:
-            seq.draft = drafts.get(seq.key)
+            seq.draft = plan.drafts.get(seq.key)
             tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
             entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1))
-        return entries + _trim(chunks, prefill)
+        return entries + _trim(chunks, plan.prefill)
 
     def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
         """Prompt chunks for up to `budget` tokens, interactive prompts first."""
@@ -547,56 +548,14 @@ class Scheduler:
             budget -= n
         return entries
 
-    def _ask(self, seq: Sequence) -> DraftAsk | None:
-        """What a decoding sequence may ask the planner for: its room for drafts this step."""
-        seq.draft = None
-        if seq.draft_seq is None:
-            return None
-        room = min(self._limits.max_draft, seq.request.max_tokens - seq.n_sampled - 1)
-        return DraftAsk(seq.draft_seq, seq.tokens, room) if room > 0 else None
-
-    def _drafts(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int) -> tuple[dict[int, Draft], int]:
-        """The speculator's plan for the step: drafts by sequence key, and the prompt tokens the
-        step carries (all that was offered when nothing drafts)."""
-        if self._speculator is None or not n_decoding:
-            return {}, offered
-        try:
-            plan = self._speculator.plan(n_decoding, asks, offered, room)
-        except Exception:
-            log.exception("speculator plan() failed; decoding without drafts")
-            return {}, offered
-        rooms = {ask.seq.key: ask.room for ask in asks}
-        drafts: dict[int, Draft] = {}
-        for key, draft in plan.drafts.items():
-            if key in rooms and draft.tokens:
-                drafts[key] = draft.head(rooms[key])
-        rows = sum(len(d.tokens) for d in drafts.values())
-        self.counters["draft_tokens"] += rows
-        return drafts, max(0, min(plan.prefill, offered, room - rows))
-
-    def _hook(self, method: str, *args: Any) -> None:
-        try:
-            getattr(self._speculator, method)(*args)
-        except Exception:
-            log.exception("speculator %s() failed", method)
-
     def _calibrate(self) -> None:
         """Let the speculator measure what steps with drafts cost, on idle slots, before serving."""
-        if self._speculator is None:
+        if not self._drafting.enabled:
             return
         for slot in self._budget.drop_residents():  # measuring uses the slots
             self._ctx.seq_rm(slot)
-        self._hook("calibrate", self._measure)
+        self._drafting.calibrate(self._measure)
         self._ctx.clear()
-
-    def _calibration_due(self) -> bool:
-        if self._speculator is None:
-            return False
-        try:
-            return bool(self._speculator.calibration_due())
-        except Exception:
-            log.exception("speculator calibration_due() failed")
-            return False
 
     def _measure(self, n_seqs: int, k: int) -> float | None:
         """Seconds of one decode of n_seqs sequences with k drafts each; None once requests wait
@@ -686,7 +645,7 @@ class Scheduler:
             self.counters["draft_rejected"] += len(verified) - verdict.n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
         if seq.draft is not None and seq.draft_seq is not None:  # also when the sequence ends inside its drafts
-            self._hook("verified", seq.draft_seq, seq.draft, verdict.accepted)
+            self._drafting.verified(seq.draft_seq, seq.draft, verdict.accepted)
             seq.draft = None
         if verdict.reason is not None:
             self._end(seq, verdict.reason)
@@ -707,16 +666,8 @@ class Scheduler:
         for seq in group:
             seq.phase = Phase.DECODE
             seq.t_prompt_done = now
-            self._begin_drafts(seq)
+            seq.draft_seq = self._drafting.begin(seq)
             self._guarded(seq, self._first_token, seq, row)
-
-    def _begin_drafts(self, seq: Sequence) -> None:
-        if self._speculator is None or not seq.request.speculation:
-            return
-        seq.draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy,
-                                 seq.request.sampling, grammar=seq.constraint,
-                                 seed=seq.sampler.seed if seq.sampler is not None else seq.seed)
-        self._hook("begin", seq.draft_seq)
 
     def _first_token(self, seq: Sequence, row: np.ndarray) -> None:
         assert seq.sampler is not None  # made at admission
@@ -818,7 +769,7 @@ class Scheduler:
                     and seq.phase is Phase.DECODE):
                 self._store_final(seq)
             if seq.draft_seq is not None:
-                self._hook("end", seq.draft_seq, seq.tokens)
+                self._drafting.end(seq.draft_seq, seq.tokens)
                 seq.draft_seq = seq.draft = None
             slot = self._budget.release(seq)
             if slot is not None:
