@@ -2,30 +2,16 @@
 
 Each step (all on the one thread that owns the llama context):
 1. cancelled requests end and their slots are freed;
-2. queued requests are admitted, interactive ones first (`GenerationRequest.priority`;
-   arrival order within a class), while a slot is free and the KV budget (budget.py) can
-   hold what they may grow to: prompt + max_tokens (+ draft room; the engine refuses at
-   submit a sequence over the per-sequence context, so one request cannot reserve every
-   cell). A new prompt takes the free slot whose KV still holds the longest prefix of it (a
-   resident prefix, budget.py) and continues at the first token that differs, before any
-   prefix cache tier is asked; that tier is then asked only for a longer prefix. The sequences of one request (n, best_of, a Conclave) hold `group_slots` slots at
-   most, and a request holding fewer slots is admitted before one holding more. A request
-   still waiting after its `max_wait_s` ends unstarted with `Finished.retry_after_s` (the
-   waiting members of a request that holds slots count their wait from its last step). A batch-priority
-   request takes a slot only while more than `interactive_slots` are free, so a live
-   request arriving during a batch finds a slot at once. A request that is admitted can
-   therefore never run out of KV; the rest wait in a bounded queue (`EngineOverloaded`
-   beyond it). Requests with a prompt identical to one being
-   prefilled become its followers: they hold a slot and reserve only their own
-   max_tokens, and are cloned from the leader with `llama_memory_seq_cp` the moment its
-   prompt is complete (`submit_n` and `submit_group` use the same path). A fork joining a
-   group that is already decoding (a Conclave's later candidate) goes before the queue's
-   head: it clones every prompt token but the last from a member still holding them and
-   decodes that one token for its own first logits, drawing its cells from the group's
-   spare reservation;
+2. queued requests are admitted by the rules of node/engine/admission.py (classes, room,
+   group slots, followers of an identical prompt being prefilled, late forks of a running
+   group, expiry after `max_wait_s`), which returns decisions this class applies. A request
+   that is admitted can never run out of KV (budget.py); the rest wait in a bounded queue
+   (`EngineOverloaded` beyond it). A new prompt takes the free slot whose KV still holds the
+   longest prefix of it (a resident prefix, budget.py) and continues at the first token that
+   differs; the prefix cache tier is then asked only for a longer prefix (prefix_state.py);
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
    each), then prefill chunks of newcomers (interactive ones first) under
-   `step_token_budget`; the speculator plans the step as a whole (`Speculator.plan`: the
+   `step_token_budget`; the speculator plans the step as a whole (drafting.py; `Speculator.plan`: the
    decoding sequences' room for drafts, the prompt tokens on offer and the budget in, the
    drafts and the prompt tokens the step carries out), so a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
@@ -64,11 +50,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from node.engine import admission
 from node.engine.budget import KVBudget
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.drafting import Drafting
 from node.engine.hooks import PrefixCacheHook, Speculator
+from node.engine.limits import SchedulerLimits
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.sampling import Choice
@@ -85,17 +73,6 @@ COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "
             "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
             "jumped_tokens")
 JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerLimits:
-    n_parallel: int
-    max_queue: int
-    step_token_budget: int
-    max_draft: int = 0
-    interactive_slots: int = 0  # slots batch-priority requests leave free
-    group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
-    resident: bool = True  # a free slot keeps its KV for the next prompt sharing its prefix
 
 
 def _priority(seq: Sequence) -> int:
@@ -289,109 +266,55 @@ class Scheduler:
             seq.finish("cancelled")
 
     def _expire_waiting(self) -> None:
-        """After admission: refuse the waiting requests whose `max_wait_s` has passed (a request
-        with sequences running is being served: its waiting ones count from now)."""
+        """After admission: refuse the waiting requests whose `max_wait_s` has passed (admission.py)."""
         now = time.perf_counter()
-        serving = {s.group for s in self._active}
         with self._lock:
-            for seq in self._queue:
-                if seq.group in serving:
-                    seq.t_wait = now
-            late = [s for s in self._queue if 0 < s.request.max_wait_s < now - s.t_wait]
-            for seq in late:
+            decided = admission.expiry(self._queue, self._active, now)
+            for seq in decided.serving:
+                seq.t_wait = now
+            for seq in decided.late:
                 self._queue.remove(seq)
-        if late:
-            retry = self._retry_after()
-            for seq in late:
+        if decided.late:
+            retry = admission.retry_after(self._active, self.counters["steps"], self.counters["step_ms"],
+                                          self._limits.step_token_budget)
+            for seq in decided.late:
                 seq.finish("error", f"no slot or KV room came free within {seq.request.max_wait_s:g} s "
                                     f"({len(self._active)} requests running); retry in {retry} s", retry)
-
-    def _retry_after(self) -> int:
-        """Seconds until the soonest running request must end (its max_tokens at the recent step time)."""
-        steps = self.counters["steps"]
-        step_s = self.counters["step_ms"] / steps / 1000 if steps else 0.05
-        left = min((s.request.max_tokens - s.n_sampled + s.prefill_left // max(1, self._limits.step_token_budget)
-                    for s in self._active), default=0)
-        return max(1, min(300, round(left * step_s)))
-
-    def _held(self) -> collections.Counter[int]:
-        """Slots each group holds now."""
-        return collections.Counter(seq.group for seq in self._active)
-
-    def _room_for(self, seq: Sequence, held: collections.Counter[int]) -> bool:
-        """Whether seq's group may take one more slot (a request holds `group_slots` at most)."""
-        cap = self._limits.group_slots
-        return cap <= 0 or held[seq.group] < cap
 
     # -- admission ----------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        """Start what admission.py lets in: forks of running groups first, then the queue's head
+        while a slot is free and the head fits."""
         self._admit_forks()
         while self._budget.free_slots:
             with self._lock:
-                seq = self._next_waiting()
-                if seq is None:
+                decided = admission.admission(self._queue, self._active, self._budget, self._limits)
+                if decided is None:
                     return
-                leader = self._prefilling_leader(seq)
-                prompt_cells = 0 if leader else len(seq.prompt)
-                own = seq.request.max_tokens + self._limits.max_draft
-                if not self._budget.fits(prompt_cells, own + seq.spare):
-                    return  # the head waits for room, nobody overtakes it
-                self._queue.remove(seq)
+                self._queue.remove(decided.seq)
             try:
-                self._start(seq, own, leader)
+                self._start(decided.seq, decided.own, decided.leader)
             except Exception as exc:  # this request alone fails; what it took is given back
-                self._refuse(seq, exc)
-
-    def _next_waiting(self) -> Sequence | None:
-        """The head of the queue: its first request of the most urgent class (interactive before
-        batch, arrival order within a class). A batch request only while more slots are free
-        than the ones kept for interactive work (`interactive_slots`); a request whose sequences
-        hold `group_slots` slots already waits for one of them to end."""
-        held = self._held()
-        eligible = [seq for seq in self._queue if self._room_for(seq, held)]
-        if not eligible:
-            return None
-        # a request holding fewer slots goes first: one asking for many (n, best_of, a Conclave)
-        # shares the slots with the others waiting instead of taking them in turn
-        head = min(eligible, key=lambda seq: (seq.request.priority, held[seq.group]))  # min keeps arrival order
-        if head.request.priority > INTERACTIVE and len(self._budget.free_slots) <= self._limits.interactive_slots:
-            return None
-        return head
+                self._refuse(decided.seq, exc)
 
     def _admit_forks(self) -> None:
-        """Forks joining a running group go before the queue's head: their prompt is in the KV
-        already and their cells were (as far as the spare goes) reserved with the group's."""
         with self._lock:
-            forks = [s for s in self._queue if s.fork]
+            forks = admission.forks(self._queue)
         for seq in forks:
             if not self._budget.free_slots:
                 return
-            if not self._room_for(seq, self._held()):
-                continue
-            source = self._fork_source(seq)
-            if source is None or source.share is None:
-                continue  # no member holds the prompt (yet, or any more): admitted as any request
-            own = seq.request.max_tokens + self._limits.max_draft + 1  # + the prompt's last token, decoded again
-            if not self._budget.fits(0, max(0, own - source.share.spare)):
+            decided = admission.fork_admission(seq, self._active, self._budget, self._limits, self._window_kept)
+            if decided is None:
                 continue
             with self._lock:
                 if seq not in self._queue:
                     continue
                 self._queue.remove(seq)
             try:
-                self._start_fork(seq, own, source)
+                self._start_fork(seq, decided.own, decided.source)
             except Exception as exc:
                 self._refuse(seq, exc)
-
-    def _fork_source(self, seq: Sequence) -> Sequence | None:
-        """A decoding member of seq's group whose KV still holds all of the prompt but its last token."""
-        n = len(seq.prompt) - 1
-        for other in self._active:
-            if (other.group == seq.group and other.phase is Phase.DECODE and other.prompt == seq.prompt
-                    and other.n_past >= n and self._window_kept(other.slot, n)):
-                return other
-        return None
 
     def _start_fork(self, seq: Sequence, own: int, source: Sequence) -> None:
         """Clone the prompt but its last token from source; that token is decoded again for the
@@ -468,13 +391,6 @@ class Scheduler:
             log.exception("request %s failed at admission", seq.request.request_id or id(seq))
             message = f"{type(exc).__name__}: {exc}"
         self._end(seq, "error", message)
-
-    def _prefilling_leader(self, seq: Sequence) -> Sequence | None:
-        for other in self._active:
-            if other.phase is Phase.PREFILL and other.prompt == seq.prompt \
-                    and other.request.cache_scope == seq.request.cache_scope:
-                return other
-        return None
 
     def _restore_prefix(self, seq: Sequence) -> None:
         hook = self._prefix_cache
