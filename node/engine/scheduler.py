@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from node.engine import admission
+from node.engine import admission, prefix_state
 from node.engine.budget import KVBudget
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
@@ -356,9 +356,9 @@ class Scheduler:
         """The free slot a sequence takes and the tokens of `prompt` its resident KV keeps
         (budget.py `choose`; None: nothing to keep; only a slot the same tenant, `scope`, left
         continues); the rest of that KV is removed."""
-        slot, kept = self._budget.choose(prompt if self._limits.resident else None, self._window_kept, scope)
-        self._ctx.seq_rm(slot, kept, -1)
-        return slot, kept
+        decided = prefix_state.claim(self._budget, prompt, self._limits.resident, self._window_kept, scope)
+        self._ctx.seq_rm(decided.slot, decided.kept, -1)
+        return decided.slot, decided.kept
 
     def _evict(self) -> None:
         """Clear the resident KV whose cells the reservations need."""
@@ -369,9 +369,7 @@ class Scheduler:
     def _leave(self, seq: Sequence, slot: int, reason: FinishReason) -> None:
         """seq's slot is free: its KV stays resident (the tokens of seq it holds) unless the
         request failed, when what the KV holds is not known."""
-        n = 0
-        if self._limits.resident and reason != "error" and seq.phase in (Phase.PREFILL, Phase.DECODE):
-            n = min(seq.n_past, self._ctx.seq_pos_max(slot) + 1)
+        n = prefix_state.resident_tokens(seq, reason, self._limits.resident, self._ctx.seq_pos_max(slot))
         self._ctx.seq_rm(slot, n, -1)
         if n > 0:
             self._budget.keep(slot, seq.tokens[:n], seq.request.cache_scope)
@@ -396,21 +394,18 @@ class Scheduler:
         hook = self._prefix_cache
         if hook is None:
             return
-        kept = seq.n_past  # the slot's resident KV holds that much of the prompt already
         try:
-            scope = seq.request.cache_scope
-            hit = hook.lookup(seq.prompt, scope, beyond=kept)
-            if hit is not None and kept < hit[0] < len(seq.prompt):
-                n_tokens, state = hit
+            decided = prefix_state.restore(hook, seq)  # beyond what the slot's resident KV keeps (seq.n_past)
+            if decided.state is not None:
                 self._ctx.seq_rm(seq.slot)
                 seq.n_past = seq.n_cached = 0
-                if self._ctx.state_set(seq.slot, state) and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
+                n_tokens = decided.n_tokens
+                if self._ctx.state_set(seq.slot, decided.state) and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
                     seq.n_past = seq.n_cached = n_tokens
                     self.counters["prefix_tokens_restored"] += n_tokens
                 else:
                     self._ctx.seq_rm(seq.slot)
-            seq.store_at = sorted(b for b in hook.boundaries_to_store(seq.prompt, scope)
-                                  if seq.n_past < b < len(seq.prompt))
+            seq.store_at = decided.store_at(seq.n_past)
         except Exception:
             log.exception("prefix cache lookup failed; prefilling from scratch")
             self._ctx.seq_rm(seq.slot)
@@ -631,27 +626,23 @@ class Scheduler:
     def _store_final(self, seq: Sequence) -> None:
         """Save prompt + answer of a finished sequence (`GenerationRequest.store_final_state`).
 
-        The KV holds `seq.tokens[:n_past]`: the last sampled token has not been decoded and an
-        end-of-generation token is not in `tokens`. The sequence is about to be freed, so its
-        KV is cut at the longest boundary the cache wants and saved there. A sliding-window
-        model whose window before that boundary was already reused is not stored (the next
-        prompt prefills what it misses).
+        The KV holds `seq.tokens[:n_past]` (an end-of-generation token is not in `tokens`). The
+        sequence is about to be freed, so its KV is cut at the boundary prefix_state.py chose
+        and saved there. A sliding-window model whose window before that boundary was already
+        reused is not stored (the next prompt prefills what it misses).
         """
         hook = self._prefix_cache
         if hook is None:
             return
         n_kv = seq.n_past
         try:
-            # a prompt's boundaries stop one token short of it: offer the token after the KV too
-            scope = seq.request.cache_scope
-            wanted = [b for b in hook.boundaries_to_store(seq.tokens[:n_kv + 1], scope) if 0 < b <= n_kv]
-            if not wanted:
+            n_tokens = prefix_state.final_boundary(hook, seq)
+            if n_tokens is None:
                 return
-            n_tokens = max(wanted)
             self._ctx.seq_rm(seq.slot, n_tokens, -1)
             if self._ctx.seq_pos_max(seq.slot) != n_tokens - 1 or not self._window_kept(seq.slot, n_tokens):
                 return
-            hook.store(seq.tokens[:n_kv], n_tokens, self._ctx.state_get(seq.slot), scope)
+            hook.store(seq.tokens[:n_kv], n_tokens, self._ctx.state_get(seq.slot), seq.request.cache_scope)
             self.counters["prefix_states_stored"] += 1
             self.counters["final_states_stored"] += 1
         except Exception:
@@ -660,7 +651,7 @@ class Scheduler:
     def _window_kept(self, slot: int, n_tokens: int) -> bool:
         """Whether the KV still holds every position the token at `n_tokens` attends to."""
         n_swa = self._model.n_swa
-        return n_swa == 0 or self._ctx.seq_pos_min(slot) <= max(0, n_tokens - n_swa)
+        return n_swa == 0 or prefix_state.window_kept(n_swa, self._ctx.seq_pos_min(slot), n_tokens)
 
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)

@@ -24,7 +24,8 @@ GREEDY = SamplingParams(temperature=0.0)
 _keys = itertools.count(1)
 
 
-def make(limits: SchedulerLimits | None = None, *, speculator: object = None, **ctx: object) -> tuple[Scheduler, FakeContext]:
+def make(limits: SchedulerLimits | None = None, *, speculator: object = None,
+         **ctx: object) -> tuple[Scheduler, FakeContext]:
     model = FakeModel()
     fake = FakeContext(model, **ctx)  # type: ignore[arg-type]
     limits = limits or SchedulerLimits(n_parallel=fake.n_seq_max, max_queue=16, step_token_budget=8)
@@ -33,7 +34,8 @@ def make(limits: SchedulerLimits | None = None, *, speculator: object = None, **
 
 def request(prompt: str, max_tokens: int = 4, **kw: object) -> GenerationRequest:
     tokens = (BOS, *(letter(w) for w in prompt.split()))
-    return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sampling=GREEDY, **kw)  # type: ignore[arg-type]
+    return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sampling=GREEDY,
+                             **kw)  # type: ignore[arg-type]
 
 
 def seqs(req: GenerationRequest, n: int = 1, *, group: int | None = None, fork: bool = False) -> list[Sequence]:
@@ -378,8 +380,8 @@ def test_prefix_states_are_stored_at_block_boundaries_and_restored_for_the_next_
     cache = BlockCache()
     model = FakeModel()
     fake = FakeContext(model)
-    sched = Scheduler(model, fake, SchedulerLimits(n_parallel=2, max_queue=8, step_token_budget=8, resident=False),  # type: ignore[arg-type]
-                      prefix_cache=cache)
+    limits = SchedulerLimits(n_parallel=2, max_queue=8, step_token_budget=8, resident=False)
+    sched = Scheduler(model, fake, limits, prefix_cache=cache)  # type: ignore[arg-type]
     first, = seqs(request("a b c d e f g h i j", max_tokens=2, store_final_state=True))
     sched.enqueue([first])
     run(sched, first)
