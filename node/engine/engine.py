@@ -41,7 +41,8 @@ from node.engine.hooks import Draft, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, cpu_variant, system_info
 from node.engine.sampling import fresh_seed, validate_params
-from node.engine.scheduler import Scheduler, SchedulerLimits
+from node.engine.limits import SchedulerLimits
+from node.engine.scheduler import Scheduler
 from node.engine.sequence import Channel, Sequence
 from node.engine.types import EmbeddingInfo, Event, Finished, GenerationRequest, GrammarSpec, ModelInfo
 

@@ -15,7 +15,8 @@ from typing import Callable, Sequence as Seq
 import pytest
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
-from node.engine.scheduler import Scheduler, SchedulerLimits
+from node.engine.limits import SchedulerLimits
+from node.engine.scheduler import Scheduler
 from node.engine.sequence import Channel, Phase, Sequence
 from node.engine.types import BATCH, INTERACTIVE, Finished, GenerationRequest, SamplingParams, TextDelta
 from tests.node.engine.fake_llama import BOS, FakeContext, FakeModel, after, letter

@@ -1,0 +1,88 @@
+"""admission.py and prefix_state.py alone: their decisions over a queue, active sequences and a
+budget built by hand (no scheduler, no context, no model)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from node.engine import admission, prefix_state
+from node.engine.budget import KVBudget
+from node.engine.limits import SchedulerLimits
+from node.engine.sequence import Channel, Phase, Sequence
+from node.engine.types import BATCH, INTERACTIVE, GenerationRequest
+
+_keys = itertools.count(1)
+
+
+def seq(prompt: tuple[int, ...] = (1, 2, 3), *, priority: int = INTERACTIVE, group: int | None = None,
+        max_tokens: int = 4, scope: str = "", max_wait_s: float = 0.0) -> Sequence:
+    req = GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens, priority=priority, cache_scope=scope,
+                            max_wait_s=max_wait_s)
+    return Sequence(req, Channel(None), key=next(_keys), group=group if group is not None else next(_keys))
+
+
+def limits(**kw: int) -> SchedulerLimits:
+    return SchedulerLimits(n_parallel=2, max_queue=8, step_token_budget=8, **kw)
+
+
+@pytest.mark.parametrize("free, interactive_slots, expect", [
+    (2, 0, "batch"),   # nothing kept for live work: the batch head goes
+    (2, 1, "batch"),   # more free than kept
+    (1, 1, None),      # the last free slot is kept for live work
+])
+def test_a_batch_head_leaves_the_interactive_slots(free, interactive_slots, expect):
+    budget = KVBudget(2, 100)
+    budget.free_slots = budget.free_slots[:free]
+    b = seq(priority=BATCH)
+    got = admission.admission([b], [], budget, limits(interactive_slots=interactive_slots))
+    assert (got.seq if got else None) is (b if expect else None)
+
+
+def test_the_interactive_class_goes_first_and_a_group_holding_fewer_slots_before_one_holding_more():
+    budget = KVBudget(4, 100)
+    running = seq(group=7)
+    running.phase = Phase.DECODE
+    b, again, fresh = seq(priority=BATCH), seq(group=7), seq()
+    assert admission.next_waiting([b, again, fresh], [running], budget, limits()) is fresh
+    assert admission.next_waiting([again], [running], budget, limits(group_slots=1)) is None
+
+
+def test_an_identical_prompt_being_prefilled_makes_a_follower_that_reserves_no_prompt_cells():
+    budget = KVBudget(2, 11)  # 3 prompt cells + 4 own for the leader; a follower needs 4 only
+    leader = seq()
+    budget.take(leader, 4, None)
+    leader.phase = Phase.PREFILL
+    follower, stranger = seq(), seq(scope="other")
+    got = admission.admission([follower], [leader], budget, limits())
+    assert got is not None and got.leader is leader and got.own == 4
+    assert admission.admission([stranger], [leader], budget, limits()) is None  # another tenant: no room
+
+
+def test_a_late_fork_needs_a_member_holding_the_prompt_but_its_last_token():
+    budget = KVBudget(2, 100)
+    member = seq(group=3)
+    budget.take(member, 5, None)
+    member.phase, member.n_past = Phase.DECODE, 2
+    fork = seq(group=3)
+    got = admission.fork_admission(fork, [member], budget, limits(), lambda slot, n: True)
+    assert got is not None and got.source is member and got.own == 4 + 0 + 1
+    assert admission.fork_admission(fork, [member], budget, limits(), lambda slot, n: False) is None
+
+
+def test_expiry_spares_the_waiting_members_of_a_served_request():
+    running, waiting_member, late, patient = seq(group=5), seq(group=5, max_wait_s=1), seq(max_wait_s=1), seq()
+    for s in (waiting_member, late, patient):
+        s.t_wait = 0.0
+    got = admission.expiry([waiting_member, late, patient], [running], now=10.0)
+    assert got.serving == [waiting_member] and got.late == [late]
+
+
+def test_a_freed_slot_keeps_what_its_kv_holds_unless_the_request_failed():
+    s = seq()
+    s.phase, s.n_past = Phase.DECODE, 9
+    assert prefix_state.resident_tokens(s, "stop", True, pos_max=7) == 8
+    assert prefix_state.resident_tokens(s, "error", True, pos_max=7) == 0
+    assert prefix_state.resident_tokens(s, "stop", False, pos_max=7) == 0
+    assert prefix_state.window_kept(4, pos_min=3, n_tokens=8) and not prefix_state.window_kept(4, pos_min=5, n_tokens=8)
