@@ -105,6 +105,11 @@ def _trim(chunks: list[_Entry], budget: int) -> list[_Entry]:
 
 
 class Scheduler:
+    """The step loop over one llama context: it applies the decisions of admission.py,
+    drafting.py and prefix_state.py, builds and decodes the batch and ends sequences. `step()`
+    is one round (a test drives it with no thread, over tests/node/engine/fake_llama.py);
+    `run()` loops on the engine thread that node/engine/engine.py starts and joins."""
+
     def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
                  prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None,
                  threads: ThreadTuner | None = None, embedder: Embedder | None = None) -> None:
