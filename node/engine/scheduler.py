@@ -59,7 +59,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -70,10 +70,11 @@ from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, PrefixCacheHook, Speculator
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+from node.engine.riders import riders
 from node.engine.sampling import Choice
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import INTERACTIVE, FinishReason
-from node.engine.verify import verify
+from node.engine.verify import Verdict, verify
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a liv
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
-            "jumped_tokens")
+            "jumped_tokens", "shared_rows")
 JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
@@ -95,6 +96,7 @@ class SchedulerLimits:
     interactive_slots: int = 0  # slots batch-priority requests leave free
     group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
     resident: bool = True  # a free slot keeps its KV for the next prompt sharing its prefix
+    shared_rows: bool = True  # identical siblings draw from one row of logits (riders.py)
 
 
 def _priority(seq: Sequence) -> int:
@@ -111,6 +113,7 @@ class _Entry:
     decoding: bool
     first_row: int = -1
     known: int = 0  # leading tokens whose next token is known (jump-forward): no logits for them
+    riders: list[Sequence] = field(default_factory=list)  # identical siblings drawing from these rows (riders.py)
 
 
 class Scheduler:
@@ -498,6 +501,9 @@ class Scheduler:
         elif waiting and not any(seq.phase is not Phase.DECODE for seq in live):
             self._batch_turn += 1  # beside live decoding: one batch sequence a step, in turn
             decoding.append(waiting[self._batch_turn % len(waiting)])
+        riding: dict[int, list[Sequence]] = {}
+        if self._limits.shared_rows:
+            decoding, riding = riders(decoding)  # identical siblings share their leader's rows
         asks = [] if self._speculator is None else \
             [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
              for ask in [self._ask(seq)] if ask is not None]
@@ -509,7 +515,10 @@ class Scheduler:
         for seq in decoding:
             seq.draft = drafts.get(seq.key)
             tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
-            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1))
+            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1,
+                                  riders=riding.get(id(seq), [])))
+            for rider in riding.get(id(seq), ()):
+                rider.draft = None
         return entries + self._prefill_entries(live, prefill)
 
     def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
@@ -653,19 +662,17 @@ class Scheduler:
                 assert logits is not None
                 self._prompt_done(seq, logits[e.first_row])
             return
-        assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
-        sampler = seq.sampler
-        dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
-        verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
-        verdict = verify(verified, logits[e.first_row:e.first_row + len(verified)],
-                         lambda row: sampler.choose(row, seq.tokens),
-                         lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
-                         choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
+        assert logits is not None  # decoding: its rows were asked for
+        for rider in e.riders:  # before the leader: its rejected drafts' cells are still there to share
+            if rider.phase is Phase.DECODE:
+                self._guarded(rider, self._ride, e, rider, logits)
+        verdict = self._verify(e, seq, logits)
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += e.known + verdict.n_valid
-        if verdict.n_valid < len(verified):
-            self.counters["draft_rejected"] += len(verified) - verdict.n_valid
+        verified = len(e.tokens) - e.known  # the last pending token and the draft: the rows with logits
+        if verdict.n_valid < verified:
+            self.counters["draft_rejected"] += verified - verdict.n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
         if seq.draft is not None and seq.draft_seq is not None:  # also when the sequence ends inside its drafts
             self._hook("verified", seq.draft_seq, seq.draft, verdict.accepted)
@@ -675,6 +682,32 @@ class Scheduler:
             return
         seq.pending = [seq.tokens[-1]]
         self._jump(seq)
+
+    def _verify(self, e: _Entry, seq: Sequence, logits: np.ndarray) -> Verdict:
+        """seq's own choices over the entry's rows with logits (the entry's sequence's, or a rider's)."""
+        assert seq.sampler is not None  # made at admission
+        sampler = seq.sampler
+        draft = e.seq.draft
+        dists = draft.dists if draft is not None and not sampler.params.greedy else None
+        verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
+        return verify(verified, logits[e.first_row:e.first_row + len(verified)],
+                      lambda row: sampler.choose(row, seq.tokens),
+                      lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
+                      choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
+
+    def _ride(self, e: _Entry, rider: Sequence, logits: np.ndarray) -> None:
+        """A rider (riders.py) draws from its leader's rows and shares the cells of the tokens it kept."""
+        verdict = self._verify(e, rider, logits)
+        kept = e.known + verdict.n_valid
+        self._ctx.seq_cp(e.seq.slot, rider.slot, rider.n_past, rider.n_past + kept)
+        rider.n_past += kept
+        self.counters["generated_tokens"] += verdict.generated
+        self.counters["shared_rows"] += verdict.generated
+        if verdict.reason is not None:
+            self._end(rider, verdict.reason)
+            return
+        rider.pending = [rider.tokens[-1]]
+        self._jump(rider)
 
     def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()
