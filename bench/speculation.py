@@ -155,10 +155,39 @@ def case_conclave(engine, args) -> list[str]:
     """A Conclave of 5 (all started, 48 tokens each, end of generation banned; explorers sample at
     0.7) against one answer of the same request, speculation on in both, best of rounds.
 
-    It runs on an engine of its own with 6 slots (a group holds n_parallel - 1 of them), so the
-    5 candidates are rows of one batch; the main engine's 4 slots would run them in two rounds.
-    Each side's engine counters are printed (steps, rows, decode and Python time, drafts,
-    candidates riding a sibling's rows), and the ceiling: 5 rows against 1 on the cost line."""
+    It runs on engines of its own with 6 slots (a group holds n_parallel - 1 of them), so the
+    5 candidates are rows of one batch (the main engine's 4 slots would run them in two rounds):
+    once with shared rows (identical candidates ride one row, node/engine/riders.py) and once
+    without, in the same run. Each side's engine counters are printed (steps, rows, decode and
+    the time outside it, drafts, rows shared), and two ceilings from the cost line: 5 rows
+    against 1 (lockstep, no drafts), and 5 times the one answer's rows per step against them
+    (5 candidates that share nothing and draft as well as the one answer)."""
+    lines = []
+    for shared in (True, False):
+        t1, t5, s1, s5, line = _conclave_run(engine.config.model_path, shared, args)
+        r1 = s1["batch_tokens"] / max(1, s1["steps"])
+        lockstep = line.seconds(5) / line.seconds(1)
+        drafting = (line.per_step + 5 * r1 * line.per_token) / (line.per_step + r1 * line.per_token)
+        kept = s5["draft_accepted"] / max(1, s5["draft_tokens"])
+        best = _best_drafting(line, 5, kept) / _best_drafting(line, 1, kept)
+        label = "conclave of 5, 48 tokens, sampled" + ("" if shared else " (rows not shared)")
+        lines += [f"conclave engine's cost line: {line.describe()}",
+                  f"  one answer: {_breakdown(s1)}", f"  conclave:   {_breakdown(s5)}",
+                  f"{label:34s} one {t1:6.2f} s  conclave {t5:6.2f} s  {t5 / t1:5.2f}x one answer  (target <= 2.0x; "
+                  f"ceilings sharing nothing: 5 rows cost {lockstep:.2f} steps, 5 x the one answer's {r1:.1f} rows a "
+                  f"step {drafting:.2f}x, each drafting its best length at the kept share {kept:.2f} "
+                  f"{best:.2f}x)  load {os.getloadavg()[0]:.1f}"]
+    return lines
+
+
+def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
+    """Seconds per token of m sequences sharing nothing, each verifying a draft of the length that
+    is best on the cost line when each draft token is kept with probability p after the ones before."""
+    return min((line.per_step + m * (1 + k) * line.per_token) / sum(p ** i for i in range(k + 1))
+               for k in range(longest + 1))
+
+
+def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, object]:
     from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
     from node.speculative.controller import Controller, ControllerConfig
@@ -166,9 +195,10 @@ def case_conclave(engine, args) -> list[str]:
     from node.speculative.palimpsest import Palimpsest
     from node.speculative.siblings import SiblingDraft
 
-    controller = Controller([PromptLookup(), SiblingDraft(), Palimpsest()], ControllerConfig(max_draft=16, n_parallel=6))
-    own = Engine(EngineConfig(model_path=engine.config.model_path, n_ctx=8192, n_parallel=6, max_draft=16,
-                              speculator=controller))
+    controller = Controller([PromptLookup(), SiblingDraft(), Palimpsest()],
+                            ControllerConfig(max_draft=16, n_parallel=6))
+    own = Engine(EngineConfig(model_path=model_path, n_ctx=8192, n_parallel=6, max_draft=16,
+                              speculator=controller, shared_rows=shared))
     try:
         deadline = time.monotonic() + 60
         while not controller.costs.measured and time.monotonic() < deadline:
@@ -190,16 +220,20 @@ def case_conclave(engine, args) -> list[str]:
             await run.decide()
             return time.perf_counter() - start
 
+        def snap() -> dict:
+            sibling = controller.stats.snapshot()["sibling"]
+            return {**own.stats(), "sibling_drafted": sibling["drafted"], "sibling_kept": sibling["accepted"]}
+
         async def rounds() -> tuple[float, float, dict, dict]:
             ones, alls = [], []
             one_stats: dict = {}
             all_stats: dict = {}
             for _ in range(args.rounds):
-                before = own.stats()
+                before = snap()
                 ones.append(await one())
-                mid = own.stats()
+                mid = snap()
                 alls.append(await conclave())
-                after = own.stats()
+                after = snap()
                 if ones[-1] == min(ones):
                     one_stats = _delta(before, mid)
                 if alls[-1] == min(alls):
@@ -207,15 +241,9 @@ def case_conclave(engine, args) -> list[str]:
             return min(ones), min(alls), one_stats, all_stats
 
         t1, t5, s1, s5 = asyncio.run(rounds())
-        line = engine_line(own)
+        return t1, t5, s1, s5, engine_line(own)
     finally:
         own.close()
-    ceiling = line.seconds(5) / line.seconds(1)
-    return [f"conclave engine's cost line: {line.describe()}",
-            f"  one answer: {_breakdown(s1)}", f"  conclave:   {_breakdown(s5)}",
-            f"{'conclave of 5, 48 tokens, sampled':34s} one {t1:6.2f} s  conclave {t5:6.2f} s  {t5 / t1:5.2f}x one "
-            f"answer  (target <= 2.0x; ceiling without shared rows: 5 rows cost {ceiling:.2f} steps on this line)  "
-            f"load {os.getloadavg()[0]:.1f}"]
 
 
 STAT_KEYS = ("steps", "batch_tokens", "decode_ms", "step_ms", "generated_tokens", "draft_tokens", "draft_accepted",

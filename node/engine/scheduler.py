@@ -37,7 +37,9 @@ Each step (all on the one thread that owns the llama context):
    chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
    A constrained sequence's tokens the grammar admits alone (`_jump`: the mask holds one
    token) are taken the moment they are known, without logits: they go into the next step
-   as rows that ask for none (jump-forward), only the last of them gets its logits;
+   as rows that ask for none (jump-forward), only the last of them gets its logits.
+   Sequences of one group with the same tokens so far (a Conclave's candidates before their
+   draws differ) put one entry in the batch: the others ride its rows (riders.py);
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for

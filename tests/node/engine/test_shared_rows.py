@@ -1,7 +1,8 @@
 """Identical siblings share one row of logits (node/engine/riders.py), on the real Gemma 3 270M.
 
-A group of seeded sampled candidates over a prompt the model copies with confidence draws
-the same tokens for a while; each then rides its leader's rows until its own draw differs.
+A group of seeded sampled candidates over a prompt the model continues with confidence (a count)
+draws the same tokens for a while; each rides its leader's rows until its own draw differs (the
+free choice after the count).
 Exactness: the candidates' outputs are the same with shared rows and without (each seeded
 candidate draws at each position from the row its own context gives, with its own random
 number), and the engine reports the tokens drawn from a shared row. An engine of the same
@@ -17,7 +18,7 @@ import pytest
 from node.engine.riders import riders
 from node.engine.types import Finished, GenerationRequest, SamplingParams
 
-TEXT = "Count from one to fifty: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+TEXT = "Count from one to fifteen and then name an animal: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +31,10 @@ def unshared(gemma_path):
     eng.close()
 
 
-def candidates(engine, n: int = 3, tokens: int = 32) -> list[GenerationRequest]:
+def candidates(engine, n: int = 3, tokens: int = 40) -> list[GenerationRequest]:
     ban = {t: float("-inf") for t in engine.model_info.eog_tokens}
     base = GenerationRequest(tuple(engine.tokenize(TEXT)), max_tokens=tokens,
-                             sampling=SamplingParams(temperature=0.6, seed=11, logit_bias=ban))
+                             sampling=SamplingParams(temperature=0.8, seed=11, logit_bias=ban))
     return [dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, seed=11 + i)) for i in range(n)]
 
 
@@ -50,8 +51,10 @@ def test_identical_candidates_share_rows_and_draw_what_they_draw_alone(engine, u
     assert unshared.stats()["shared_rows"] == 0
     assert shared == alone
     assert drawn > 0  # the candidates agreed for a while and rode a sibling's rows meanwhile
-    # every candidate's first tokens agree (the model copies), so they shared the first steps
-    assert all(out[:2] == shared[0][:2] for out in shared)
+    # the model counts on with confidence, so they agree for the first tokens and shared those
+    # steps; the animal is a free choice, where their own draws part them: a rider drew its own
+    assert all(out[:8] == alone[0][:8] for out in alone)
+    assert len(set(alone)) > 1
 
 
 @dataclasses.dataclass
