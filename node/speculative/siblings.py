@@ -17,11 +17,11 @@ candidates that join it later (a Conclave that starts its rest once the first di
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from node.engine.hooks import Draft, DraftSeq
+from node.speculative.groups import GroupStates
 
 RETAINED_GROUPS = 4
 
@@ -30,7 +30,6 @@ RETAINED_GROUPS = 4
 class _Group:
     prompt: int = 0
     streams: dict[int, Sequence[int]] = field(default_factory=dict)  # sequence key -> its context (live)
-    live: int = 0
 
 
 class SiblingDraft:
@@ -41,18 +40,13 @@ class SiblingDraft:
     prior = 0.7  # a sibling agreeing so far is a strong predictor; the controller learns the real rate
 
     def __init__(self) -> None:
-        self._groups: dict[int, _Group] = {}
-        self._ended: OrderedDict[int, _Group] = OrderedDict()
+        self._table: GroupStates[_Group] = GroupStates(lambda seq: _Group(len(seq.prompt)), RETAINED_GROUPS)
 
     def begin(self, seq: DraftSeq) -> None:
-        group = self._groups.get(seq.group)
-        if group is None:
-            group = self._ended.pop(seq.group, None) or _Group(len(seq.prompt))
-            self._groups[seq.group] = group
-        group.live += 1
+        self._table.begin(seq)
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
-        group = self._groups.get(seq.group)
+        group = self._table.live.get(seq.group)
         if group is None:
             return None
         group.streams[seq.key] = context  # the engine's live list: siblings see it grow
@@ -71,18 +65,12 @@ class SiblingDraft:
         return Draft(tuple(best[n:n + k]), self.name, match=n - start)
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
-        group = self._groups.get(seq.group)
-        if group is None:
-            return
-        group.streams[seq.key] = tuple(tokens)
-        group.live -= 1
-        if group.live <= 0:
-            del self._groups[seq.group]
-            self._ended[seq.group] = group
-            while len(self._ended) > RETAINED_GROUPS:
-                self._ended.popitem(last=False)
+        group = self._table.live.get(seq.group)
+        if group is not None:
+            group.streams[seq.key] = tuple(tokens)
+        self._table.end(seq)
 
     def siblings(self, group: int) -> int:
         """Streams the group holds (its live and ended members'), for tests and /health."""
-        entry = self._groups.get(group) or self._ended.get(group)
+        entry = self._table.live.get(group) or self._table.ended.get(group)
         return len(entry.streams) if entry is not None else 0
