@@ -153,38 +153,114 @@ def case_sampled_rewrite(engine, args) -> list[str]:
 
 def case_conclave(engine, args) -> list[str]:
     """A Conclave of 5 (all started, 48 tokens each, end of generation banned; explorers sample at
-    0.7) against one answer of the same request, speculation on in both, best of rounds."""
+    0.7) against one answer of the same request, speculation on in both, best of rounds.
+
+    It runs on engines of its own with 6 slots (a group holds n_parallel - 1 of them), so the
+    5 candidates are rows of one batch (the main engine's 4 slots would run them in two rounds):
+    once with shared rows (identical candidates ride one row, node/engine/riders.py) and once
+    without, in the same run. Each side's engine counters are printed (steps, rows, decode and
+    the time outside it, drafts, rows shared), and two ceilings from the cost line: 5 rows
+    against 1 (lockstep, no drafts), and 5 times the one answer's rows per step against them
+    (5 candidates that share nothing and draft as well as the one answer)."""
+    lines = []
+    for shared in (True, False):
+        t1, t5, s1, s5, line = _conclave_run(engine.config.model_path, shared, args)
+        r1 = s1["batch_tokens"] / max(1, s1["steps"])
+        lockstep = line.seconds(5) / line.seconds(1)
+        drafting = (line.per_step + 5 * r1 * line.per_token) / (line.per_step + r1 * line.per_token)
+        kept = s5["draft_accepted"] / max(1, s5["draft_tokens"])
+        best = _best_drafting(line, 5, kept) / _best_drafting(line, 1, kept)
+        label = "conclave of 5, 48 tokens, sampled" + ("" if shared else " (rows not shared)")
+        lines += [f"conclave engine's cost line: {line.describe()}",
+                  f"  one answer: {_breakdown(s1)}", f"  conclave:   {_breakdown(s5)}",
+                  f"{label:34s} one {t1:6.2f} s  conclave {t5:6.2f} s  {t5 / t1:5.2f}x one answer  (target <= 2.0x; "
+                  f"ceilings sharing nothing: 5 rows cost {lockstep:.2f} steps, 5 x the one answer's {r1:.1f} rows a "
+                  f"step {drafting:.2f}x, each drafting its best length at the kept share {kept:.2f} "
+                  f"{best:.2f}x)  load {os.getloadavg()[0]:.1f}"]
+    return lines
+
+
+def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
+    """Seconds per token of m sequences sharing nothing, each verifying a draft of the length that
+    is best on the cost line when each draft token is kept with probability p after the ones before."""
+    return min((line.per_step + m * (1 + k) * line.per_token) / sum(p ** i for i in range(k + 1))
+               for k in range(longest + 1))
+
+
+def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, object]:
+    from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
+    from node.speculative.controller import Controller, ControllerConfig
+    from node.speculative.lookup import PromptLookup
+    from node.speculative.palimpsest import Palimpsest
+    from node.speculative.siblings import SiblingDraft
 
-    text = f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n"
-    request = greedy(engine, text, 48, True, temperature=0.8)
+    controller = Controller([PromptLookup(), SiblingDraft(), Palimpsest()],
+                            ControllerConfig(max_draft=16, n_parallel=6))
+    own = Engine(EngineConfig(model_path=model_path, n_ctx=8192, n_parallel=6, max_draft=16,
+                              speculator=controller, shared_rows=shared))
+    try:
+        deadline = time.monotonic() + 60
+        while not controller.costs.measured and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n"
+        request = greedy(own, text, 48, True, temperature=0.8)
 
-    async def one() -> float:
-        start = time.perf_counter()
-        await engine.submit(request, asyncio.get_running_loop()).collect()
-        return time.perf_counter() - start
+        async def one() -> float:
+            start = time.perf_counter()
+            await own.submit(request, asyncio.get_running_loop()).collect()
+            return time.perf_counter() - start
 
-    async def conclave() -> float:
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        run = ConclaveRun(lambda reqs, spare, group: engine.submit_group(reqs, loop, spare=spare, group=group),
-                          request, 5, ConclavePolicy(adaptive=False))
-        run.start()
-        await run.decide()
-        return time.perf_counter() - start
+        async def conclave() -> float:
+            loop = asyncio.get_running_loop()
+            start = time.perf_counter()
+            run = ConclaveRun(lambda reqs, spare, group: own.submit_group(reqs, loop, spare=spare, group=group),
+                              request, 5, ConclavePolicy(adaptive=False))
+            run.start()
+            await run.decide()
+            return time.perf_counter() - start
 
-    async def rounds() -> tuple[float, float]:
-        ones, alls = [], []
-        for _ in range(args.rounds):
-            ones.append(await one())
-            alls.append(await conclave())
-        return min(ones), min(alls)
+        def snap() -> dict:
+            sibling = controller.stats.snapshot()["sibling"]
+            return {**own.stats(), "sibling_drafted": sibling["drafted"], "sibling_kept": sibling["accepted"]}
 
-    t1, t5 = asyncio.run(rounds())
-    line = engine_line(engine)
-    ceiling = line.seconds(5) / line.seconds(1)
-    return [f"{'conclave of 5, 48 tokens, sampled':34s} one {t1:6.2f} s  conclave {t5:6.2f} s  {t5 / t1:5.2f}x one "
-            f"answer  (target <= 2.0x; 5 rows cost {ceiling:.2f} steps on this line)  load {os.getloadavg()[0]:.1f}"]
+        async def rounds() -> tuple[float, float, dict, dict]:
+            ones, alls = [], []
+            one_stats: dict = {}
+            all_stats: dict = {}
+            for _ in range(args.rounds):
+                before = snap()
+                ones.append(await one())
+                mid = snap()
+                alls.append(await conclave())
+                after = snap()
+                if ones[-1] == min(ones):
+                    one_stats = _delta(before, mid)
+                if alls[-1] == min(alls):
+                    all_stats = _delta(mid, after)
+            return min(ones), min(alls), one_stats, all_stats
+
+        t1, t5, s1, s5 = asyncio.run(rounds())
+        return t1, t5, s1, s5, engine_line(own)
+    finally:
+        own.close()
+
+
+STAT_KEYS = ("steps", "batch_tokens", "decode_ms", "step_ms", "generated_tokens", "draft_tokens", "draft_accepted",
+             "shared_rows", "sibling_drafted", "sibling_kept")
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
+
+
+def _breakdown(d: dict) -> str:
+    steps = max(1, d["steps"])
+    return (f"{d['steps']} steps, {d['batch_tokens']} rows ({d['batch_tokens'] / steps:.1f}/step), decode "
+            f"{d['decode_ms']} ms ({d['decode_ms'] / steps:.1f}/step), outside decode {d['step_ms'] - d['decode_ms']} ms "
+            f"({(d['step_ms'] - d['decode_ms']) / steps:.1f}/step), {d['generated_tokens']} tokens, drafted "
+            f"{d['draft_tokens']} kept {d['draft_accepted']}, rows shared {d['shared_rows']}, sibling drafts "
+            f"{d['sibling_drafted']} kept {d['sibling_kept']}")
 
 
 def engine_line(engine):

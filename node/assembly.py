@@ -233,12 +233,13 @@ def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | N
     from node.speculative.controller import ControllerConfig
     from node.speculative.format import Suggeritore
     from node.speculative.lookup import PromptLookup
+    from node.speculative.siblings import SiblingDraft
 
     sources: list[DraftSource] = []
     lookup = PromptLookup()
     for name in spec.sources:
-        if name == "lookup":
-            sources.append(lookup)
+        if name == "lookup":  # the request's own text: its prompt, and its siblings' outputs
+            sources.extend((lookup, SiblingDraft()))
         elif name == "archive" and spec.archive_tokens > 0:
             sources.append(Palimpsest(spec.archive_tokens, context_tokens=settings.arca.observe_prompt_tokens))
         elif name == "model":

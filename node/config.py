@@ -80,7 +80,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "enabled", bool, True,
          "Speculative decoding: verify drafted tokens in the batch (output is unchanged)."),
     _opt("speculative", "sources", str, "lookup,archive,format",
-         "Draft sources, comma-separated: lookup (the request's own text), archive (past generations), "
+         "Draft sources, comma-separated: lookup (the request's own text, and what its sibling candidates drew), archive (past generations), "
          "format (Il Suggeritore: forced grammar tokens and form rules), model (a draft model: draft_model_path)."),
     _opt("speculative", "draft_model_path", str, "",
          "GGUF of a draft model with the target's vocabulary (source model); empty = none."),

@@ -37,6 +37,7 @@ class EngineConfig:
     seq_cells: int = 0                # most KV cells one sequence may use (prompt + max_tokens); 0: n_ctx // n_parallel
     group_slots: int = 0              # most slots one request (n, best_of, a Conclave) holds at once; 0: n_parallel - 1
     resident_prefixes: bool = True   # a free slot keeps its KV for the next prompt sharing its prefix
+    shared_rows: bool = True          # identical siblings of a group draw from one row of logits (riders.py)
     swa_full: bool = False            # full-size sliding-window cache (llama.cpp swa_full)
     flash_attn: bool | None = None    # None: llama.cpp decides (see LlamaContext)
     extra_buffers: str = "auto"       # AMX / repack buffer types: auto (the kernel probe), on, off (kernels.py)

@@ -120,7 +120,8 @@ class Engine:
         self._scheduler = Scheduler(
             self._model, self._ctx,
             SchedulerLimits(config.n_parallel, config.max_queue, config.step_token_budget, config.max_draft,
-                            config.interactive_slots, config.slots_per_group, config.resident_prefixes),
+                            config.interactive_slots, config.slots_per_group, config.resident_prefixes,
+                            config.shared_rows),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
             threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None, embedder=self._embedder)
         self._thread = threading.Thread(target=self._scheduler.run, name="reame-engine", daemon=True)

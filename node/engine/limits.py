@@ -15,3 +15,4 @@ class SchedulerLimits:
     interactive_slots: int = 0  # slots batch-priority requests leave free
     group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
     resident: bool = True  # a free slot keeps its KV for the next prompt sharing its prefix
+    shared_rows: bool = True  # identical siblings draw from one row of logits (riders.py)

@@ -23,7 +23,9 @@ Each step (all on the one thread that owns the llama context):
    chunks of at most BATCH_PREFILL_CHUNK tokens, the longest wait of a live arrival;
    A constrained sequence's tokens the grammar admits alone (`_jump`: the mask holds one
    token) are taken the moment they are known, without logits: they go into the next step
-   as rows that ask for none (jump-forward), only the last of them gets its logits;
+   as rows that ask for none (jump-forward), only the last of them gets its logits.
+   Sequences of one group with the same tokens so far (a Conclave's candidates before their
+   draws differ) put one entry in the batch: the others ride its rows (riders.py);
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
@@ -45,7 +47,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -59,10 +61,11 @@ from node.engine.hooks import PrefixCacheHook, Speculator
 from node.engine.limits import SchedulerLimits
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+from node.engine.riders import riders
 from node.engine.sampling import Choice
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import COMPLETED, INTERACTIVE, FinishReason
-from node.engine.verify import verify
+from node.engine.verify import Verdict, verify
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a liv
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
-            "jumped_tokens")
+            "jumped_tokens", "shared_rows")
 JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
@@ -89,6 +92,7 @@ class _Entry:
     decoding: bool
     first_row: int = -1
     known: int = 0  # leading tokens whose next token is known (jump-forward): no logits for them
+    riders: list[Sequence] = field(default_factory=list)  # identical siblings drawing from these rows (riders.py)
 
 
 def _trim(chunks: list[_Entry], budget: int) -> list[_Entry]:
@@ -433,6 +437,9 @@ class Scheduler:
         elif waiting and not any(seq.phase is not Phase.DECODE for seq in live):
             self._batch_turn += 1  # beside live decoding: one batch sequence a step, in turn
             decoding.append(waiting[self._batch_turn % len(waiting)])
+        riding: dict[int, list[Sequence]] = {}
+        if self._limits.shared_rows:
+            decoding, riding = riders(decoding)  # identical siblings share their leader's rows
         asks = [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
                 for ask in [self._drafting.ask(seq)] if ask is not None]
         used = sum(len(seq.pending) for seq in decoding)
@@ -444,7 +451,10 @@ class Scheduler:
         for seq in decoding:
             seq.draft = plan.drafts.get(seq.key)
             tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
-            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1))
+            entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1,
+                                  riders=riding.get(id(seq), [])))
+            for rider in riding.get(id(seq), ()):
+                rider.draft = None
         return entries + _trim(chunks, plan.prefill)
 
     def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
@@ -546,19 +556,17 @@ class Scheduler:
                 assert logits is not None
                 self._prompt_done(seq, logits[e.first_row])
             return
-        assert logits is not None and seq.sampler is not None  # decoding: admitted, its rows asked for
-        sampler = seq.sampler
-        dists = seq.draft.dists if seq.draft is not None and not sampler.params.greedy else None
-        verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
-        verdict = verify(verified, logits[e.first_row:e.first_row + len(verified)],
-                         lambda row: sampler.choose(row, seq.tokens),
-                         lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
-                         choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
+        assert logits is not None  # decoding: its rows were asked for
+        for rider in e.riders:  # before the leader: its rejected drafts' cells are still there to share
+            if rider.phase is Phase.DECODE:
+                self._guarded(rider, self._ride, e, rider, logits)
+        verdict = self._verify(e, seq, logits)
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += e.known + verdict.n_valid
-        if verdict.n_valid < len(verified):
-            self.counters["draft_rejected"] += len(verified) - verdict.n_valid
+        verified = len(e.tokens) - e.known  # the last pending token and the draft: the rows with logits
+        if verdict.n_valid < verified:
+            self.counters["draft_rejected"] += verified - verdict.n_valid
             self._ctx.seq_rm(seq.slot, seq.n_past, -1)
         if seq.draft is not None and seq.draft_seq is not None:  # also when the sequence ends inside its drafts
             self._drafting.verified(seq.draft_seq, seq.draft, verdict.accepted)
@@ -568,6 +576,32 @@ class Scheduler:
             return
         seq.pending = [seq.tokens[-1]]
         self._jump(seq)
+
+    def _verify(self, e: _Entry, seq: Sequence, logits: np.ndarray) -> Verdict:
+        """seq's own choices over the entry's rows with logits (the entry's sequence's, or a rider's)."""
+        assert seq.sampler is not None  # made at admission
+        sampler = seq.sampler
+        draft = e.seq.draft
+        dists = draft.dists if draft is not None and not sampler.params.greedy else None
+        verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
+        return verify(verified, logits[e.first_row:e.first_row + len(verified)],
+                      lambda row: sampler.choose(row, seq.tokens),
+                      lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
+                      choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
+
+    def _ride(self, e: _Entry, rider: Sequence, logits: np.ndarray) -> None:
+        """A rider (riders.py) draws from its leader's rows and shares the cells of the tokens it kept."""
+        verdict = self._verify(e, rider, logits)
+        kept = e.known + verdict.n_valid
+        self._ctx.seq_cp(e.seq.slot, rider.slot, rider.n_past, rider.n_past + kept)
+        rider.n_past += kept
+        self.counters["generated_tokens"] += verdict.generated
+        self.counters["shared_rows"] += verdict.generated
+        if verdict.reason is not None:
+            self._end(rider, verdict.reason)
+            return
+        rider.pending = [rider.tokens[-1]]
+        self._jump(rider)
 
     def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()

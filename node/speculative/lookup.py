@@ -19,11 +19,11 @@ node's many streams; this index is the request's own.)
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from node.engine.hooks import Draft, DraftSeq
+from node.speculative.groups import GroupStates
 
 MIN_N = 2
 MAX_N = 6
@@ -35,7 +35,6 @@ class _Group:
     index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (key, next pos)
     streams: dict[int, Sequence[int]] = field(default_factory=dict)  # sequence key -> its context
     indexed: dict[int, int] = field(default_factory=dict)            # sequence key -> tokens entered
-    live: int = 0
 
 
 class PromptLookup:
@@ -46,15 +45,12 @@ class PromptLookup:
 
     def __init__(self, min_n: int = MIN_N, max_n: int = MAX_N) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self._groups: dict[int, _Group] = {}
-        self._ended: OrderedDict[int, _Group] = OrderedDict()  # groups without a live member, oldest first
+        self._table: GroupStates[_Group] = GroupStates(lambda seq: _Group(), RETAINED_GROUPS)
+        self._groups = self._table.live
+        self._ended = self._table.ended
 
     def begin(self, seq: DraftSeq) -> None:
-        group = self._groups.get(seq.group)
-        if group is None:
-            group = self._groups[seq.group] = self._ended.pop(seq.group) if seq.group in self._ended else _Group()
-        group.live += 1
-        group.indexed[seq.key] = 0
+        self._table.begin(seq).indexed[seq.key] = 0
 
     def _enter(self, group: _Group, key: int, context: Sequence[int], upto: int) -> None:
         """Enter the n-grams ending before position `upto` that are not entered yet."""
@@ -100,13 +96,6 @@ class PromptLookup:
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         group = self._groups.get(seq.group)
-        if group is None:
-            return
-        if seq.key in group.streams:
+        if group is not None and seq.key in group.streams:
             group.streams[seq.key] = tuple(tokens)  # its whole text, for members joining later
-        group.live -= 1
-        if group.live <= 0:
-            del self._groups[seq.group]
-            self._ended[seq.group] = group
-            while len(self._ended) > RETAINED_GROUPS:
-                self._ended.popitem(last=False)
+        self._table.end(seq)
