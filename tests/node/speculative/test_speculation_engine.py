@@ -91,9 +91,11 @@ def test_greedy_output_is_the_same_with_and_without_speculation(spec):
     eng, controller, _ = spec
     before = eng.stats()["draft_accepted"]
     for text in (REPEATS, PROSE):
-        off = run(eng, text, speculation=False)[0]
+        # a verify step's rows are not bit-identical to one-token steps on every host (on one with
+        # repacked weights a 5-row step moves the top-2 gap by up to 0.17 nats): the same up to near-ties
+        off = run_events(eng, text, speculation=False, logprobs=2)[0]
         on = run(eng, text)[0]
-        assert on.generated == off.generated, text
+        assert_same_up_to_near_ties(off, on.generated)
     assert eng.stats()["draft_accepted"] > before  # the copy task kept drafts
     assert controller.stats["lookup"].accepted > 0
 
