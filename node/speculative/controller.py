@@ -144,7 +144,7 @@ class Controller:
         owed = min(prefill, int(budget * PREFILL_SHARE))  # a waiting prompt's share of the step
         rows_left = max(0, budget - owed)
         n = max(1, n_decoding)
-        row_s = max(self.costs.seconds(n + 1) - self.costs.seconds(n), 1e-9)
+        row_s = self.costs.marginal(n)  # a row's average share of the next tile of rows
         plain = n / self.costs.seconds(n)  # plain decoding's tokens per second of this step
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
@@ -220,38 +220,49 @@ class Controller:
 
     def _allocate(self, options: list[_Option], n: int, row_s: float, plain: float,
                   rows_left: int) -> tuple[dict[int, Draft], int]:
-        """Rows to draft positions, across sequences, by kept tokens per second of row, while each
-        raises the step's expected tokens per second; (drafts by sequence key, rows taken)."""
-        base_s = self.costs.seconds(n)
-        tokens, seconds, rows = float(n), base_s, 0
-        taken = {id(o): o.forced for o in options}
-        for o in options:  # probes go in whatever they are worth
-            tokens += sum(o.gains[:o.forced])
-            seconds += o.cost * o.forced
-            rows += o.forced
+        """Rows to draft positions, across sequences: positions ranked by kept tokens per second of
+        row, and of every prefix of that ranking the one whose step yields the most expected tokens
+        per second, priced by what a step of that many tokens really costs (the cost curve, tiles
+        and all: a fifth row can cost more than the sixth to eighth together); (drafts by sequence
+        key, rows taken)."""
+        forced_rows = sum(o.forced for o in options)  # probes go in whatever they are worth
+        forced_tokens = float(n) + sum(sum(o.gains[:o.forced]) for o in options)
+        forced_making = sum((o.cost - row_s) * o.forced for o in options)
         ranked = sorted(((o.gains[i] / o.cost, i, k, o) for k, o in enumerate(options) if not o.forced
                          for i in range(len(o.gains))), key=lambda item: (-item[0], item[1], item[2]))
-        for ratio, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
-            if rows >= rows_left or ratio <= tokens / seconds:
+        order: list[_Option] = []  # the options whose next position each ranked row takes
+        taken = {id(o): o.forced for o in options}
+        for _, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
+            if forced_rows + len(order) >= rows_left:
                 break
             if taken[id(o)] != i:  # a later position of a draft whose earlier one did not go in
                 continue
             taken[id(o)] = i + 1
-            tokens += o.gains[i]
-            seconds += o.cost
-            rows += 1
+            order.append(o)
+
+        tokens, making, upto = forced_tokens, forced_making, {id(o): o.forced for o in options}
+        best, best_rate = 0, tokens / (self.costs.seconds(n + forced_rows) + making)
+        for prefix, o in enumerate(order, 1):  # the step's expected rate with the first `prefix` rows
+            tokens += o.gains[upto[id(o)]]
+            making += o.cost - row_s
+            upto[id(o)] += 1
+            rate = tokens / (self.costs.seconds(n + forced_rows + prefix) + making)
+            if rate > best_rate:
+                best, best_rate = prefix, rate
+        counts = {id(o): o.forced for o in options}
+        for o in order[:best]:
+            counts[id(o)] += 1
         floor = self.config.min_draft
-        drafts: dict[int, Draft] = {}
         for o in options:
-            j = taken[id(o)]
-            if o.forced or j >= floor:
-                drafts[o.seq.key] = o.draft.head(j)
-            elif j:
-                tokens -= sum(o.gains[:j])
-                seconds -= o.cost * j
-                rows -= j
-        if drafts and not any(o.forced for o in options) and tokens / seconds < plain * MARGIN:
-            return {}, 0
+            if not o.forced and counts[id(o)] < floor:
+                counts[id(o)] = 0
+        drafts = {o.seq.key: o.draft.head(counts[id(o)]) for o in options if counts[id(o)]}
+        rows = sum(counts.values())
+        if drafts and not forced_rows:
+            tokens = n + sum(sum(o.gains[:counts[id(o)]]) for o in options)
+            making = sum((o.cost - row_s) * counts[id(o)] for o in options)
+            if tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
+                return {}, 0
         return {key: d for key, d in drafts.items() if d.tokens}, rows
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:

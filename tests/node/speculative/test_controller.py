@@ -311,3 +311,57 @@ def test_a_source_outbid_by_another_that_still_pays_stays_on():
     controller = Controller([long, short], ControllerConfig(max_draft=8), costs=linear())
     run(controller, SWITCH_OFF * 3, lambda n: n)
     assert controller.state()["short"]["on"] and controller.stats["short"].switched_off == 0
+
+
+def tiled(per_step: float, per_token: float, jump: float, size: int) -> float:
+    """A host whose kernels work in tiles of 4 tokens: a step whose size is not a multiple of 4
+    pays `jump` on top of its line (measured here: 5 tokens cost more than 8)."""
+    return per_step + per_token * size + (jump if size % 4 else 0.0)
+
+
+def tiled_curve(per_step: float, per_token: float, jump: float) -> CostCurve:
+    return CostCurve({n: tiled(per_step, per_token, jump, n) for n in (*range(1, 18), 32, 68)}, fixed=True)
+
+
+def test_the_cost_curve_keeps_what_the_line_misses_by_size_and_repeats_it_by_tile():
+    curve = CostCurve()
+    curve.calibrate(lambda n_seqs, k: tiled(0.012, 0.003, 0.012, n_seqs * (k + 1)), n_parallel=4, max_draft=16)
+    for size in (1, 4, 5, 7, 8, 9, 16, 17, 32, 68):
+        assert abs(curve.seconds(size) - tiled(0.012, 0.003, 0.012, size)) < 1e-9, size
+    for size in (20, 21, 23, 40, 41):  # beyond the sizes measured one by one: the tile repeats
+        assert abs(curve.seconds(size) - tiled(0.012, 0.003, 0.012, size)) < 1e-3, size
+    assert curve.seconds(8) < curve.seconds(5)
+    assert abs(curve.marginal(4) - 0.003) < 1e-9  # four rows past a tile cost four rows, not the jump
+
+
+def tiled_plan(acceptance: list[float], *, jump: float = 0.012, budget: int = 256) -> list[int]:
+    controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16),
+                            costs=tiled_curve(0.012, 0.003, jump))
+    seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
+    for seq, p in zip(seqs, acceptance):
+        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        controller.begin(seq)
+    plan = controller.plan(len(seqs), [DraftAsk(s, [1], 16) for s in seqs], 0, budget)
+    return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
+
+
+TILED_PLANS = [
+    # (acceptance per sequence, budget) -> draft lengths, on a host of 12 ms + 3 ms a row + 12 ms off a tile
+    (([0.8, 0.0, 0.0, 0.0], 256), [4, 0, 0, 0]),    # one row alone pays the jump; a tile of four pays
+    (([0.5, 0.5, 0.5, 0.5], 256), [0, 0, 0, 0]),    # half a token a row never beats the batch's rate
+    (([0.95, 0.9, 0.2, 0.0], 256), [8, 4, 0, 0]),   # the best sequences first, to a whole tile
+    (([0.95, 0.9, 0.2, 0.0], 3), [0, 0, 0, 0]),     # a budget that cannot reach the tile: nothing
+    (([1.0, 1.0, 1.0, 1.0], 256), [16, 16, 16, 16]),  # all kept: the whole room
+]
+
+
+@pytest.mark.parametrize("given, expected", TILED_PLANS)
+def test_the_step_plan_prices_rows_by_what_the_step_really_costs(given, expected):
+    acceptance, budget = given
+    lengths = tiled_plan(acceptance, budget=budget)
+    assert lengths == expected
+    assert (len(acceptance) + sum(lengths)) % 4 == 0  # never a step that pays the jump for its drafts
+
+
+def test_without_tiles_the_step_plan_is_the_lines():
+    assert tiled_plan([0.8, 0.0, 0.0, 0.0], jump=0.0) == planned(0.012, 0.003, [0.8, 0.0, 0.0, 0.0])[0]
