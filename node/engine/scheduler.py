@@ -534,8 +534,10 @@ class Scheduler:
         seq.draft = None
         if seq.draft_seq is None:
             return None
-        room = min(self._limits.max_draft, seq.request.max_tokens - seq.n_sampled - 1)
-        return DraftAsk(seq.draft_seq, seq.tokens, room) if room > 0 else None
+        left = seq.request.max_tokens - seq.n_sampled
+        room = min(self._limits.max_draft, left - 1)
+        # with a request waiting, the slot this sequence frees is taken: its end bounds nothing
+        return DraftAsk(seq.draft_seq, seq.tokens, room, remaining=0 if self._queue else left) if room > 0 else None
 
     def _drafts(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int) -> tuple[dict[int, Draft], int]:
         """The speculator's plan for the step: drafts by sequence key, and the prompt tokens the

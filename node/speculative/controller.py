@@ -157,7 +157,10 @@ class Controller:
             option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy)
             if option is not None:
                 chosen.append(option)
-        drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+        if prefill == 0 and n_decoding > 1 and len(asks) == n_decoding and all(a.remaining > 0 for a in asks):
+            drafts, rows = self._allocate_closed(chosen, {a.seq.key: a.remaining for a in asks}, n, row_s, rows_left)
+        else:
+            drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
         paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
         probed = {o.state.source.name for o in chosen if o.forced}
         for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
@@ -264,6 +267,46 @@ class Controller:
             if tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
                 return {}, 0
         return {key: d for key, d in drafts.items() if d.tokens}, rows
+
+    def _allocate_closed(self, options: list[_Option], remaining: dict[int, int], n: int, row_s: float,
+                         rows_left: int) -> tuple[dict[int, Draft], int]:
+        """Rows for a batch whose end is its longest sequence's (every sequence says how many
+        tokens it may still generate and no request waits for a slot): a kept token saves its own
+        row later, and a step only when every sequence that would need that step keeps one. So
+        the drafts lower the sequences with the most left to a common level, j tokens below the
+        longest (a sequence already below it drafts nothing: its kept tokens would end it sooner
+        in a batch that runs on without it), and the level is the one whose expected saving
+        (steps the batch no longer needs, at a plain step's fixed part, and kept rows at a row's
+        cost) most exceeds what the drafts add to this step; none that does not pay: no drafts."""
+        by_key = {o.seq.key: o for o in options}
+        top = max(remaining.values())
+        plain_s = self.costs.seconds(n)
+        fixed = max(0.0, plain_s - n * row_s)  # what a step the batch no longer needs saves
+        best: tuple[float, dict[int, int]] = ((MARGIN - 1.0) * plain_s, {})
+        for level in range(1, self.config.max_draft + 1):
+            counts = {key: (o.forced or min(len(o.gains), max(0, remaining[key] - top + level)))
+                      for key, o in by_key.items()}
+            rows = sum(counts.values())
+            if rows > rows_left:
+                break
+            steps = 0.0  # expected steps saved: the level t is reached when every sequence above it keeps enough
+            for t in range(1, level + 1):
+                reach = 1.0
+                for key, left in remaining.items():
+                    need = left - top + t
+                    if need <= 0:
+                        continue
+                    o = by_key.get(key)
+                    reach *= o.gains[need - 1] if o is not None and need <= counts[key] else 0.0
+                steps += reach
+            kept = sum(sum(by_key[key].gains[:c]) for key, c in counts.items())
+            making = sum((by_key[key].cost - row_s) * c for key, c in counts.items())
+            gain = steps * fixed + kept * row_s - (self.costs.seconds(n + rows) - plain_s + making)
+            if gain > best[0]:
+                best = (gain, counts)
+        counts = best[1] or {key: o.forced for key, o in by_key.items() if o.forced}
+        drafts = {key: by_key[key].draft.head(c) for key, c in counts.items() if c}
+        return drafts, sum(len(d.tokens) for d in drafts.values())
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)

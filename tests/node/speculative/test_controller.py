@@ -365,3 +365,36 @@ def test_the_step_plan_prices_rows_by_what_the_step_really_costs(given, expected
 
 def test_without_tiles_the_step_plan_is_the_lines():
     assert tiled_plan([0.8, 0.0, 0.0, 0.0], jump=0.0) == planned(0.012, 0.003, [0.8, 0.0, 0.0, 0.0])[0]
+
+
+def closed_plan(acceptance: list[float], remaining: list[int], *, per_token: float = 0.003) -> list[int]:
+    """Draft lengths for sequences kept at these rates whose ends bound the batch's: each may
+    still generate `remaining` tokens and no request waits for a slot."""
+    costs = CostCurve({n: 0.012 + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
+    seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
+    for seq, p in zip(seqs, acceptance):
+        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        controller.begin(seq)
+    asks = [DraftAsk(s, [1], 16, remaining=left) for s, left in zip(seqs, remaining)]
+    plan = controller.plan(len(seqs), asks, 0, 256)
+    return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
+
+
+CLOSED_PLANS = [
+    # (acceptance, tokens left per sequence) -> draft lengths, 12 ms + 3 ms a row
+    (([0.9, 0.9, 0.9, 0.0], [48, 48, 48, 48]), [0, 0, 0, 0]),  # the batch waits for the one that cannot draft
+    (([0.9, 0.9, 0.9, 0.9], [48, 48, 48, 48]), [3, 3, 3, 3]),  # all can: lowered together
+    (([0.9, 0.9, 0.0, 0.0], [48, 48, 20, 20]), [6, 6, 0, 0]),  # the short ones end first whatever they do
+    (([0.9, 0.9, 0.9, 0.9], [48, 46, 30, 30]), [7, 5, 0, 0]),  # the longest most, down to a common level
+    (([0.5, 0.5, 0.5, 0.5], [48, 48, 48, 48]), [0, 0, 0, 0]),  # half kept: no level pays
+]
+
+
+@pytest.mark.parametrize("given, expected", CLOSED_PLANS)
+def test_a_batch_that_ends_with_its_longest_sequence_drafts_where_that_end_comes_sooner(given, expected):
+    assert closed_plan(*given) == expected
+
+
+def test_without_known_ends_the_batch_is_planned_as_an_open_one():
+    assert closed_plan([0.9, 0.9, 0.9, 0.0], [0, 0, 0, 0]) == planned(0.012, 0.003, [0.9, 0.9, 0.9, 0.0])[0] != [0] * 4
