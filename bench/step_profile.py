@@ -120,6 +120,12 @@ def summary(label: str, steps: list[dict[str, float]]) -> list[str]:
     parts = "  ".join(f"{p} {1000 * sum(s.get(p, 0.0) for s in four) / len(four):6.2f}" for p in PARTS)
     lines.append(f"  per 4-sequence step (ms): {parts}  total {1000 * total / len(four):6.2f}; "
                  f"drafted rows a step {drafted / len(four):.2f}")
+    slowest = sorted(steps, key=lambda s: -s["total"])[:3]
+    lines.append("  slowest steps (ms): " + "; ".join(
+        f"{1000 * s['total']:.0f} ({int(s['n_seqs'])} seqs, {int(s['n_tokens'])} tokens, {int(s['prefill'])} prefill, "
+        f"decode {1000 * s['decode']:.0f}, plan {1000 * s.get('plan', 0.0):.1f})" for s in slowest))
+    wall = sum(s["total"] for s in steps)
+    lines.append(f"  all steps together: {wall:.2f} s")
     by_size: dict[int, list[dict[str, float]]] = collections.defaultdict(list)
     for s in four:
         by_size[int(s["n_tokens"])].append(s)
@@ -138,6 +144,10 @@ def step_sizes(engine, rounds: int = 8) -> list[str]:
     scheduler = engine._scheduler
     ctx, batch = scheduler._ctx, scheduler._batch
     base = 64
+    for slot in scheduler._budget.drop_residents():  # finished requests' resident prefixes hold slots
+        ctx.seq_rm(slot)
+    for slot in range(4):
+        ctx.seq_rm(slot)
     batch.clear()
     for slot in range(4):
         batch.add([1] + [100 + slot] * (base - 1), 0, slot, logits="none")
