@@ -311,3 +311,90 @@ def test_a_source_outbid_by_another_that_still_pays_stays_on():
     controller = Controller([long, short], ControllerConfig(max_draft=8), costs=linear())
     run(controller, SWITCH_OFF * 3, lambda n: n)
     assert controller.state()["short"]["on"] and controller.stats["short"].switched_off == 0
+
+
+def tiled(per_step: float, per_token: float, jump: float, size: int) -> float:
+    """A host whose kernels work in tiles of 4 tokens: a step whose size is not a multiple of 4
+    pays `jump` on top of its line (measured here: 5 tokens cost more than 8)."""
+    return per_step + per_token * size + (jump if size % 4 else 0.0)
+
+
+def tiled_curve(per_step: float, per_token: float, jump: float) -> CostCurve:
+    return CostCurve({n: tiled(per_step, per_token, jump, n) for n in (*range(1, 18), 32, 68)}, fixed=True)
+
+
+def test_the_cost_curve_keeps_what_the_line_misses_by_size_and_repeats_it_by_tile():
+    curve = CostCurve()
+    curve.calibrate(lambda n_seqs, k: tiled(0.012, 0.003, 0.012, n_seqs * (k + 1)), n_parallel=4, max_draft=16)
+    for size in (1, 4, 5, 7, 8, 9, 16, 17, 32, 68):
+        assert abs(curve.seconds(size) - tiled(0.012, 0.003, 0.012, size)) < 1e-9, size
+    for size in (20, 21, 23, 40, 41):  # beyond the sizes measured one by one: the tile repeats
+        assert abs(curve.seconds(size) - tiled(0.012, 0.003, 0.012, size)) < 1e-3, size
+    assert curve.seconds(8) < curve.seconds(5)
+    assert abs(curve.marginal(4) - 0.003) < 1e-9  # four rows past a tile cost four rows, not the jump
+
+
+def tiled_plan(acceptance: list[float], *, jump: float = 0.012, budget: int = 256) -> list[int]:
+    controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16),
+                            costs=tiled_curve(0.012, 0.003, jump))
+    seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
+    for seq, p in zip(seqs, acceptance):
+        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        controller.begin(seq)
+    plan = controller.plan(len(seqs), [DraftAsk(s, [1], 16) for s in seqs], 0, budget)
+    return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
+
+
+TILED_PLANS = [
+    # (acceptance per sequence, budget) -> draft lengths, on a host of 12 ms + 3 ms a row + 12 ms off a tile
+    (([0.8, 0.0, 0.0, 0.0], 256), [4, 0, 0, 0]),    # one row alone pays the jump; a tile of four pays
+    (([0.5, 0.5, 0.5, 0.5], 256), [0, 0, 0, 0]),    # half a token a row never beats the batch's rate
+    (([0.95, 0.9, 0.2, 0.0], 256), [8, 4, 0, 0]),   # the best sequences first, to a whole tile
+    (([0.95, 0.9, 0.2, 0.0], 3), [0, 0, 0, 0]),     # a budget that cannot reach the tile: nothing
+    (([1.0, 1.0, 1.0, 1.0], 256), [16, 16, 16, 16]),  # all kept: the whole room
+]
+
+
+@pytest.mark.parametrize("given, expected", TILED_PLANS)
+def test_the_step_plan_prices_rows_by_what_the_step_really_costs(given, expected):
+    acceptance, budget = given
+    lengths = tiled_plan(acceptance, budget=budget)
+    assert lengths == expected
+    assert (len(acceptance) + sum(lengths)) % 4 == 0  # never a step that pays the jump for its drafts
+
+
+def test_without_tiles_the_step_plan_is_the_lines():
+    assert tiled_plan([0.8, 0.0, 0.0, 0.0], jump=0.0) == planned(0.012, 0.003, [0.8, 0.0, 0.0, 0.0])[0]
+
+
+def closed_plan(acceptance: list[float], remaining: list[int], *, per_token: float = 0.003) -> list[int]:
+    """Draft lengths for sequences kept at these rates whose ends bound the batch's: each may
+    still generate `remaining` tokens and no request waits for a slot."""
+    costs = CostCurve({n: 0.012 + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
+    seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
+    for seq, p in zip(seqs, acceptance):
+        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        controller.begin(seq)
+    asks = [DraftAsk(s, [1], 16, remaining=left) for s, left in zip(seqs, remaining)]
+    plan = controller.plan(len(seqs), asks, 0, 256)
+    return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
+
+
+CLOSED_PLANS = [
+    # (acceptance, tokens left per sequence) -> draft lengths, 12 ms + 3 ms a row
+    (([0.9, 0.9, 0.9, 0.0], [48, 48, 48, 48]), [0, 0, 0, 0]),  # the batch waits for the one that cannot draft
+    (([0.9, 0.9, 0.9, 0.9], [48, 48, 48, 48]), [3, 3, 3, 3]),  # all can: lowered together
+    (([0.9, 0.9, 0.0, 0.0], [48, 48, 20, 20]), [6, 6, 0, 0]),  # the short ones end first whatever they do
+    (([0.9, 0.9, 0.9, 0.9], [48, 46, 30, 30]), [7, 5, 0, 0]),  # the longest most, down to a common level
+    (([0.5, 0.5, 0.5, 0.5], [48, 48, 48, 48]), [0, 0, 0, 0]),  # half kept: no level pays
+]
+
+
+@pytest.mark.parametrize("given, expected", CLOSED_PLANS)
+def test_a_batch_that_ends_with_its_longest_sequence_drafts_where_that_end_comes_sooner(given, expected):
+    assert closed_plan(*given) == expected
+
+
+def test_without_known_ends_the_batch_is_planned_as_an_open_one():
+    assert closed_plan([0.9, 0.9, 0.9, 0.0], [0, 0, 0, 0]) == planned(0.012, 0.003, [0.9, 0.9, 0.9, 0.0])[0] != [0] * 4
