@@ -266,6 +266,48 @@ def series(name: str, result) -> str:
             f"per token {seconds * 1000 / max(1, tokens):6.2f} ms  ({tokens / seconds:6.1f} tok/s)")
 
 
+def body_row_ms(engine, repeats: int = 5) -> float:
+    """Milliseconds one more token without logits adds to a one-token step (the transformer body
+    alone), measured on a context of its own with the engine's kernels: median of 1 + 8 tokens
+    with logits on the last only, less a one-token step, over 8."""
+    import statistics
+
+    from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+
+    model = LlamaModel(engine.config.model_path, extra_buffers=engine.kernels.extra_buffers)
+    ctx = LlamaContext(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=1, n_threads=engine.stats()["threads"],
+                       max_outputs_per_seq=1)
+    try:
+        batch = TokenBatch(64)
+        tokens = model.tokenize(EXTRACT_PROMPT)[:48]
+        batch.add(tokens, 0, 0, logits="last")
+        ctx.decode(batch)
+        times: dict[int, list[float]] = {1: [], 9: []}
+        for _ in range(repeats):
+            for n in times:
+                batch.clear()
+                batch.add(tokens[:n], len(tokens), 0, logits="last")
+                t0 = time.perf_counter()
+                ctx.decode(batch)
+                times[n].append(time.perf_counter() - t0)
+                ctx.seq_rm(0, len(tokens), -1)
+        return max(0.0, (statistics.median(times[9]) - statistics.median(times[1])) * 1000 / 8)
+    finally:
+        ctx.close()
+        model.close()
+
+
+def forced_count(engine, spec, text: str) -> int:
+    """Tokens of the answer no logits can change (node/engine/grammar.py `Matcher.only`: forced
+    tokens and the end of a complete output), walking the grammar along it."""
+    matcher = engine.prepare_grammar(spec).matcher()
+    forced = 0
+    for token in engine.tokenize(text, add_bos=False, special=False):
+        forced += matcher.only() is not None
+        matcher.accept(token)
+    return forced + (matcher.only() is not None)
+
+
 def case_extract(engine, controller, args) -> list[str]:
     """Ours and the peer's answers timed alike (`best_of`), each request's wall time with its
     prefill (neither side keeps a prefix cache here), reported per answer and per token."""
@@ -283,6 +325,11 @@ def case_extract(engine, controller, args) -> list[str]:
     stats = controller.stats.snapshot()
     kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "lookup")}
     line = controller.costs.line()
+    full_ms = (line.per_step + line.per_token) * 1000
+    body_ms = body_row_ms(engine)
+    n_forced = forced_count(engine, spec, answer)
+    share = n_forced / max(1, ours[0])
+    ceiling = full_ms / ((1 - share) * full_ms + share * body_ms)
     lines = [f"extract 8 fields: warm-up + best of {args.rounds} timed requests for every series, wall time "
              f"with prefill  {load()}",
              f"  cost line: {line.per_step * 1000:.1f} ms per step + {line.per_token * 1000:.2f} ms per token with "
@@ -291,6 +338,9 @@ def case_extract(engine, controller, args) -> list[str]:
              series("reame constrained, every token's row (logprobs: no jump)", rows),
              series("reame constrained + jump-forward + Il Suggeritore", ours),
              f"  same answer with and without jump-forward: {rows[2] == ours[2]}; {jumped} tokens jumped per answer",
+             f"  ceiling from forced tokens alone: {ceiling:4.2f}x ({n_forced} of {ours[0]} tokens forced, "
+             f"{share:.2f}; a row without logits {body_ms:.2f} ms against a one-token step {full_ms:.1f} ms; prefill "
+             f"left out, drafts kept can add to it)",
              f"  constrained + jump-forward / unconstrained: {plain[1] / ours[1] * ours[0] / plain[0]:5.2f}x per "
              f"token (target >= 1.5x); without jumping {plain[1] / rows[1] * rows[0] / plain[0]:5.2f}x; "
              f"draft tokens kept {kept}"]

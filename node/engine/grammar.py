@@ -15,8 +15,11 @@ judges every token it is handed and costs milliseconds over the whole vocabulary
   never cached. Every compile runs under node/engine/grammar_limits.py's limits.
 - `Matcher` (one per sequence, a copy of the compiled grammar's initial state): `allows`
   checks one token, `masked` applies the whole mask to a row of logits, `accept` advances,
-  `forced` lists the tokens the grammar forces in its own tokenization, `only` the next token
-  when the mask admits that one alone (the engine's jump-forward, node/engine/scheduler.py).
+  `forced` lists the tokens the grammar forces in its own (canonical) tokenization, `only`
+  the next token when no logits can change it: the first forced token (sampling takes it
+  wherever bytes are forced, node/engine/sampling.py), or an end-of-generation token once
+  the output is complete and the mask admits nothing else (the engine's jump-forward,
+  node/engine/scheduler.py).
 
 Every end-of-generation token of the model counts as the grammar's end: once the output is
 complete, only they are allowed.
@@ -79,27 +82,30 @@ class CompiledGrammar:
     """One compiled grammar: its initial parse state, copied for every sequence, and the bytes
     it is estimated to hold (what the cache's budget counts)."""
 
-    __slots__ = ("key", "_template", "_n_vocab", "compile_s", "nbytes")
+    __slots__ = ("key", "_template", "_n_vocab", "_eog", "compile_s", "nbytes")
 
-    def __init__(self, key: str, template: Any, n_vocab: int, compile_s: float, nbytes: int = 0) -> None:
+    def __init__(self, key: str, template: Any, n_vocab: int, compile_s: float, nbytes: int = 0,
+                 eog: Iterable[int] = ()) -> None:
         self.key = key
         self._template = template
         self._n_vocab = n_vocab
+        self._eog = frozenset(eog)
         self.compile_s = compile_s
         self.nbytes = nbytes
 
     def matcher(self) -> Matcher:
-        return Matcher(self._template.deep_copy(), self._n_vocab)
+        return Matcher(self._template.deep_copy(), self._n_vocab, self._eog)
 
 
 class Matcher:
     """The parse state of one sequence under one grammar (llguidance's LLMatcher)."""
 
-    __slots__ = ("_m", "_words", "_n_vocab", "masks")
+    __slots__ = ("_m", "_words", "_n_vocab", "_eog", "masks")
 
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
+    def __init__(self, matcher: Any, n_vocab: int, eog: frozenset[int] = frozenset()) -> None:
         self._m = matcher
         self._n_vocab = n_vocab
+        self._eog = eog  # the model's end-of-generation tokens: the grammar's end
         self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
         self.masks = 0  # whole-vocabulary masks computed (the rest were single-token checks)
 
@@ -135,15 +141,21 @@ class Matcher:
         return list(self._m.compute_ff_tokens())
 
     def only(self) -> int | None:
-        """The one token the grammar admits next, or None when it admits more (or none): a
-        token no choice can differ from, whatever the logits. The forced tokens are asked
-        first (cheap, and [] wherever the output is free); the whole mask then decides."""
+        """A token no choice can differ from, whatever the logits, or None: the first forced
+        token (the sampler takes it wherever the grammar forces bytes, so the model reads
+        forced text in its tokenizer's own tokens), or, once the output is complete and the
+        mask admits end-of-generation tokens alone, one of them (any of them ends the
+        sequence alike). The forced tokens are asked first (cheap, and [] wherever the output
+        is free); the whole mask only where the output may be complete."""
         forced = self.forced()
-        if not forced:
+        if forced:
+            return int(forced[0])
+        if not self._eog or not self._m.is_accepting():  # stopped (complete) is accepting too
             return None
-        allowed = self.allowed_mask()
-        token = int(forced[0])
-        return token if allowed[token] and np.count_nonzero(allowed) == 1 else None
+        allowed = np.flatnonzero(self.allowed_mask())
+        if allowed.size and all(int(t) in self._eog for t in allowed):
+            return int(allowed[0])
+        return None
 
     def valid(self, tokens: Sequence[int]) -> int:
         """How many of the tokens, in order, fit the grammar from here (nothing is consumed)."""
@@ -236,7 +248,8 @@ class GrammarCompiler:
                 raise InvalidRequest(f"the {spec.kind} grammar does not compile: {short_error(template.get_error())}")
             self._probe(template, spec)
             nbytes = _footprint(before, _rss(), text)
-            compiled = CompiledGrammar(spec_key(spec), template, self._n_vocab, time.perf_counter() - started, nbytes)
+            compiled = CompiledGrammar(spec_key(spec), template, self._n_vocab, time.perf_counter() - started, nbytes,
+                                       self._eog)
         with self._lock:
             self.compiled += 1
             if nbytes > self.capacity_bytes:

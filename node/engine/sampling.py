@@ -35,11 +35,15 @@ those of the masked row. Rejection sampling of a draft model's tokens (`choose_a
 targets exactly this two-stage distribution (`target`), so a sampled constrained sequence
 draws from one distribution with or without a draft model.
 
-The check and the mask can disagree: where the grammar forces the next bytes, llguidance's
-mask holds only their canonical token (`":"`), while the check admits any token that spells
-them (`":` followed by `"`). The check decides, so that the model's own tokenization is
-kept; a token it admits that the mask leaves out keeps its logit in the masked row (rejection
-sampling of drafts and logprobs see it too).
+Where the grammar forces the next bytes, the choice is their first canonical token
+(llguidance's forced tokens, which its mask holds alone there), whatever the row says: the
+check alone would admit any token that spells them (`":` then `"` for `":"`), a tokenization
+the tokenizer never produces, and the choice would then hang on the logits. Taken from the
+grammar, a forced token is known before its row is computed, so the engine appends it without
+asking for logits (jump-forward, node/engine/scheduler.py) and the output is the same as
+decoding it from its row. Elsewhere the check and the mask can still disagree (a token the
+check admits that the mask leaves out keeps its logit in the masked row: rejection sampling of
+drafts and logprobs see it too).
 """
 
 from __future__ import annotations
@@ -136,10 +140,14 @@ class TokenSampler:
         """Pick the next token from one logits row; `history` is the sequence so far."""
         logits = self._adjusted(row, history)
         position = len(history)
-        token = self._pick(logits, self.uniform(position, DRAW))
         constraint = self.constraint
+        forced = _first_forced(constraint)
+        token = forced if forced is not None else self._pick(logits, self.uniform(position, DRAW))
         if constraint is not None:
-            if constraint.allows(token):
+            if forced is not None:
+                if self.n_logprobs is not None:
+                    logits = _masked_keeping(constraint, logits, token)
+            elif constraint.allows(token):
                 if self.n_logprobs is not None:
                     logits = _masked_keeping(constraint, logits, token)
             else:
@@ -210,9 +218,12 @@ class TokenSampler:
         masked row, so p(t) = p_row(t) * allowed(t) + rejected * p_masked(t), rejected being the
         row's mass the check refuses. Tokens the mask admits are allowed; the check is asked only
         about the others in the row's support."""
+        constraint = self.constraint
+        forced = _first_forced(constraint)
+        if forced is not None:  # `choose` takes it whatever the row
+            return np.array([forced], dtype=np.int64), np.ones(1)
         ids, weights = self._weights(logits)
         p_row = weights / weights.sum()
-        constraint = self.constraint
         if constraint is None:
             return ids, p_row
         masked = constraint.masked(logits)
@@ -376,6 +387,14 @@ def candidates(logits: np.ndarray, top_k: int, top_p: float, min_p: float = 0.0)
         if k >= len(logits) or probs.sum() >= top_p:
             return ids, probs
         k *= 8
+
+
+def _first_forced(constraint: Constraint | None) -> int | None:
+    """The first token the grammar forces next (its canonical tokenization), or None."""
+    if constraint is None:
+        return None
+    forced = constraint.forced()
+    return int(forced[0]) if forced else None
 
 
 def _masked_keeping(constraint: Constraint, logits: np.ndarray, token: int) -> np.ndarray:

@@ -74,7 +74,7 @@ BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a liv
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
-            "jumped_tokens", "shared_rows")
+            "jumped_tokens", "shared_rows", "logit_rows")
 JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
@@ -523,6 +523,7 @@ class Scheduler:
         if rc == 0:
             self.counters["decode_ms"] += (time.perf_counter() - t0) * 1000
             self.counters["batch_tokens"] += self._batch.n_tokens
+            self.counters["logit_rows"] += n_rows  # rows of the output projection (forced and prompt rows: none)
             logits = self._ctx.logits(n_rows) if n_rows else None
             for e in entries:
                 if e.seq.phase is not Phase.DONE:
@@ -631,12 +632,14 @@ class Scheduler:
             self._jump(seq)
 
     def _jump(self, seq: Sequence) -> None:
-        """Jump-forward: while the sequence's grammar admits exactly one next token, take it now.
+        """Jump-forward: while the sequence's grammar settles the next token, take it now.
 
-        No logits can change a token the mask admits alone (greedy or sampled: the choice
-        is that token), so it is accepted as if chosen and joins the pending tokens; the
-        next step decodes them all, asking logits for the last one only. A request asking
-        for logprobs is left out (each token's logprob needs its row)."""
+        No logits can change a forced token (greedy or sampled, the sampler takes the
+        grammar's forced token) nor which way a complete output ends (only end-of-generation
+        tokens fit), so it is accepted as if chosen and joins the pending tokens; the next
+        step decodes them all, asking logits for the last one only, and an end ends the
+        sequence with no step at all. A request asking for logprobs is left out (each
+        token's logprob needs its row)."""
         grammar = seq.constraint
         if grammar is None or seq.request.logprobs is not None:
             return

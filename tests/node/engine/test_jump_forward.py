@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from node.engine.types import Finished, GenerationRequest, GrammarSpec, SamplingParams, TextDelta
@@ -61,3 +62,57 @@ def test_forced_tokens_are_jumped_and_the_json_is_unchanged(engine):
         assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
     record = json.loads(engine.detokenize(b).decode())
     assert set(record) == set(SCHEMA["properties"])
+
+
+def test_forced_rows_and_non_final_prompt_rows_ask_for_no_logits(engine):
+    """Each token the engine did not jump came from exactly one logits row (no drafts here: the
+    test engine has no speculator): forced tokens and every prompt row but the last cost the
+    transformer body only. Asking logits for them would add a row per forced token."""
+    before = engine.stats()
+    final, _ = answer(engine, logprobs=None)
+    after = engine.stats()
+    jumped = after["jumped_tokens"] - before["jumped_tokens"]
+    generated = after["generated_tokens"] - before["generated_tokens"]
+    assert jumped >= 8
+    assert after["logit_rows"] - before["logit_rows"] == generated - jumped
+    # a prompt of several chunks (the test engine's step budget is 64 tokens): one row, its last
+    long_prompt = tuple(engine.tokenize(PROMPT * 3))
+    assert len(long_prompt) > 128
+    before = engine.stats()
+    list(engine.submit(GenerationRequest(long_prompt, max_tokens=1,
+                                         sampling=SamplingParams(temperature=0.0))).iter_sync(timeout=600))
+    assert engine.stats()["logit_rows"] - before["logit_rows"] == 1
+
+
+def test_where_bytes_are_forced_the_canonical_token_is_chosen_whatever_the_row(engine):
+    """At the start the schema forces `{"name":"`; a token spelling only a prefix of it (`{`)
+    passes the grammar's check, so a row preferring it would have chosen it and the choice
+    would hang on the logits. The sampler takes the forced (canonical) token instead, which is
+    what lets the engine take it without its row."""
+    from node.engine.sampling import TokenSampler
+
+    spec = GrammarSpec("json_schema", canonical_json(SCHEMA))
+    matcher = engine.prepare_grammar(spec).matcher()
+    forced = list(matcher.forced())
+    assert forced, "the schema forces its first key"
+    (brace,) = engine.tokenize("{", add_bos=False, special=False)
+    assert brace != forced[0] and matcher.allows(brace)
+    row = np.zeros(engine.model_info.n_vocab, dtype=np.float32)
+    row[brace] = 30.0
+    for temperature in (0.0, 0.8):
+        m = engine.prepare_grammar(spec).matcher()
+        sampler = TokenSampler(SamplingParams(temperature=temperature), engine.model_info.n_vocab, seed=7,
+                               constraint=m)
+        assert sampler.choose(row, []).token == forced[0]
+        assert matcher.only() == forced[0]
+
+
+def test_a_complete_answer_ends_by_jumping(engine):
+    """Once the JSON is complete only end-of-generation tokens fit: `only` names one, so the
+    engine ends the sequence without decoding the closing token for a row."""
+    final, _ = answer(engine, logprobs=1)
+    matcher = engine.prepare_grammar(GrammarSpec("json_schema", canonical_json(SCHEMA))).matcher()
+    for token in final.generated:
+        assert matcher.only() in (None, token)
+        matcher.accept(token)
+    assert matcher.only() in engine.model_info.eog_tokens
