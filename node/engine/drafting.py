@@ -71,15 +71,12 @@ class Drafting:
         self._guard("begin", lambda: self.speculator.begin(draft_seq))
         return draft_seq
 
-    def ask(self, seq: Sequence, *, queued: bool) -> DraftAsk | None:
-        """What a decoding sequence may ask the planner for: its room for drafts this step, and
-        the tokens it has left (none said while a request is queued: the slot it frees is taken
-        at once, so its end bounds nothing)."""
+    def ask(self, seq: Sequence) -> DraftAsk | None:
+        """What a decoding sequence may ask the planner for: its room for drafts this step."""
         if seq.draft_seq is None:
             return None
-        left = seq.request.max_tokens - seq.n_sampled
-        room = min(self._max_draft, left - 1)
-        return DraftAsk(seq.draft_seq, seq.tokens, room, remaining=0 if queued else left) if room > 0 else None
+        room = min(self._max_draft, seq.request.max_tokens - seq.n_sampled - 1)
+        return DraftAsk(seq.draft_seq, seq.tokens, room) if room > 0 else None
 
     def plan(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int) -> DraftPlan:
         """The speculator's plan for the step (all the prompt tokens offered when nothing drafts)."""

@@ -93,16 +93,11 @@ class Draft:
 @dataclass(frozen=True, slots=True)
 class DraftAsk:
     """One decoding sequence's question to the planner: its context (prompt + output so far,
-    ending with the token the step decodes) and the most draft tokens it may carry.
-
-    `remaining`: the most tokens the sequence may still generate, this step's included, when the
-    slot it frees waits for no request (the batch then ends with its longest sequence); 0 when
-    unknown or when a waiting request would take the slot."""
+    ending with the token the step decodes) and the most draft tokens it may carry."""
 
     seq: DraftSeq
     context: Sequence[int]
     room: int
-    remaining: int = 0
 
 
 @dataclass(frozen=True, slots=True)

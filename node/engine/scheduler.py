@@ -441,7 +441,7 @@ class Scheduler:
         if self._limits.shared_rows:
             decoding, riding = riders(decoding)  # identical siblings share their leader's rows
         asks = [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
-                for ask in [self._drafting.ask(seq, queued=bool(self._queue))] if ask is not None]
+                for ask in [self._drafting.ask(seq)] if ask is not None]
         used = sum(len(seq.pending) for seq in decoding)
         room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         room = min(room, self._batch.capacity - used)

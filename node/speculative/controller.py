@@ -144,7 +144,7 @@ class Controller:
         owed = min(prefill, int(budget * PREFILL_SHARE))  # a waiting prompt's share of the step
         rows_left = max(0, budget - owed)
         n = max(1, n_decoding)
-        row_s = self.costs.marginal(n)  # a row's average share of the next tile of rows
+        row_s = max(self.costs.seconds(n + 1) - self.costs.seconds(n), 1e-9)
         plain = n / self.costs.seconds(n)  # plain decoding's tokens per second of this step
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
@@ -157,10 +157,7 @@ class Controller:
             option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy)
             if option is not None:
                 chosen.append(option)
-        if prefill == 0 and n_decoding > 1 and len(asks) == n_decoding and all(a.remaining > 0 for a in asks):
-            drafts, rows = self._allocate_closed(chosen, {a.seq.key: a.remaining for a in asks}, n, row_s, rows_left)
-        else:
-            drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+        drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
         paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
         probed = {o.state.source.name for o in chosen if o.forced}
         for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
@@ -223,90 +220,39 @@ class Controller:
 
     def _allocate(self, options: list[_Option], n: int, row_s: float, plain: float,
                   rows_left: int) -> tuple[dict[int, Draft], int]:
-        """Rows to draft positions, across sequences: positions ranked by kept tokens per second of
-        row, and of every prefix of that ranking the one whose step yields the most expected tokens
-        per second, priced by what a step of that many tokens really costs (the cost curve, tiles
-        and all: a fifth row can cost more than the sixth to eighth together); (drafts by sequence
-        key, rows taken)."""
-        forced_rows = sum(o.forced for o in options)  # probes go in whatever they are worth
-        forced_tokens = float(n) + sum(sum(o.gains[:o.forced]) for o in options)
-        forced_making = sum((o.cost - row_s) * o.forced for o in options)
+        """Rows to draft positions, across sequences, by kept tokens per second of row, while each
+        raises the step's expected tokens per second; (drafts by sequence key, rows taken)."""
+        base_s = self.costs.seconds(n)
+        tokens, seconds, rows = float(n), base_s, 0
+        taken = {id(o): o.forced for o in options}
+        for o in options:  # probes go in whatever they are worth
+            tokens += sum(o.gains[:o.forced])
+            seconds += o.cost * o.forced
+            rows += o.forced
         ranked = sorted(((o.gains[i] / o.cost, i, k, o) for k, o in enumerate(options) if not o.forced
                          for i in range(len(o.gains))), key=lambda item: (-item[0], item[1], item[2]))
-        order: list[_Option] = []  # the options whose next position each ranked row takes
-        taken = {id(o): o.forced for o in options}
-        for _, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
-            if forced_rows + len(order) >= rows_left:
+        for ratio, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
+            if rows >= rows_left or ratio <= tokens / seconds:
                 break
             if taken[id(o)] != i:  # a later position of a draft whose earlier one did not go in
                 continue
             taken[id(o)] = i + 1
-            order.append(o)
-
-        tokens, making, upto = forced_tokens, forced_making, {id(o): o.forced for o in options}
-        best, best_rate = 0, tokens / (self.costs.seconds(n + forced_rows) + making)
-        for prefix, o in enumerate(order, 1):  # the step's expected rate with the first `prefix` rows
-            tokens += o.gains[upto[id(o)]]
-            making += o.cost - row_s
-            upto[id(o)] += 1
-            rate = tokens / (self.costs.seconds(n + forced_rows + prefix) + making)
-            if rate > best_rate:
-                best, best_rate = prefix, rate
-        counts = {id(o): o.forced for o in options}
-        for o in order[:best]:
-            counts[id(o)] += 1
+            tokens += o.gains[i]
+            seconds += o.cost
+            rows += 1
         floor = self.config.min_draft
+        drafts: dict[int, Draft] = {}
         for o in options:
-            if not o.forced and counts[id(o)] < floor:
-                counts[id(o)] = 0
-        drafts = {o.seq.key: o.draft.head(counts[id(o)]) for o in options if counts[id(o)]}
-        rows = sum(counts.values())
-        if drafts and not forced_rows:
-            tokens = n + sum(sum(o.gains[:counts[id(o)]]) for o in options)
-            making = sum((o.cost - row_s) * counts[id(o)] for o in options)
-            if tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
-                return {}, 0
+            j = taken[id(o)]
+            if o.forced or j >= floor:
+                drafts[o.seq.key] = o.draft.head(j)
+            elif j:
+                tokens -= sum(o.gains[:j])
+                seconds -= o.cost * j
+                rows -= j
+        if drafts and not any(o.forced for o in options) and tokens / seconds < plain * MARGIN:
+            return {}, 0
         return {key: d for key, d in drafts.items() if d.tokens}, rows
-
-    def _allocate_closed(self, options: list[_Option], remaining: dict[int, int], n: int, row_s: float,
-                         rows_left: int) -> tuple[dict[int, Draft], int]:
-        """Rows for a batch whose end is its longest sequence's (every sequence says how many
-        tokens it may still generate and no request waits for a slot): a kept token saves its own
-        row later, and a step only when every sequence that would need that step keeps one. So
-        the drafts lower the sequences with the most left to a common level, j tokens below the
-        longest (a sequence already below it drafts nothing: its kept tokens would end it sooner
-        in a batch that runs on without it), and the level is the one whose expected saving
-        (steps the batch no longer needs, at a plain step's fixed part, and kept rows at a row's
-        cost) most exceeds what the drafts add to this step; none that does not pay: no drafts."""
-        by_key = {o.seq.key: o for o in options}
-        top = max(remaining.values())
-        plain_s = self.costs.seconds(n)
-        fixed = max(0.0, plain_s - n * row_s)  # what a step the batch no longer needs saves
-        best: tuple[float, dict[int, int]] = ((MARGIN - 1.0) * plain_s, {})
-        for level in range(1, self.config.max_draft + 1):
-            counts = {key: (o.forced or min(len(o.gains), max(0, remaining[key] - top + level)))
-                      for key, o in by_key.items()}
-            rows = sum(counts.values())
-            if rows > rows_left:
-                break
-            steps = 0.0  # expected steps saved: the level t is reached when every sequence above it keeps enough
-            for t in range(1, level + 1):
-                reach = 1.0
-                for key, left in remaining.items():
-                    need = left - top + t
-                    if need <= 0:
-                        continue
-                    o = by_key.get(key)
-                    reach *= o.gains[need - 1] if o is not None and need <= counts[key] else 0.0
-                steps += reach
-            kept = sum(sum(by_key[key].gains[:c]) for key, c in counts.items())
-            making = sum((by_key[key].cost - row_s) * c for key, c in counts.items())
-            gain = steps * fixed + kept * row_s - (self.costs.seconds(n + rows) - plain_s + making)
-            if gain > best[0]:
-                best = (gain, counts)
-        counts = best[1] or {key: o.forced for key, o in by_key.items() if o.forced}
-        drafts = {key: by_key[key].draft.head(c) for key, c in counts.items() if c}
-        return drafts, sum(len(d.tokens) for d in drafts.values())
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)

@@ -42,8 +42,7 @@ from node.engine.cost_line import CostLine, fit_line
 
 log = logging.getLogger(__name__)
 
-PROBE_SIZES = (*range(1, 18), 32, 68)  # every size a lone sequence's draft makes: the steps are not a line
-TILE = 4  # the period of the kernels' cost by size beyond the sizes measured one by one
+PROBE_SIZES = (1, 2, 3, 5, 9, 17, 32, 68)
 REPEATS = 5
 MIN_CALIBRATED_SIZES = 3  # a line through fewer measured sizes is one outlier away from absurd
 CALIBRATION_BUDGET_S = 6.0  # wall time one calibration may take (it stops at the end of a round): ~5 rounds quiet
@@ -65,7 +64,6 @@ class CostCurve:
         # the shape of a one-token step of ~13 ms on a quiet 2-core host until calibrated:
         # 10.4 ms fixed + 2.6 ms per token with logits
         self.intercept, self.slope = 0.0104, 0.0026
-        self.residual: dict[int, float] = {}  # measured step time less the line's, by size
         self.scale = 1.0
         self.measured = False
         self.points: dict[int, float] = {}
@@ -89,10 +87,6 @@ class CostCurve:
             return
         self.intercept, self.slope = max(line.per_step, 1e-5), line.per_token
         self.points, self.measured, self.scale = dict(points), True, 1.0
-        self.residual = {}
-        for size, seconds in points.items():  # what the line misses at each measured size, within bounds
-            on_line = self.intercept + self.slope * size
-            self.residual[size] = min(max(seconds - on_line, -0.5 * on_line), on_line)
         self._drift_steps = 0
         if line.clamped:
             log.info("verify cost curve: the fit broke a physical bound and was clamped to %s", line.describe())
@@ -145,30 +139,7 @@ class CostCurve:
         return self._start_rate
 
     def seconds(self, n_tokens: int) -> float:
-        n = max(1, n_tokens)
-        return (self.intercept + self.slope * n + self._residual(n)) * self.scale
-
-    def marginal(self, n_tokens: int, span: int = TILE) -> float:
-        """Seconds each of the next `span` tokens with logits adds to a step of n_tokens, on average
-        (one extra row can cost a jump that the rows after it in the same tile do not)."""
-        return max((self.seconds(n_tokens + span) - self.seconds(n_tokens)) / span, 1e-9)
-
-    def _residual(self, n: int) -> float:
-        """The measured departure from the line at size n: the size's own, or beyond the sizes
-        measured one by one, that of the last measured size in the same place of a TILE (the
-        kernels' cost repeats with the tile: a step of 4k tokens costs less than one of 4k - 1 here)."""
-        table = self.residual
-        if not table:
-            return 0.0
-        own = table.get(n)
-        if own is not None:
-            return own
-        dense = 0
-        while dense + 1 in table:
-            dense += 1
-        if dense < TILE or n < dense:
-            return 0.0
-        return table[dense - (dense - n) % TILE]
+        return (self.intercept + self.slope * max(1, n_tokens)) * self.scale
 
     def line(self) -> CostLine:
         """The line as it stands now, the scale included."""
@@ -202,9 +173,7 @@ class CostCurve:
         if previous is None or abs(candidate.per_token - previous.per_token) > AGREE * max(previous.per_token, 1e-4):
             return
         before = (self.intercept * self.scale, self.slope * self.scale)
-        calibrated = self.residual  # the kernels' departures by size are the calibration's to measure
         self.fit(points)
-        self.residual = calibrated
         self.refits += 1
         if abs(self.slope - before[1]) > AGREE * max(before[1], 1e-4):
             log.info("verify cost curve refitted from recent steps: %.1f ms + %.2f ms per token (was %.1f + %.2f)",
