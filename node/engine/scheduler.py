@@ -586,7 +586,7 @@ class Scheduler:
         dists = draft.dists if draft is not None and not sampler.params.greedy else None
         verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
         return verify(verified, logits[e.first_row:e.first_row + len(verified)],
-                      lambda row: sampler.choose(row, seq.tokens),
+                      lambda row, draft: sampler.choose(row, seq.tokens, draft),
                       lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
                       choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
 

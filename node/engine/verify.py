@@ -11,7 +11,10 @@ Since every choice is drawn exactly as plain decoding would draw it (same row, s
 history, the random number of that position), the output is the target's: greedy text is
 identical to plain decoding and a seeded sample draws the same tokens, up to the kernels'
 near-ties (a row computed in a batch of another shape can differ in its last bits). This
-holds for every deterministic draft (lookup, the Palimpsest, a greedy draft model).
+holds for every deterministic draft (lookup, the Palimpsest, a greedy draft model). A greedy
+choice keeps the draft's token where it is within DRAFT_TIE_NATS of the best
+(node/engine/sampling.py): at such a near-tie the batch shape decides anyway, and keeping
+the draft lets a repeated request follow its stored answer instead of leaving it there.
 
 A sampled sequence's draft that carries the distributions its tokens were drawn from (a
 draft model sampling) is verified by rejection sampling instead (`choose_against`: the
@@ -49,11 +52,12 @@ class Verdict:
 Against = Callable[[np.ndarray, int, tuple[np.ndarray, np.ndarray]], tuple[Choice, bool]]
 
 
-def verify(tokens: list[int], rows: np.ndarray, choose: Callable[[np.ndarray], Choice],
+def verify(tokens: list[int], rows: np.ndarray, choose: Callable[[np.ndarray, int | None], Choice],
            take: Callable[[Choice], FinishReason | None], *,
            dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None,
            choose_against: Against | None = None) -> Verdict:
-    """Walk the entry's rows: `choose(row)` picks the target's token, `take(choice)` appends it
+    """Walk the entry's rows: `choose(row, draft token or None)` picks the target's token (greedy
+    keeps the draft token at a near-tie, sampling.DRAFT_TIE_NATS), `take(choice)` appends it
     to the sequence (and says whether that ends it). tokens[0] is the already-chosen next
     token, tokens[1:] the draft; rows has one row per entry token. With `dists` (the draft's
     distributions, one per draft token) and `choose_against(row, token, dist)`, each draft
@@ -66,7 +70,7 @@ def verify(tokens: list[int], rows: np.ndarray, choose: Callable[[np.ndarray], C
         if drafted and dists is not None and choose_against is not None:
             choice, kept = choose_against(rows[j], tokens[j + 1], dists[j])
         else:
-            choice = choose(rows[j])
+            choice = choose(rows[j], tokens[j + 1] if drafted else None)
             kept = drafted and choice.token == tokens[j + 1]
         reason = take(choice)
         generated += 1

@@ -239,3 +239,22 @@ def test_top_ids_is_exact_over_a_large_vocabulary_with_ties():
         k = int(rng.integers(1, 1000))
         got = top_ids(row, k)
         assert len(set(got.tolist())) == k and np.array_equal(row[got], np.sort(row)[::-1][:k])
+
+
+def test_a_greedy_choice_keeps_a_draft_token_only_at_a_near_tie():
+    from node.engine.sampling import DRAFT_TIE_NATS
+
+    row = np.zeros(64, dtype=np.float32)
+    row[20], row[21], row[22] = 9.0, 9.0 - DRAFT_TIE_NATS / 2, 9.0 - 2 * DRAFT_TIE_NATS
+    greedy = TokenSampler(SamplingParams(temperature=0.0), 64)
+    assert greedy.choose(row, []).token == 20
+    assert greedy.choose(row, [], 21).token == 21  # within the bound: the draft's token stands
+    assert greedy.choose(row, [], 22).token == 20  # a clear margin: the argmax, as plain decoding
+    assert greedy.choose(row, [], 20).token == 20
+    biased = TokenSampler(SamplingParams(temperature=0.0, logit_bias={21: -1.0}), 64)
+    assert biased.choose(row, [], 21).token == 20  # judged on the adjusted row
+    constrained = TokenSampler(SamplingParams(temperature=0.0), 64, constraint=OnlyEven())
+    row[23] = 9.0 - DRAFT_TIE_NATS / 2
+    assert constrained.choose(row, [], 23).token == 20  # a token the grammar forbids is never kept
+    sampled = TokenSampler(SamplingParams(temperature=1.0, top_k=1, seed=3), 64)
+    assert sampled.choose(row, [], 21).token == 20  # sampling draws as it would without a draft
