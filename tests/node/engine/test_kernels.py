@@ -81,7 +81,7 @@ REAL_DECODE = textwrap.dedent("""
     import sys
     from node.engine.engine import Engine, EngineConfig
     from node.engine.types import GenerationRequest, SamplingParams
-    engine = Engine(EngineConfig(model_path=sys.argv[1], n_ctx=1024, n_parallel=2, n_batch=64, n_ubatch=64,
+    engine = Engine(EngineConfig(model_path=sys.argv[1], n_ctx=1024, n_parallel=2, n_batch=64, n_ubatch=64, step_token_budget=64,
                                  extra_buffers="on"))
     prompt = tuple(engine.tokenize("The three primary colours are red, yellow and"))
     handles = [engine.submit_n(GenerationRequest(prompt_tokens=prompt, max_tokens=8,

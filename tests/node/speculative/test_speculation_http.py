@@ -18,7 +18,7 @@ def node(gemma_path, tmp_path_factory):
     """The loader's engine and controller, with a fixed cost line so choices do not depend on the load."""
     settings = node_settings(gemma_path, tmp_path_factory.mktemp("home"), **{"cache.enabled": True})
     with drafting_node(settings) as live:
-        assert live.state.speculation.source_names[:3] == ("lookup", "archive", "grammar")
+        assert live.state.speculation.source_names[:4] == ("lookup", "sibling", "archive", "grammar")
         yield live
 
 
