@@ -105,17 +105,24 @@ def assert_freed(node) -> None:
 
 def plain_logprobs(node, body: dict, path: str = "chat/completions") -> list[tuple[str, list[float]]]:
     """(token, top logprobs best first) of each token of the plain answer to `body`, undrafted."""
+    return plain_run(node, body, path)[0]
+
+
+def plain_run(node, body: dict, path: str = "chat/completions") -> tuple[list[tuple[str, list[float]]], int]:
+    """plain_logprobs, and the prompt's length in tokens (the position of the answer's first token)."""
     chat_path = path.startswith("chat")
     extra = {"logprobs": True, "top_logprobs": 20} if chat_path else {"logprobs": 20}
     plain = {k: v for k, v in body.items() if k not in ("conclave", "stream")}
     status, _, reply = http_json("POST", f"{node.url}/v1/{path}", {**plain, **extra, "speculation": False,
                                                                     "stop": ["\x01never"]}, timeout=300)
     assert status == 200, reply
+    prompt_tokens = reply["usage"]["prompt_tokens"]
     if chat_path:
         return [(e["token"], [t["logprob"] for t in e["top_logprobs"]])
-                for e in reply["choices"][0]["logprobs"]["content"]]
+                for e in reply["choices"][0]["logprobs"]["content"]], prompt_tokens
     lp = reply["choices"][0]["logprobs"]
-    return [(token, sorted(top.values(), reverse=True)) for token, top in zip(lp["tokens"], lp["top_logprobs"])]
+    return [(token, sorted(top.values(), reverse=True))
+            for token, top in zip(lp["tokens"], lp["top_logprobs"])], prompt_tokens
 
 
 def parting(entries: list[tuple[str, list[float]]], other: str) -> tuple[int, list[float]]:
@@ -136,31 +143,33 @@ def assert_near_tie(node, body: dict, other: str, path: str = "chat/completions"
 
 
 def assert_near_boundary(node, body: dict, other: str) -> None:
-    """`other`, a sample of `body` (its seed, one draw per token), parts from the plain sample where
-    that token's draw fell near the edge of the chosen token's share: logits NEAR_TIE apart could
-    move the edge past it. Replays the sampler's draw over the plain run's top logprobs (top_k,
-    top_p, min_p, temperature as the engine applies them)."""
+    """`other`, a sample of `body` (its seed), parts from the plain sample where that token's draw
+    fell near an edge: moving one of the plain run's best logits by NEAR_TIE changes what the
+    engine's own sampler draws there, with the engine's own random number for that position
+    (`uniform(seed, position, DRAW)`). The sampler is replayed whole over the plain run's top
+    logprobs, so an edge of the top_p / min_p cut counts as well as an edge between two shares."""
     import numpy as np
 
-    entries = plain_logprobs(node, body)
+    from node.engine.sampling import DRAW, TokenSampler, uniform
+    from node.engine.types import SamplingParams
+
+    entries, prompt_tokens = plain_run(node, body)
     i, top = parting(entries, other)
-    rng = np.random.Generator(np.random.PCG64(body["seed"]))
-    draws = [rng.random() for _ in range(i + 1)]
-    logits = np.array(top[:40])
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    keep = min(len(probs), int(np.searchsorted(np.cumsum(probs), body.get("top_p", 0.95))) + 1)
-    keep = max(1, int(np.count_nonzero(probs[:keep] >= body.get("min_p", 0.05) * probs[0])))
+    position = prompt_tokens + i
+    params = SamplingParams(temperature=body["temperature"], top_k=body.get("top_k", 40),
+                            top_p=body.get("top_p", 0.95), min_p=body.get("min_p", 0.05), seed=body["seed"])
+    logits = np.array(top, dtype=np.float32)
+    history = [0] * position
 
-    def pick(moved: np.ndarray) -> int:
-        weights = np.exp((moved - moved.max()) / body["temperature"])
-        cum = np.cumsum(weights)
-        return int(np.searchsorted(cum, draws[i] * cum[-1], side="right"))
+    def pick(row: np.ndarray) -> int:
+        return TokenSampler(params, len(row)).choose(row, history).token
 
-    kept = logits[:keep]
-    moves = [kept + np.eye(keep)[j] * shift for j in range(keep) for shift in (-NEAR_TIE, NEAR_TIE)]
-    assert any(pick(moved) != pick(kept) for moved in moves), \
-        f"the sample parted where its draw {draws[i]:.3f} was far from any edge of {probs[:keep]}: {other!r}"
+    plain = pick(logits)
+    moves = [logits + np.eye(len(logits), dtype=np.float32)[j] * shift
+             for j in range(len(logits)) for shift in (-NEAR_TIE, NEAR_TIE)]
+    assert any(pick(moved) != plain for moved in moves), (
+        f"the sample parted at token {i} where its draw {uniform(body['seed'], position, DRAW):.3f} "
+        f"was far from any edge of {np.exp(logits)}: {other!r}")
 
 
 def lookup_stats(node) -> dict:
