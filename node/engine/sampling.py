@@ -150,10 +150,7 @@ class TokenSampler:
                 and (constraint is None or constraint.allows(draft))):
             token = draft
         if constraint is not None:
-            if forced is not None:
-                if self.n_logprobs is not None:
-                    logits = _masked_keeping(constraint, logits, token)
-            elif constraint.allows(token):
+            if forced is not None or constraint.allows(token):
                 if self.n_logprobs is not None:
                     logits = _masked_keeping(constraint, logits, token)
             else:
