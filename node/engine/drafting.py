@@ -12,7 +12,7 @@ request. Nothing here touches the llama context or the scheduler's state: `plan`
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence as Seq
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, Speculator, StepPlan
@@ -49,11 +49,13 @@ class NoSpeculator:
 @dataclass(frozen=True, slots=True)
 class DraftPlan:
     """The step's drafts by sequence key (each cut to its ask's room), the prompt tokens the
-    step carries beside decoding, and the draft rows (tokens) it adds."""
+    step carries beside decoding, the draft rows (tokens) it adds, and the hints of sequences
+    decoding without a draft."""
 
     drafts: dict[int, Draft]
     prefill: int
     rows: int = 0
+    hints: dict[int, int] = field(default_factory=dict)  # the next token a source expects, for undrafted rows
 
 
 class Drafting:
@@ -93,7 +95,8 @@ class Drafting:
             if key in rooms and draft.tokens:
                 drafts[key] = draft.head(rooms[key])
         rows = sum(len(d.tokens) for d in drafts.values())
-        return DraftPlan(drafts, max(0, min(plan.prefill, offered, room - rows)), rows)
+        hints = {key: int(token) for key, token in plan.hints.items() if key in rooms and key not in drafts}
+        return DraftPlan(drafts, max(0, min(plan.prefill, offered, room - rows)), rows, hints)
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         self._guard("verified", lambda: self.speculator.verified(seq, draft, accepted))

@@ -16,7 +16,7 @@ split of the step between drafts and prefill; the engine only verifies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -82,12 +82,16 @@ class Draft:
     source: str
     dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
     match: int = 0  # context tokens the source matched to propose it (0: the source does not say)
+    # The token the source expects after `tokens`: no row of its own, a hint for the row after
+    # the last drafted token (a greedy choice keeps it at a near-tie, as it keeps a draft token).
+    after: int | None = None
 
     def head(self, n: int) -> Draft:
-        """The first n tokens (and their distributions)."""
+        """The first n tokens (and their distributions); the token after them becomes the hint."""
         if n >= len(self.tokens):
             return self
-        return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None, self.match)
+        return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None, self.match,
+                     int(self.tokens[n]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,9 @@ class StepPlan:
 
     drafts: dict[int, Draft]
     prefill: int
+    # Sequences decoding without a draft this step, by key: the token a source expects next (a
+    # hint for their one row, no row of its own; see `Draft.after`).
+    hints: dict[int, int] = field(default_factory=dict)
 
 
 @runtime_checkable

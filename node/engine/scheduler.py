@@ -450,6 +450,7 @@ class Scheduler:
         self.counters["draft_tokens"] += plan.rows
         for seq in decoding:
             seq.draft = plan.drafts.get(seq.key)
+            seq.hint = plan.hints.get(seq.key)
             tokens = [int(t) for t in seq.draft.tokens] if seq.draft is not None else []
             entries.append(_Entry(seq, seq.pending + tokens, seq.n_past, True, known=len(seq.pending) - 1,
                                   riders=riding.get(id(seq), [])))
@@ -584,11 +585,13 @@ class Scheduler:
         sampler = seq.sampler
         draft = e.seq.draft
         dists = draft.dists if draft is not None and not sampler.params.greedy else None
+        after = draft.after if draft is not None else e.seq.hint
         verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
         return verify(verified, logits[e.first_row:e.first_row + len(verified)],
                       lambda row, draft: sampler.choose(row, seq.tokens, draft),
                       lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
-                      choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist))
+                      choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist),
+                      after=after)
 
     def _ride(self, e: _Entry, rider: Sequence, logits: np.ndarray) -> None:
         """A rider (riders.py) draws from its leader's rows and shares the cells of the tokens it kept."""

@@ -113,8 +113,8 @@ class Sequence:
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "n_cached", "phase",
         "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs",
-        "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "spare",
-        "fork",
+        "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "hint",
+        "spare", "fork",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
@@ -151,6 +151,7 @@ class Sequence:
         self.group = group
         self.draft_seq: DraftSeq | None = None  # set while a speculator drafts for it
         self.draft: Draft | None = None         # the draft in the current step's batch
+        self.hint: int | None = None            # undrafted: the token a source expects next (Draft.after)
         self.spare = spare  # KV cells to hold for later forks of this prompt (PromptShare.spare)
         self.fork = fork    # joins a running group: clone the prompt from a member still holding it
 

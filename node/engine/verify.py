@@ -14,7 +14,10 @@ near-ties (a row computed in a batch of another shape can differ in its last bit
 holds for every deterministic draft (lookup, the Palimpsest, a greedy draft model). A greedy
 choice keeps the draft's token where it is within DRAFT_TIE_NATS of the best
 (node/engine/sampling.py): at such a near-tie the batch shape decides anyway, and keeping
-the draft lets a repeated request follow its stored answer instead of leaving it there.
+the draft lets a repeated request follow its stored answer instead of leaving it there. The
+row after the last draft token (or the one row of a sequence decoding without a draft) does
+the same with the token the source expects there (`Draft.after`, `StepPlan.hints`), so a
+replay does not leave its stored answer at a near-tie just because a draft ended there.
 
 A sampled sequence's draft that carries the distributions its tokens were drawn from (a
 draft model sampling) is verified by rejection sampling instead (`choose_against`: the
@@ -55,13 +58,15 @@ Against = Callable[[np.ndarray, int, tuple[np.ndarray, np.ndarray]], tuple[Choic
 def verify(tokens: list[int], rows: np.ndarray, choose: Callable[[np.ndarray, int | None], Choice],
            take: Callable[[Choice], FinishReason | None], *,
            dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None,
-           choose_against: Against | None = None) -> Verdict:
+           choose_against: Against | None = None, after: int | None = None) -> Verdict:
     """Walk the entry's rows: `choose(row, draft token or None)` picks the target's token (greedy
     keeps the draft token at a near-tie, sampling.DRAFT_TIE_NATS), `take(choice)` appends it
     to the sequence (and says whether that ends it). tokens[0] is the already-chosen next
     token, tokens[1:] the draft; rows has one row per entry token. With `dists` (the draft's
     distributions, one per draft token) and `choose_against(row, token, dist)`, each draft
-    token is judged by rejection sampling; the row after the last one picks the bonus token."""
+    token is judged by rejection sampling; the row after the last one picks the bonus token,
+    with `after` (the token the draft's source expects there, `Draft.after`) as its draft token:
+    a greedy choice keeps it at a near-tie, but it is no row and never counts as kept."""
     n_valid = 1
     reason: FinishReason | None = None
     generated = 0
@@ -70,7 +75,7 @@ def verify(tokens: list[int], rows: np.ndarray, choose: Callable[[np.ndarray, in
         if drafted and dists is not None and choose_against is not None:
             choice, kept = choose_against(rows[j], tokens[j + 1], dists[j])
         else:
-            choice = choose(rows[j], tokens[j + 1] if drafted else None)
+            choice = choose(rows[j], tokens[j + 1] if drafted else after)
             kept = drafted and choice.token == tokens[j + 1]
         reason = take(choice)
         generated += 1

@@ -36,6 +36,7 @@ pays it stays on. Both switches are logged with the numbers behind them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -149,14 +150,16 @@ class Controller:
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
         worthy: set[str] = set()  # sources whose draft for some sequence beat plain decoding
+        hints: dict[int, int] = {}  # the next token a source proposed, by sequence
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             room = min(ask.room, self.config.max_draft)
             if own is None or room <= 0:
                 continue
-            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy)
+            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints)
             if option is not None:
                 chosen.append(option)
+                hints[ask.seq.key] = int(option.draft.tokens[0])
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
         paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
         probed = {o.state.source.name for o in chosen if o.forced}
@@ -167,12 +170,16 @@ class Controller:
                 self._paying(state)
             else:
                 self._not_paying(state)
-        return StepPlan(drafts, max(0, min(prefill, budget - rows)))
+        return StepPlan(drafts, max(0, min(prefill, budget - rows)),
+                        {key: token for key, token in hints.items() if key not in drafts})
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
-                     proposed: list[_SourceState], worthy: set[str]) -> _Option | None:
+                     proposed: list[_SourceState], worthy: set[str], hints: dict[int, int]) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
-        at plain decoding's rate (a probing source's draft whatever it is worth)."""
+        at plain decoding's rate (a probing source's draft whatever it is worth). A source that
+        costs nothing to ask is asked for one token more than the room: the token after the
+        draft's last becomes its hint (`Draft.after`). The first proposal's first token is the
+        sequence's hint in `hints` should no draft of it be verified."""
         best: _Option | None = None
         for state in self._sources.values():
             if not state.on:
@@ -185,13 +192,14 @@ class Controller:
                     if state not in proposed:
                         proposed.append(state)
                     continue
-            draft = state.source.propose(ask.seq, ask.context, ask_k)
+            draft = state.source.propose(ask.seq, ask.context, ask_k + 1 if making <= 0 else ask_k)
             if draft is not None and ask.seq.grammar is not None and draft.tokens:
                 draft = _grammatical(draft, ask.seq.grammar.valid(draft.tokens))
             if draft is None or not draft.tokens:
                 continue
             if state not in proposed:
                 proposed.append(state)
+            hints.setdefault(ask.seq.key, int(draft.tokens[0]))
             draft = draft.head(room)
             gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens))
             cost = row_s + making
@@ -363,11 +371,13 @@ class Controller:
 
 
 def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
+    """The draft cut where the grammar stops admitting it (no hint past the cut: the grammar
+    refuses the token there)."""
     if n_valid >= len(draft.tokens):
         return draft
     if n_valid <= 0:
         return None
-    return draft.head(n_valid)
+    return dataclasses.replace(draft.head(n_valid), after=None)
 
 
 def _match_class(match: int) -> int:

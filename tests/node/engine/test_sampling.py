@@ -258,3 +258,26 @@ def test_a_greedy_choice_keeps_a_draft_token_only_at_a_near_tie():
     assert constrained.choose(row, [], 23).token == 20  # a token the grammar forbids is never kept
     sampled = TokenSampler(SamplingParams(temperature=1.0, top_k=1, seed=3), 64)
     assert sampled.choose(row, [], 21).token == 20  # sampling draws as it would without a draft
+
+
+def test_the_row_after_a_draft_keeps_the_sources_next_token_at_a_near_tie():
+    """verify(): the bonus row (no draft token of its own) is chosen with the token the source
+    expects there (`after`) as its draft token: kept at a near-tie, never counted as kept."""
+    from node.engine.sampling import DRAFT_TIE_NATS
+    from node.engine.verify import verify
+
+    rows = np.zeros((2, 64), dtype=np.float32)
+    rows[0, 7] = 9.0                                               # the draft token 7 is the argmax
+    rows[1, 30], rows[1, 31] = 9.0, 9.0 - DRAFT_TIE_NATS / 2      # the bonus row: 31 a near-tie of 30
+    greedy = TokenSampler(SamplingParams(temperature=0.0), 64)
+
+    def run(after):
+        out: list[int] = []
+        verdict = verify([5, 7], rows, lambda row, draft: greedy.choose(row, out, draft),
+                         lambda choice: out.append(choice.token), after=after)
+        return out, verdict.accepted, verdict.n_valid
+
+    assert run(None) == ([7, 30], 1, 2)
+    assert run(31) == ([7, 31], 1, 2)   # the hint stands at the near-tie; it is no kept draft token
+    rows[1, 31] = 9.0 - 2 * DRAFT_TIE_NATS
+    assert run(31) == ([7, 30], 1, 2)   # a clear margin: the argmax, as plain decoding

@@ -311,3 +311,45 @@ def test_a_source_outbid_by_another_that_still_pays_stays_on():
     controller = Controller([long, short], ControllerConfig(max_draft=8), costs=linear())
     run(controller, SWITCH_OFF * 3, lambda n: n)
     assert controller.state()["short"]["on"] and controller.stats["short"].switched_off == 0
+
+
+def test_the_token_after_a_draft_and_the_next_token_of_an_undrafted_sequence_are_hints():
+    """A free source is asked for one token more than the room; the token after the verified
+    draft is its hint (`Draft.after`), for the row after the draft's last; a sequence whose
+    draft does not pay decodes one row, with its proposal's first token as the hint."""
+    source = Fixed("src", tuple(range(100, 120)))
+    costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    controller = Controller([source], ControllerConfig(max_draft=16), costs=costs)
+    seq = DraftSeq(1, 1, (), False)
+    controller.begin(seq)
+    controller._sources["src"].p[(False, ANY)] = [0.9] * 16
+    plan = controller.plan(1, [DraftAsk(seq, [1], 4)], 0, 256)
+    assert source.asked[-1] == 5
+    assert plan.drafts[1].tokens == (100, 101, 102, 103) and plan.drafts[1].after == 104 and not plan.hints
+    controller._sources["src"].p[(False, ANY)] = [0.9] + [0.0] * 15
+    plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
+    assert plan.drafts[1].tokens == (100,) and plan.drafts[1].after == 101  # cut where it stops paying
+    controller._sources["src"].p[(False, ANY)] = [0.05] * 16
+    plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
+    assert not plan.drafts and plan.hints == {1: 100}
+
+
+def test_a_draft_cut_by_the_grammar_carries_no_hint():
+    class Upto:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def forced(self):
+            return []
+
+        def valid(self, tokens):
+            return min(self.n, len(tokens))
+
+    source = Fixed("src", tuple(range(100, 120)))
+    costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    controller = Controller([source], ControllerConfig(max_draft=16), costs=costs)
+    seq = DraftSeq(1, 1, (), False, grammar=Upto(3))
+    controller.begin(seq)
+    controller._sources["src"].p[(False, ANY)] = [1.0] * 16
+    plan = controller.plan(1, [DraftAsk(seq, [1], 8)], 0, 256)
+    assert plan.drafts[1].tokens == (100, 101, 102) and plan.drafts[1].after is None
