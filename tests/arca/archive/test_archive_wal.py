@@ -147,3 +147,31 @@ def test_the_commit_that_ends_a_log_rewrite_writes_no_copy_of_the_old_log(tmp_pa
         assert max(grown for grown, _, _ in growth[:-1]) <= 3 << 20, growth
     with Archive(ArchiveConfig(directory=directory)) as arc:
         assert all(arc.get(b"key-%d" % i) == b"%d:" % round_ + value for i in range(64))
+
+
+def test_a_log_rewrite_of_large_values_goes_in_slices_of_bounded_bytes(tmp_path, monkeypatch):
+    """A commit carries a running rewrite at least 1024 keys further: of 64 KiB values that
+    was every one of the 256 live keys, 16 MiB in one commit that wrote 256 KiB of its own
+    (and 64 MiB a commit with the default 256 MiB L1 full of such values). The slice now
+    also stops at REWRITE_SLICE_BYTES or twice the commit's own bytes, whichever is more."""
+    _no_checkpoints(monkeypatch)
+    directory = tmp_path / "arca"
+    value = os.urandom(64 << 10)
+    with Archive(ArchiveConfig(directory=directory)) as arc:
+        log = arc._entries.log
+        for i in range(256):  # 16 MiB live
+            arc.put(b"key-%d" % i, value)
+        arc.commit()
+        written = []
+        for round_ in range(400):
+            for i in range(4 * round_, 4 * round_ + 4):  # 256 KiB a commit
+                arc.put(b"key-%d" % (i % 256), b"%d:" % round_ + value)
+            before = wal_size(directory)
+            arc.commit()
+            written.append(wal_size(directory) - before)
+            if log.rewrites:
+                break
+        assert log.rewrites == 1, written
+        assert max(written) <= (2 << 20), (max(written) / (1 << 20), written)
+    with Archive(ArchiveConfig(directory=directory)) as arc:
+        assert arc.dbsize() == 256 and arc.get(b"key-%d" % ((4 * round_) % 256)) == b"%d:" % round_ + value
