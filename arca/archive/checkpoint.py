@@ -26,7 +26,8 @@ thread or a reader (another process) holding an old snapshot: a WAL past
 `WAL_HARD_BYTES` is checkpointed (RESTART) before the next commit, waiting up to
 `RESTART_WAIT_SECONDS`; if it still cannot start over, the commit fails (the server then
 refuses writes and retries, as on a full disk) rather than append past the bound. So the
-WAL file never exceeds WAL_HARD_BYTES plus the writes of one commit.
+WAL file never exceeds WAL_HARD_BYTES plus the writes of one commit (the pages of its rows:
+the pages it frees are not zeroed into the WAL, see store.py).
 """
 
 from __future__ import annotations

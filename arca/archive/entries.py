@@ -174,9 +174,11 @@ class Entries:
     def write_pending(self, conn: sqlite3.Connection) -> None:
         dirty = self.table.dirty
         records = len(dirty)
-        self.log.append(conn, dirty, self.table.encode, flushed=bool(self._flushes))
-        # A commit carries a rewrite twice as far as its own records, so rewrites outpace writes.
-        self._advance_rewrite(conn, idle=False, max_keys=max(self.log.rewrite_slice, 2 * records))
+        packed = self.log.append(conn, dirty, self.table.encode, flushed=bool(self._flushes))
+        # A commit carries a rewrite twice as far as its own records, so rewrites outpace
+        # writes, and (values being large) no further than twice its own bytes or the slice's.
+        self._advance_rewrite(conn, idle=False, max_keys=max(self.log.rewrite_slice, 2 * records),
+                              max_bytes=max(self.log.rewrite_slice_bytes, 2 * packed))
 
     def committed(self) -> None:
         self.watches.before_clear()
@@ -198,19 +200,21 @@ class Entries:
         was written and replay keeps the last, so the order of the two does not matter.)"""
         return self._advance_rewrite(conn, idle=True, max_keys=self.log.rewrite_slice)
 
-    def _advance_rewrite(self, conn: sqlite3.Connection, *, idle: bool, max_keys: int) -> bool:
-        """Start a rewrite when one is due, then re-log up to `max_keys` keys of the running
-        one; True while it has more to do."""
+    def _advance_rewrite(self, conn: sqlite3.Connection, *, idle: bool, max_keys: int,
+                         max_bytes: int | None = None) -> bool:
+        """Start a rewrite when one is due, then re-log up to `max_keys` keys (and about
+        `max_bytes`, default the log's slice bytes) of the running one; True while it has
+        more to do."""
         if self.log.rewrite_due(len(self.table), idle, self.table.used_bytes):
             self.log.start_rewrite(conn, self.table.snapshot())
-        return self.log.rewrite_step(conn, self.table.encode, max_keys)
+        return self.log.rewrite_step(conn, self.table.encode, max_keys, max_bytes)
 
     def compact(self, conn: sqlite3.Connection) -> int:
         """Rewrite the whole log now (inside the caller's transaction); returns the records
         it held before."""
         before = self.log.records
         self.log.start_rewrite(conn, self.table.snapshot())
-        while self.log.rewrite_step(conn, self.table.encode, 1 << 20):
+        while self.log.rewrite_step(conn, self.table.encode, 1 << 20, 0):
             pass
         return before
 

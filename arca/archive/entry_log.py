@@ -16,7 +16,9 @@ more than `rewrite_after_idle` (10k) records while the owner is idle or `rewrite
 `rewrite_after_bytes`, 64 MiB: large values rewritten often), a rewrite starts: it snapshots the list of live keys, and each commit from
 then on also re-logs the current state of the next keys of that list (at least
 `rewrite_slice` (1024) of them and twice as many as the commit's own records, so a rewrite
-outpaces the writes), as does every maintenance step while the owner is idle. A key's
+outpaces the writes, but no more bytes than `rewrite_slice_bytes` (1 MiB) or twice the
+commit's own, whichever is more: 1024 keys of large values would make one commit, and the
+WAL it is bounded by, large), as does every maintenance step while the owner is idle. A key's
 re-logged record is its state at that moment and everything after it is logged after
 it, so replay stays exact however slices and commits interleave. When the last slice is
 written, every batch older than the rewrite's start (and the legacy table) is deleted in
@@ -82,15 +84,19 @@ def decode_batch(blob: bytes) -> Iterator[tuple[bytes, "bytes | None", "int | No
 
 
 REWRITE_SLICE = 1024
+# A slice also stops once it has packed this many bytes (or twice its commit's own, if more).
+REWRITE_SLICE_BYTES = 1024 * 1024
 
 
 class EntryLog:
     def __init__(self, rewrite_after: int = 1_000_000, rewrite_after_idle: int = 10_000,
-                 rewrite_slice: int = REWRITE_SLICE, rewrite_after_bytes: int = 64 * 1024 * 1024) -> None:
+                 rewrite_slice: int = REWRITE_SLICE, rewrite_after_bytes: int = 64 * 1024 * 1024,
+                 rewrite_slice_bytes: int = REWRITE_SLICE_BYTES) -> None:
         self.rewrite_after = rewrite_after  # records before a rewrite starts under load...
         self.rewrite_after_idle = rewrite_after_idle  # ...and while the owner is idle
         self.rewrite_after_bytes = rewrite_after_bytes  # ...or bytes of batches, past twice the live bytes
-        self.rewrite_slice = rewrite_slice  # keys re-logged per step, at least
+        self.rewrite_slice = rewrite_slice  # keys re-logged per step, at least...
+        self.rewrite_slice_bytes = rewrite_slice_bytes  # ...unless they pack to this many bytes
         self.records = 0  # records in the log batches
         self.bytes = 0  # bytes of packed records in the log batches
         self.rewrites = 0  # rewrites completed
@@ -111,16 +117,17 @@ class EntryLog:
         return (self.records > max(threshold, 2 * live_count)
                 or self.bytes > max(self.rewrite_after_bytes, 2 * live_bytes))
 
-    def append(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder, *, flushed: bool) -> None:
-        """Log the current state of `keys` (packed by `encode`, the L1 table's encoder)."""
+    def append(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder, *, flushed: bool) -> int:
+        """Log the current state of `keys` (packed by `encode`, the L1 table's encoder);
+        returns the bytes of packed records written."""
         if flushed:
             conn.execute("DELETE FROM entries")
             conn.execute("DELETE FROM entries_batches")
             self.records = self.bytes = 0
             self._rewrite = None  # what it was rewriting is gone
         count = len(keys)
-        for start in range(0, count, BATCH_RECORDS):
-            self._insert(conn, keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys, encode)
+        return sum(self._insert(conn, keys[start:start + BATCH_RECORDS] if count > BATCH_RECORDS else keys, encode)
+                   for start in range(0, count, BATCH_RECORDS))
 
     def start_rewrite(self, conn: sqlite3.Connection, live_keys: KeySnapshot) -> None:
         """Start re-logging `live_keys` (every key now live: a list, or the L1 table's
@@ -129,19 +136,38 @@ class EntryLog:
             newest = conn.execute("SELECT coalesce(max(seq), 0) FROM entries_batches").fetchone()[0]
             self._rewrite = _Rewrite(live_keys, newest + 1, self.records, self.bytes)
 
-    def rewrite_step(self, conn: sqlite3.Connection, encode: Encoder, max_keys: int | None = None) -> bool:
+    def rewrite_step(self, conn: sqlite3.Connection, encode: Encoder, max_keys: int | None = None,
+                     max_bytes: int | None = None) -> bool:
         """Re-log the current state of up to `max_keys` (default `rewrite_slice`) more keys of
-        the running rewrite, finishing it when none are left; True while it has more to do."""
+        the running rewrite, stopping early once `max_bytes` (default `rewrite_slice_bytes`;
+        0 for no limit) are packed, and finishing the rewrite when no keys are left; True
+        while it has more to do.
+
+        The byte limit keeps a slice of large values from making one commit large (1024 keys
+        of 64 KiB are 64 MiB). Keys are packed in chunks of at least one key and at most
+        BATCH_RECORDS, each at most twice the last and sized to what is left of the limit at
+        the bytes per record the last chunk packed, so values of a steady size overshoot the
+        limit by at most one value, and a sudden run of larger ones by one chunk of them."""
         rewrite = self._rewrite
         if rewrite is None:
             return False
         max_keys = max_keys or self.rewrite_slice
+        budget = self.rewrite_slice_bytes if max_bytes is None else max_bytes
         keys = rewrite.keys
-        end = min(rewrite.position + max_keys, len(keys))
-        for start in range(rewrite.position, end, BATCH_RECORDS):
-            self._insert(conn, keys[start:min(start + BATCH_RECORDS, end)], encode)
-        rewrite.position = end
-        if end < len(keys):
+        position, end, packed = rewrite.position, min(rewrite.position + max_keys, len(keys)), 0
+        while position < end and not (budget and packed >= budget):
+            chunk = BATCH_RECORDS
+            if budget:
+                chunk = max(1, min(BATCH_RECORDS, 2 * rewrite.chunk, (budget - packed) // rewrite.record_bytes))
+                rewrite.chunk = chunk
+            stop = min(position + chunk, end)
+            wrote = self._insert(conn, keys[position:stop], encode)
+            if wrote:
+                rewrite.record_bytes = max(1, wrote // (stop - position))
+            packed += wrote
+            position = stop
+        rewrite.position = position
+        if position < len(keys):
             return True
         conn.execute("DELETE FROM entries_batches WHERE seq < ?", (rewrite.start_seq,))
         conn.execute("DELETE FROM entries")
@@ -151,13 +177,14 @@ class EntryLog:
         self.rewrites += 1
         return False
 
-    def _insert(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder) -> None:
+    def _insert(self, conn: sqlite3.Connection, keys: Sequence[bytes], encode: Encoder) -> int:
         if not keys:
-            return
+            return 0
         blob = encode(keys)
         conn.execute(_INSERT_BATCH, (blob, len(keys), zlib.crc32(blob)))
         self.records += len(keys)
         self.bytes += len(blob)
+        return len(blob)
 
     def rolled_back(self) -> None:
         """The transaction of the last append or rewrite step did not commit: a running
@@ -182,7 +209,7 @@ class EntryLog:
 class _Rewrite:
     """A rewrite in progress: the keys to re-log, how far it got, where it started."""
 
-    __slots__ = ("keys", "position", "start_seq", "records_before", "bytes_before")
+    __slots__ = ("keys", "position", "start_seq", "records_before", "bytes_before", "record_bytes", "chunk")
 
     def __init__(self, keys: KeySnapshot, start_seq: int, records_before: int, bytes_before: int) -> None:
         self.keys = keys
@@ -190,6 +217,9 @@ class _Rewrite:
         self.start_seq = start_seq  # batches with a smaller seq predate the rewrite
         self.records_before = records_before  # records in those batches
         self.bytes_before = bytes_before  # and their bytes
+        # Keys in the last chunk a byte-limited step packed, and its packed bytes per record.
+        self.chunk = 8
+        self.record_bytes = 1
 
 
 def _apply(conn: sqlite3.Connection, latest: dict[bytes, tuple]) -> None:

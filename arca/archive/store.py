@@ -2,9 +2,15 @@
 
 One `Store` per archive directory and per process: an exclusive lock file keeps a second
 process (whose in-memory index would diverge) from opening the same directory. The database
-runs in WAL mode; `synchronous` follows the durability mode. At open the file is checked
-(`PRAGMA quick_check` plus the schema version); a damaged file raises `ArchiveCorruptError`
-naming the file and how to recover, and nothing is served from it.
+runs in WAL mode; `synchronous` follows the durability mode, and `secure_delete` is FAST:
+SQLite builds that default it to on (Debian's does) overwrite every page a statement frees
+with zeros, and in WAL mode each such page is one more frame of the commit. The commit that
+ends an L1 log rewrite frees the whole old log (64 MiB or more), so it wrote that much of
+zeros into the WAL at once, past the WAL bound (see checkpoint.py). FAST still zeroes the
+deleted cells on pages a commit writes anyway, and writes no page for that.
+
+At open the file is checked (`PRAGMA quick_check` plus the schema version); a damaged file
+raises `ArchiveCorruptError` naming the file and how to recover, and nothing is served from it.
 
 A new database is built under a temporary name and renamed into place, so `archive.db`
 is never empty on disk. An empty (0-byte) or missing `archive.db` beside a WAL that
@@ -117,6 +123,9 @@ class Store:
             # Checkpoints run on their own thread (checkpoint.py), never inside a commit.
             conn.execute("PRAGMA wal_autocheckpoint=0")
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+            # Freed pages are not overwritten with zeros (see the module docstring): with
+            # secure_delete on, a commit that frees N pages writes N more into the WAL.
+            conn.execute("PRAGMA secure_delete=FAST")
             if config.verify_on_open:
                 self._quick_check(conn)
             self._migrate(conn)

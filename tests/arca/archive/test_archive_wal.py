@@ -34,7 +34,7 @@ def test_commits_checkpoint_a_wal_past_the_hard_bound(tmp_path, monkeypatch):
             arc.commit()
             peak = max(peak, wal_size(directory))
         assert peak <= (4 << 20) + (512 << 10), peak  # the bound plus one commit
-        assert arc.info()["persistence"]["wal_restart_checkpoints"] >= 5
+        assert int(arc.info()["persistence"]["wal_restart_checkpoints"]) >= 5
         assert arc.kv_get(b"block-0") is not None and arc.get(b"key-159") == b"v" * 1000
     with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
         assert arc.kv_get(b"block-159") is not None and arc.get(b"key-0") == b"v" * 1000
@@ -65,7 +65,7 @@ def test_the_checkpointer_thread_restarts_the_wal_under_sustained_commits(tmp_pa
             time.sleep(0.001)
             peak = max(peak, wal_size(directory))
         assert peak <= (4 << 20) + (6 << 20), peak / (1 << 20)
-        assert arc.info()["persistence"]["wal_restart_checkpoints"] >= 3
+        assert int(arc.info()["persistence"]["wal_restart_checkpoints"]) >= 3
     with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
         assert all(arc.kv_get(b"block-%d" % i) is not None for i in range(0, 640, 7))
 
@@ -109,3 +109,69 @@ def test_a_wal_that_cannot_be_checkpointed_refuses_commits_rather_than_pass_its_
         last = i
     with Archive(ArchiveConfig(directory=directory, kv_max_bytes=256 << 20)) as arc:
         assert all(arc.kv_get(b"block-%d" % j) is not None for j in range(last + 1))
+
+
+def _no_checkpoints(monkeypatch) -> None:
+    """Neither the thread nor the backstop checkpoints: the WAL only grows, so its growth
+    over a commit is every frame that commit wrote."""
+    monkeypatch.setattr(store_module, "CHECKPOINT_WAL_BYTES", 1 << 40)
+    monkeypatch.setattr(store_module, "WAL_HARD_BYTES", 1 << 40)
+
+
+def test_the_commit_that_ends_a_log_rewrite_writes_no_copy_of_the_old_log(tmp_path, monkeypatch):
+    """The commit that ends an L1 log rewrite deletes every older batch. SQLite built with
+    secure_delete on (Debian's) overwrote each freed page with zeros, one WAL frame per page:
+    under the mixed load of tests/e2e/test_arca_resources.py that one commit wrote 64.8 MiB
+    (any other commit at most 2.7 MiB), and where it landed late in the log the WAL peaked at
+    142.6 MiB, past WAL_HARD_BYTES (128 MiB) plus one ordinary commit. Here a 16 MiB log is
+    dropped: before the fix that commit wrote 17.2 MiB, now about its own 2 MiB."""
+    _no_checkpoints(monkeypatch)
+    directory = tmp_path / "arca"
+    value = os.urandom(16 << 10)
+    with Archive(ArchiveConfig(directory=directory)) as arc:
+        log = arc._entries.log
+        log.rewrite_after_bytes = 16 << 20
+        growth: list[tuple[int, int, int]] = []  # (WAL bytes the commit wrote, log bytes before, after)
+        for round_ in range(40):
+            for i in range(64):  # 1 MiB a commit over the same 64 keys
+                arc.put(b"key-%d" % i, b"%d:" % round_ + value)
+            before, log_before = wal_size(directory), log.bytes
+            arc.commit()
+            growth.append((wal_size(directory) - before, log_before, log.bytes))
+            if log.rewrites:
+                break
+        assert log.rewrites == 1, growth
+        written, log_before, log_after = growth[-1]
+        assert log_before >= 15 << 20 and log_after <= 2 << 20, growth  # the old log was dropped...
+        assert written <= 3 << 20, (written / (1 << 20), growth)  # ...without writing it again
+        assert max(grown for grown, _, _ in growth[:-1]) <= 3 << 20, growth
+    with Archive(ArchiveConfig(directory=directory)) as arc:
+        assert all(arc.get(b"key-%d" % i) == b"%d:" % round_ + value for i in range(64))
+
+
+def test_a_log_rewrite_of_large_values_goes_in_slices_of_bounded_bytes(tmp_path, monkeypatch):
+    """A commit carries a running rewrite at least 1024 keys further: of 64 KiB values that
+    was every one of the 256 live keys, 16 MiB in one commit that wrote 256 KiB of its own
+    (and 64 MiB a commit with the default 256 MiB L1 full of such values). The slice now
+    also stops at REWRITE_SLICE_BYTES or twice the commit's own bytes, whichever is more."""
+    _no_checkpoints(monkeypatch)
+    directory = tmp_path / "arca"
+    value = os.urandom(64 << 10)
+    with Archive(ArchiveConfig(directory=directory)) as arc:
+        log = arc._entries.log
+        for i in range(256):  # 16 MiB live
+            arc.put(b"key-%d" % i, value)
+        arc.commit()
+        written = []
+        for round_ in range(400):
+            for i in range(4 * round_, 4 * round_ + 4):  # 256 KiB a commit
+                arc.put(b"key-%d" % (i % 256), b"%d:" % round_ + value)
+            before = wal_size(directory)
+            arc.commit()
+            written.append(wal_size(directory) - before)
+            if log.rewrites:
+                break
+        assert log.rewrites == 1, written
+        assert max(written) <= (2 << 20), (max(written) / (1 << 20), written)
+    with Archive(ArchiveConfig(directory=directory)) as arc:
+        assert arc.dbsize() == 256 and arc.get(b"key-%d" % ((4 * round_) % 256)) == b"%d:" % round_ + value
