@@ -33,9 +33,18 @@ class CostLine:
     per_step: float   # seconds a step costs whatever it holds
     per_token: float  # seconds each token with logits adds
     clamped: bool = False  # the raw fit broke a physical bound and was brought back to it
+    # The staircase (`fit_steps`): a step of more than `tile` tokens with logits whose count is
+    # not a multiple of `tile` costs `tail` seconds more (tile 1: a plain line).
+    tile: int = 1
+    tail: float = 0.0
 
     def seconds(self, n_tokens: int) -> float:
-        return self.per_step + self.per_token * max(1, n_tokens)
+        n = max(1, n_tokens)
+        return self.per_step + self.per_token * n + (self.tail if self.off_tile(n) else 0.0)
+
+    def off_tile(self, n_tokens: int) -> bool:
+        """Whether a step of this many tokens with logits pays the staircase's tail."""
+        return self.tile > 1 and n_tokens > self.tile and n_tokens % self.tile != 0
 
     @property
     def row_share(self) -> float:
@@ -44,12 +53,17 @@ class CostLine:
         return self.per_token / one if one > 0 else 0.0
 
     def describe(self) -> str:
+        stairs = (f"; past {self.tile} rows, a count that is not a multiple of {self.tile} costs "
+                  f"{self.tail * 1000:.1f} ms more" if self.tile > 1 else "")
         return (f"{self.per_step * 1000:.1f} ms + {self.per_token * 1000:.2f} ms per token with logits "
-                f"(a row is {self.row_share:.2f} of a one-token step)")
+                f"(a row is {self.row_share:.2f} of a one-token step{stairs})")
 
     def as_dict(self) -> dict[str, float]:
-        return {"per_step": round(self.per_step * 1000, 2), "per_token": round(self.per_token * 1000, 2),
-                "row_share": round(self.row_share, 3)}
+        out = {"per_step": round(self.per_step * 1000, 2), "per_token": round(self.per_token * 1000, 2),
+               "row_share": round(self.row_share, 3)}
+        if self.tile > 1:
+            out.update(tile=self.tile, tail=round(self.tail * 1000, 2))
+        return out
 
 
 def medians(samples: Mapping[int, Sequence[float]]) -> dict[int, float]:
@@ -84,3 +98,46 @@ def fit_line(points: Mapping[int, float]) -> CostLine | None:
 def fit_samples(samples: Mapping[int, Sequence[float]]) -> CostLine | None:
     """`fit_line` over each size's median: the line from repeated, possibly polluted timings."""
     return fit_line(medians(samples))
+
+
+def fit_steps(points: Mapping[int, float]) -> CostLine | None:
+    """The line, or a staircase on a line where the points show one (`CostLine.tile`).
+
+    The output projection's kernels work on tiles of rows: on the hosts measured here a step of
+    5, 6 or 7 tokens with logits costs about what 8 cost, and one of 9 more than one of 12,
+    while up to 4 the cost is a line. So for each candidate tile (TILES) the line is fitted
+    through the sizes it leaves smooth (up to the tile, and its multiples), and the tail is the
+    median excess of the other sizes over that line. A staircase is believed only where it
+    fits the points at least STAIR_GAIN times better than the plain line (mean relative error),
+    with at least two sizes on each side; otherwise the plain line stands."""
+    line = fit_line(points)
+    if line is None:
+        return None
+    best, best_error = line, _error(line, points)
+    plain_error = best_error
+    for tile in TILES:
+        smooth = {n: s for n, s in points.items() if n <= tile or n % tile == 0}
+        rough = {n: s for n, s in points.items() if n > tile and n % tile != 0}
+        if len(rough) < MIN_SIZES:
+            continue
+        base = fit_line(smooth)
+        if base is None:
+            continue
+        tail = statistics.median(s - base.seconds(n) for n, s in rough.items())
+        if tail <= 0:
+            continue
+        candidate = CostLine(base.per_step, base.per_token, base.clamped, tile, tail)
+        error = _error(candidate, points)
+        if error < best_error and error * STAIR_GAIN <= plain_error:
+            best, best_error = candidate, error
+    return best
+
+
+TILES = (2, 4, 8, 16)
+STAIR_GAIN = 2.0  # a staircase must fit the points this many times better than the line
+
+
+def _error(line: CostLine, points: Mapping[int, float]) -> float:
+    """Mean relative error of the line at the points."""
+    good = [(n, s) for n, s in points.items() if n >= 1 and s > 0]
+    return sum(abs(line.seconds(n) - s) / s for n, s in good) / max(1, len(good))

@@ -17,10 +17,12 @@ The row budget. On a CPU a step costs a fixed part and a part per row with logit
 line, costs.py, fitted from the steps the engine runs), so a draft's position i costs one
 row (plus the source's own making cost) and buys g_i tokens. The planner takes every
 sequence's best draft, ranks all their positions across sequences by kept tokens per
-second of row, and takes them in that order while each one raises the whole step's
-expected tokens per second ((decoding tokens + kept drafts) / step time): rows go to the
-drafts that buy most, wherever they are in the batch, and a sequence's draft length is
-where its positions stop paying (it adapts per sequence and per match, never a fixed max).
+second of row, and of every count of positions taken in that order keeps the one that gives
+the whole step the most expected tokens per second ((decoding tokens + kept drafts) / the
+step's time on the cost curve, which may be a staircase: where the output projection works
+in tiles of 4 rows, 8 rows cost what 5 do, so a plan fills a tile or adds nothing): rows go
+to the drafts that buy most, wherever they are in the batch, and a sequence's draft length
+is where its positions stop paying (it adapts per sequence and per match, never a fixed max).
 A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
@@ -145,7 +147,7 @@ class Controller:
         owed = min(prefill, int(budget * PREFILL_SHARE))  # a waiting prompt's share of the step
         rows_left = max(0, budget - owed)
         n = max(1, n_decoding)
-        row_s = max(self.costs.seconds(n + 1) - self.costs.seconds(n), 1e-9)
+        row_s = max(self.costs.row_seconds(), 1e-9)  # a row on the line; the staircase is priced per plan
         plain = n / self.costs.seconds(n)  # plain decoding's tokens per second of this step
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
@@ -228,39 +230,54 @@ class Controller:
 
     def _allocate(self, options: list[_Option], n: int, row_s: float, plain: float,
                   rows_left: int) -> tuple[dict[int, Draft], int]:
-        """Rows to draft positions, across sequences, by kept tokens per second of row, while each
-        raises the step's expected tokens per second; (drafts by sequence key, rows taken)."""
-        base_s = self.costs.seconds(n)
-        tokens, seconds, rows = float(n), base_s, 0
+        """Rows to draft positions, across sequences: the positions ranked by kept tokens per
+        second of row, and of every count of them taken in that order the one giving the step
+        the most expected tokens per second, priced on the cost curve as a whole (on a
+        staircase, 4 more rows can cost what 1 does, so the best count sits on a tile);
+        (drafts by sequence key, rows taken)."""
+        tokens, making, rows = float(n), 0.0, 0
         taken = {id(o): o.forced for o in options}
         for o in options:  # probes go in whatever they are worth
             tokens += sum(o.gains[:o.forced])
-            seconds += o.cost * o.forced
+            making += (o.cost - row_s) * o.forced
             rows += o.forced
         ranked = sorted(((o.gains[i] / o.cost, i, k, o) for k, o in enumerate(options) if not o.forced
                          for i in range(len(o.gains))), key=lambda item: (-item[0], item[1], item[2]))
-        for ratio, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
-            if rows >= rows_left or ratio <= tokens / seconds:
+        order: list[tuple[_Option, int]] = []
+        reach = dict(taken)
+        for _, i, _, o in ranked:  # equal worth: earlier positions first, so rows spread over sequences
+            if rows + len(order) >= rows_left:
                 break
-            if taken[id(o)] != i:  # a later position of a draft whose earlier one did not go in
+            if reach[id(o)] != i:  # a later position of a draft whose earlier one did not go in
                 continue
-            taken[id(o)] = i + 1
+            reach[id(o)] = i + 1
+            order.append((o, i))
+        best, best_rate = 0, tokens / (self.costs.seconds(n + rows) + making)
+        for m, (o, i) in enumerate(order, 1):
             tokens += o.gains[i]
-            seconds += o.cost
-            rows += 1
+            making += o.cost - row_s
+            rate = tokens / (self.costs.seconds(n + rows + m) + making)
+            if rate > best_rate:
+                best, best_rate = m, rate
+        for o, i in order[:best]:
+            taken[id(o)] = i + 1
+        rows += best
         floor = self.config.min_draft
         drafts: dict[int, Draft] = {}
+        tokens, making = float(n), 0.0
         for o in options:
             j = taken[id(o)]
             if o.forced or j >= floor:
-                drafts[o.seq.key] = o.draft.head(j)
+                if j:
+                    drafts[o.seq.key] = o.draft.head(j)
+                    tokens += sum(o.gains[:j])
+                    making += (o.cost - row_s) * j
             elif j:
-                tokens -= sum(o.gains[:j])
-                seconds -= o.cost * j
                 rows -= j
-        if drafts and not any(o.forced for o in options) and tokens / seconds < plain * MARGIN:
+        if drafts and not any(o.forced for o in options) and \
+                tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
             return {}, 0
-        return {key: d for key, d in drafts.items() if d.tokens}, rows
+        return drafts, rows
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)

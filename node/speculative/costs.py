@@ -6,7 +6,10 @@ sequence a token belongs to matters little (measured here: 4 users' single token
 about what 4 tokens of one sequence cost). So the curve is one function of the step's
 token count: a line (node/engine/cost_line.py: medians of repeats, a Theil-Sen slope, the
 physical bounds that a token with logits costs neither less than nothing nor more than a
-one-token step).
+one-token step), or a staircase on it where the measured sizes show one (`fit_steps`: the
+output projection's kernels work in tiles of rows; on an AMX-trapping Xeon a step of 5 rows
+with logits costs what 8 cost, 14 ms more than 4, so the sizes calibrated include both sides
+of each tile up to 17).
 
 It is measured by the engine (`calibrate`) only while no request waits, never inside a
 request's latency: every step shape is decoded once unmeasured first (the first multi-row
@@ -38,11 +41,11 @@ import statistics
 import time
 from typing import Callable
 
-from node.engine.cost_line import CostLine, fit_line
+from node.engine.cost_line import CostLine, fit_line, fit_steps
 
 log = logging.getLogger(__name__)
 
-PROBE_SIZES = (1, 2, 3, 5, 9, 17, 32, 68)
+PROBE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 32, 68)
 REPEATS = 5
 MIN_CALIBRATED_SIZES = 3  # a line through fewer measured sizes is one outlier away from absurd
 CALIBRATION_BUDGET_S = 6.0  # wall time one calibration may take (it stops at the end of a round): ~5 rounds quiet
@@ -58,12 +61,14 @@ RECALIBRATE_MAX_S = 1800.0  # each further one twice as late, up to this
 
 
 class CostCurve:
-    """seconds(n) = (intercept + slope * n) * scale: a line fitted robustly to measured steps."""
+    """seconds(n) = (intercept + slope * n + the staircase's tail where n is off its tile) * scale:
+    a line or a staircase fitted robustly to measured steps."""
 
     def __init__(self, points: dict[int, float] | None = None, *, fixed: bool = False) -> None:
         # the shape of a one-token step of ~13 ms on a quiet 2-core host until calibrated:
         # 10.4 ms fixed + 2.6 ms per token with logits
         self.intercept, self.slope = 0.0104, 0.0026
+        self.tile, self.tail = 1, 0.0  # no staircase until one is measured
         self.scale = 1.0
         self.measured = False
         self.points: dict[int, float] = {}
@@ -81,11 +86,15 @@ class CostCurve:
         self._start_rate: float | None = None
 
     def fit(self, points: dict[int, float]) -> None:
-        """The line through these points (node/engine/cost_line.py: robust, physically bounded)."""
-        line = fit_line(points)
+        """The line or staircase through these points (node/engine/cost_line.py: robust,
+        physically bounded)."""
+        self._adopt(fit_steps(points), points)
+
+    def _adopt(self, line: CostLine | None, points: dict[int, float]) -> None:
         if line is None:
             return
         self.intercept, self.slope = max(line.per_step, 1e-5), line.per_token
+        self.tile, self.tail = line.tile, line.tail
         self.points, self.measured, self.scale = dict(points), True, 1.0
         self._drift_steps = 0
         if line.clamped:
@@ -128,8 +137,8 @@ class CostCurve:
         self.calibrations += 1
         self._recent.clear()
         self._candidate = None
-        log.info("verify cost curve: %.1f ms + %.2f ms per token (medians of %d rounds: %s; %.1f s)",
-                 self.intercept * 1000, self.slope * 1000, min(len(v) for v in samples.values()),
+        log.info("verify cost curve: %s (medians of %d rounds: %s; %.1f s)",
+                 self.line().describe(), min(len(v) for v in samples.values()),
                  ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())),
                  time.monotonic() - started)
 
@@ -139,11 +148,18 @@ class CostCurve:
         return self._start_rate
 
     def seconds(self, n_tokens: int) -> float:
-        return (self.intercept + self.slope * max(1, n_tokens)) * self.scale
+        n = max(1, n_tokens)
+        tail = self.tail if self.tile > 1 and n > self.tile and n % self.tile else 0.0
+        return (self.intercept + self.slope * n + tail) * self.scale
+
+    def row_seconds(self) -> float:
+        """What one more token with logits costs on the line, the staircase aside."""
+        return self.slope * self.scale
 
     def line(self) -> CostLine:
-        """The line as it stands now, the scale included."""
-        return CostLine(self.intercept * self.scale, self.slope * self.scale)
+        """The line (and staircase) as it stands now, the scale included."""
+        return CostLine(self.intercept * self.scale, self.slope * self.scale, tile=self.tile,
+                        tail=self.tail * self.scale)
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         if self.fixed or seconds <= 0:
@@ -166,18 +182,32 @@ class CostCurve:
         """A candidate line through the recent steps' medians by size; adopted when the window
         before gave one that agrees (a lasting change, not a burst)."""
         points = {n: statistics.median(d) for n, d in self._recent.items() if len(d) >= MIN_RECENT}
-        candidate = fit_line(points)
+        candidate = self._recent_fit(points)
         if candidate is None:
             return
         previous, self._candidate = self._candidate, candidate
         if previous is None or abs(candidate.per_token - previous.per_token) > AGREE * max(previous.per_token, 1e-4):
             return
         before = (self.intercept * self.scale, self.slope * self.scale)
-        self.fit(points)
+        self._adopt(candidate, points)
         self.refits += 1
         if abs(self.slope - before[1]) > AGREE * max(before[1], 1e-4):
             log.info("verify cost curve refitted from recent steps: %.1f ms + %.2f ms per token (was %.1f + %.2f)",
                      self.intercept * 1000, self.slope * 1000, before[0] * 1000, before[1] * 1000)
+
+    def _recent_fit(self, points: dict[int, float]) -> CostLine | None:
+        """The curve through the recent steps' sizes. Steps seen in service may all sit on one
+        side of the staircase (the planner avoids the costly sizes once it knows them): then
+        the line is refitted through the sizes on the tile and the tail measured before stays."""
+        if self.tile > 1:
+            rough = [n for n in points if n > self.tile and n % self.tile]
+            if len(rough) < 2:
+                line = fit_line({n: s for n, s in points.items() if n <= self.tile or n % self.tile == 0})
+                if line is None:
+                    return None
+                moved = line.per_token / self.slope if self.slope > 0 else 1.0  # the host's speed moved it
+                return CostLine(line.per_step, line.per_token, line.clamped, self.tile, self.tail * moved)
+        return fit_steps(points)
 
     @property
     def drifted(self) -> bool:

@@ -1,0 +1,91 @@
+"""The cost curve as a staircase: where the output projection works in tiles of rows, a step
+of 5 rows with logits costs what 8 cost. Table tests without a model: the points are what the
+AMX-trapping Xeon measured (docs/BENCHMARKS.md), or a plain line with noise."""
+
+from __future__ import annotations
+
+import random
+
+from node.engine.cost_line import fit_line, fit_steps
+from node.engine.hooks import Draft, DraftAsk, DraftSeq
+from node.speculative.controller import ANY, Controller, ControllerConfig
+from node.speculative.costs import PROBE_SIZES, REFIT_EVERY, CostCurve
+
+# ms by tokens with logits in one step, one sequence, 80 tokens of context (min of 7)
+XEON_MS = {1: 20.9, 2: 23.3, 3: 26.5, 4: 30.4, 5: 45.0, 6: 49.1, 7: 52.1, 8: 44.6, 9: 58.7, 12: 54.3,
+           16: 64.6, 17: 79.9, 32: 113.0}
+XEON = {n: ms / 1000 for n, ms in XEON_MS.items()}
+
+
+def test_a_staircase_is_found_where_the_steps_show_one_and_prices_every_size():
+    line = fit_steps(XEON)
+    assert line is not None and line.tile == 4 and 0.010 < line.tail < 0.017
+    for n, seconds in XEON.items():
+        assert abs(line.seconds(n) - seconds) / seconds < 0.08, n
+    assert line.seconds(5) > line.seconds(8) and line.seconds(9) > line.seconds(12)
+    plain = fit_line(XEON)
+    assert plain is not None and abs(plain.seconds(5) - XEON[5]) / XEON[5] > 0.2  # the line misprices 5 rows
+    assert "multiple of 4" in line.describe() and line.as_dict()["tile"] == 4
+
+
+def test_a_line_with_noise_stays_a_line():
+    rng = random.Random(7)
+    for _ in range(20):
+        points = {n: (0.018 + 0.0033 * n) * rng.uniform(0.95, 1.05) for n in PROBE_SIZES}
+        line = fit_steps(points)
+        assert line is not None and line.tile == 1 and line.tail == 0.0
+
+
+def test_the_calibration_measures_both_sides_of_a_tile():
+    assert {4, 5, 8, 9, 12, 16, 17} <= set(PROBE_SIZES)
+
+
+def xeon_measure(n_seqs: int, k: int) -> float:
+    return fit_steps(XEON).seconds(n_seqs * (k + 1))  # type: ignore[union-attr]
+
+
+def test_calibration_and_refits_keep_the_staircase():
+    curve = CostCurve()
+    curve.calibrate(xeon_measure, 4, 16, budget_s=60)
+    assert curve.tile == 4 and curve.seconds(5) > curve.seconds(8)
+    tail = curve.tail
+    for i in range(4 * REFIT_EVERY):  # service where the planner kept to the tile: sizes 4 and 8 only
+        n = (4, 8)[i % 2]
+        curve.observe(n, xeon_measure(1, n - 1))
+    assert curve.refits >= 1 and curve.tile == 4 and abs(curve.tail - tail) / tail < 0.2
+
+
+class Own:
+    cost_per_token = 0.0
+
+    def __init__(self, key: int) -> None:
+        self.name, self.key = f"s{key}", key
+
+    def begin(self, seq): ...
+    def end(self, seq, tokens): ...
+
+    def propose(self, seq, context, k):
+        return Draft(tuple(range(k)), self.name) if seq.key == self.key else None
+
+
+def plan_lengths(curve: CostCurve, acceptance: list[float]) -> list[int]:
+    controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=curve)
+    seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
+    for seq, p in zip(seqs, acceptance):
+        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        controller.begin(seq)
+    plan = controller.plan(len(seqs), [DraftAsk(s, [1], 16) for s in seqs], 0, 256)
+    return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
+
+
+def test_on_a_staircase_a_batch_of_four_drafts_a_whole_tile_or_nothing():
+    stairs = CostCurve(dict(XEON), fixed=True)
+    line = CostCurve({n: fit_line(XEON).seconds(n) for n in XEON}, fixed=True)  # type: ignore[union-attr]
+    assert stairs.tile == 4 and line.tile == 1
+    # one user of four loops (its drafts kept 80% a position), three have nothing to draft:
+    # the line buys a row or two for it, which on this host costs the other three 14 ms a step
+    assert 0 < sum(plan_lengths(line, [0.8, 0.0, 0.0, 0.0])) < 4
+    assert sum(plan_lengths(stairs, [0.8, 0.0, 0.0, 0.0])) in (0, 4, 8, 12)
+    # drafts that are kept: rows to a multiple of the tile
+    for acceptance in ([0.95, 0.9, 0.0, 0.0], [0.97, 0.97, 0.97, 0.97], [0.9, 0.5, 0.3, 0.0]):
+        assert (4 + sum(plan_lengths(stairs, acceptance))) % 4 == 0, acceptance
