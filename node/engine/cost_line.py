@@ -44,7 +44,8 @@ class CostLine:
 
     def off_tile(self, n_tokens: int) -> bool:
         """Whether a step of this many tokens with logits pays the staircase's tail."""
-        return self.tile > 1 and n_tokens > self.tile and n_tokens % self.tile != 0
+        return off_tile(self.tile, n_tokens)
+
 
     @property
     def row_share(self) -> float:
@@ -116,8 +117,8 @@ def fit_steps(points: Mapping[int, float]) -> CostLine | None:
     best, best_error = line, _error(line, points)
     plain_error = best_error
     for tile in TILES:
-        smooth = {n: s for n, s in points.items() if n <= tile or n % tile == 0}
-        rough = {n: s for n, s in points.items() if n > tile and n % tile != 0}
+        smooth = {n: s for n, s in points.items() if not off_tile(tile, n)}
+        rough = {n: s for n, s in points.items() if off_tile(tile, n)}
         if len(rough) < MIN_SIZES:
             continue
         base = fit_line(smooth)
@@ -141,3 +142,8 @@ def _error(line: CostLine, points: Mapping[int, float]) -> float:
     """Mean relative error of the line at the points."""
     good = [(n, s) for n, s in points.items() if n >= 1 and s > 0]
     return sum(abs(line.seconds(n) - s) / s for n, s in good) / max(1, len(good))
+
+
+def off_tile(tile: int, n_tokens: int) -> bool:
+    """Whether a step of n_tokens with logits sits past a tile of `tile` rows and off its multiples."""
+    return tile > 1 and n_tokens > tile and n_tokens % tile != 0

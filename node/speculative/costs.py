@@ -41,7 +41,7 @@ import statistics
 import time
 from typing import Callable
 
-from node.engine.cost_line import CostLine, fit_line, fit_steps
+from node.engine.cost_line import CostLine, fit_line, fit_steps, off_tile
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class CostCurve:
 
     def seconds(self, n_tokens: int) -> float:
         n = max(1, n_tokens)
-        tail = self.tail if self.tile > 1 and n > self.tile and n % self.tile else 0.0
+        tail = self.tail if off_tile(self.tile, n) else 0.0
         return (self.intercept + self.slope * n + tail) * self.scale
 
     def row_seconds(self) -> float:
@@ -200,9 +200,9 @@ class CostCurve:
         side of the staircase (the planner avoids the costly sizes once it knows them): then
         the line is refitted through the sizes on the tile and the tail measured before stays."""
         if self.tile > 1:
-            rough = [n for n in points if n > self.tile and n % self.tile]
+            rough = [n for n in points if off_tile(self.tile, n)]
             if len(rough) < 2:
-                line = fit_line({n: s for n, s in points.items() if n <= self.tile or n % self.tile == 0})
+                line = fit_line({n: s for n, s in points.items() if not off_tile(self.tile, n)})
                 if line is None:
                     return None
                 moved = line.per_token / self.slope if self.slope > 0 else 1.0  # the host's speed moved it

@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 
 from node.engine.cost_line import fit_line, fit_steps
-from node.engine.hooks import Draft, DraftAsk, DraftSeq
+from node.engine.hooks import DraftAsk, DraftSeq
 from node.speculative.controller import ANY, Controller, ControllerConfig
 from node.speculative.costs import PROBE_SIZES, REFIT_EVERY, CostCurve
+from tests.node.speculative.test_controller import Own
 
 # ms by tokens with logits in one step, one sequence, 80 tokens of context (min of 7)
 XEON_MS = {1: 20.9, 2: 23.3, 3: 26.5, 4: 30.4, 5: 45.0, 6: 49.1, 7: 52.1, 8: 44.6, 9: 58.7, 12: 54.3,
@@ -53,19 +54,6 @@ def test_calibration_and_refits_keep_the_staircase():
         n = (4, 8)[i % 2]
         curve.observe(n, xeon_measure(1, n - 1))
     assert curve.refits >= 1 and curve.tile == 4 and abs(curve.tail - tail) / tail < 0.2
-
-
-class Own:
-    cost_per_token = 0.0
-
-    def __init__(self, key: int) -> None:
-        self.name, self.key = f"s{key}", key
-
-    def begin(self, seq): ...
-    def end(self, seq, tokens): ...
-
-    def propose(self, seq, context, k):
-        return Draft(tuple(range(k)), self.name) if seq.key == self.key else None
 
 
 def plan_lengths(curve: CostCurve, acceptance: list[float]) -> list[int]:
