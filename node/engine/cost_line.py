@@ -46,7 +46,6 @@ class CostLine:
         """Whether a step of this many tokens with logits pays the staircase's tail."""
         return off_tile(self.tile, n_tokens)
 
-
     @property
     def row_share(self) -> float:
         """What an extra token with logits costs as a share of a one-token step."""
