@@ -37,10 +37,20 @@ class CostLine:
     # not a multiple of `tile` costs `tail` seconds more (tile 1: a plain line).
     tile: int = 1
     tail: float = 0.0
+    # A step of one token with logits costs `solo` seconds less than the line through the
+    # larger steps (`fit_steps`): a lone row runs matrix-vector kernels, which on some hosts
+    # cost less for it than the matrix-matrix kernels of several rows cost per row.
+    solo: float = 0.0
 
     def seconds(self, n_tokens: int) -> float:
         n = max(1, n_tokens)
-        return self.per_step + self.per_token * n + (self.tail if self.off_tile(n) else 0.0)
+        return (self.per_step + self.per_token * n + (self.tail if self.off_tile(n) else 0.0)
+                - (self.solo if n == 1 else 0.0))
+
+    def scaled(self, factor: float) -> CostLine:
+        """The same shape on a host `factor` times as slow."""
+        return CostLine(self.per_step * factor, self.per_token * factor, self.clamped, self.tile,
+                        self.tail * factor, self.solo * factor)
 
     def off_tile(self, n_tokens: int) -> bool:
         """Whether a step of this many tokens with logits pays the staircase's tail."""
@@ -55,6 +65,8 @@ class CostLine:
     def describe(self) -> str:
         stairs = (f"; past {self.tile} rows, a count that is not a multiple of {self.tile} costs "
                   f"{self.tail * 1000:.1f} ms more" if self.tile > 1 else "")
+        if self.solo > 0:
+            stairs += f"; a one-token step costs {self.solo * 1000:.1f} ms less than the line"
         return (f"{self.per_step * 1000:.1f} ms + {self.per_token * 1000:.2f} ms per token with logits "
                 f"(a row is {self.row_share:.2f} of a one-token step{stairs})")
 
@@ -63,6 +75,8 @@ class CostLine:
                "row_share": round(self.row_share, 3)}
         if self.tile > 1:
             out.update(tile=self.tile, tail=round(self.tail * 1000, 2))
+        if self.solo > 0:
+            out.update(solo=round(self.solo * 1000, 2))
         return out
 
 
@@ -101,40 +115,56 @@ def fit_samples(samples: Mapping[int, Sequence[float]]) -> CostLine | None:
 
 
 def fit_steps(points: Mapping[int, float]) -> CostLine | None:
-    """The line, or a staircase on a line where the points show one (`CostLine.tile`).
+    """The line, or a staircase on a line, or a line that a lone row undercuts, where the
+    points show one (`CostLine.tile`, `CostLine.solo`).
 
     The output projection's kernels work on tiles of rows: on the hosts measured here a step of
     5, 6 or 7 tokens with logits costs about what 8 cost, and one of 9 more than one of 12,
-    while up to 4 the cost is a line. So for each candidate tile (TILES) the line is fitted
-    through the sizes it leaves smooth (up to the tile, and its multiples), and the tail is the
-    median excess of the other sizes over that line. A staircase is believed only where it
-    fits the points at least STAIR_GAIN times better than the plain line (mean relative error),
-    with at least two sizes on each side; otherwise the plain line stands."""
+    while up to 4 the cost is a line; on another (an AVX2-only EPYC) every odd count past 2
+    costs what the next even one does, and a lone row, decoded by matrix-vector kernels, costs
+    a third less than the line through 2, 4, 8 and 16 rows says. So for each candidate tile
+    (TILES, or none) and with or without the lone row apart, the line is fitted through the
+    sizes left smooth (up to the tile, and its multiples; the lone row left out when apart),
+    the tail is the median excess of the other sizes over that line, and `solo` what the lone
+    row costs under it (at least SOLO_MIN of its step less). Such a shape is believed only
+    where it fits the points at least STAIR_GAIN times better than the plain line (mean
+    relative error), with at least two sizes on each side of a tile; otherwise the plain line
+    stands."""
     line = fit_line(points)
     if line is None:
         return None
     best, best_error = line, _error(line, points)
     plain_error = best_error
-    for tile in TILES:
-        smooth = {n: s for n, s in points.items() if not off_tile(tile, n)}
-        rough = {n: s for n, s in points.items() if off_tile(tile, n)}
-        if len(rough) < MIN_SIZES:
-            continue
-        base = fit_line(smooth)
-        if base is None:
-            continue
-        tail = statistics.median(s - base.seconds(n) for n, s in rough.items())
-        if tail <= 0:
-            continue
-        candidate = CostLine(base.per_step, base.per_token, base.clamped, tile, tail)
-        error = _error(candidate, points)
-        if error < best_error and error * STAIR_GAIN <= plain_error:
-            best, best_error = candidate, error
+    for tile in (1, *TILES):
+        for apart in (False, True):
+            if tile == 1 and not apart:
+                continue  # the plain line
+            if apart and 1 not in points:
+                continue
+            rest = {n: s for n, s in points.items() if not (apart and n == 1)}
+            smooth = {n: s for n, s in rest.items() if not off_tile(tile, n)}
+            rough = {n: s for n, s in rest.items() if off_tile(tile, n)}
+            if tile > 1 and len(rough) < MIN_SIZES:
+                continue
+            base = fit_line(smooth)
+            if base is None:
+                continue
+            tail = statistics.median(s - base.seconds(n) for n, s in rough.items()) if tile > 1 else 0.0
+            if tile > 1 and tail <= 0:
+                continue
+            solo = base.seconds(1) - points[1] if apart else 0.0
+            if apart and solo < SOLO_MIN * points[1]:
+                continue
+            candidate = CostLine(base.per_step, base.per_token, base.clamped, tile, tail, solo)
+            error = _error(candidate, points)
+            if error < best_error and error * STAIR_GAIN <= plain_error:
+                best, best_error = candidate, error
     return best
 
 
 TILES = (2, 4, 8, 16)
 STAIR_GAIN = 2.0  # a staircase must fit the points this many times better than the line
+SOLO_MIN = 0.15   # a lone row apart must cost at least this share of its step less than the line (not noise)
 
 
 def _error(line: CostLine, points: Mapping[int, float]) -> float:

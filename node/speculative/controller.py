@@ -30,10 +30,23 @@ gets what the drafts leave.
 Under a grammar, every source's draft is cut where the grammar stops admitting it (a token
 the grammar forbids can never be kept, so verifying it would only cost a row).
 
-A source whose proposals were all judged not to pay SWITCH_OFF times in a row is switched
-off (not even asked) and re-probed after a backoff in steps (doubling, up to BACKOFF_MAX):
-the probe verifies a short draft so its estimates see fresh evidence; while they say it
-pays it stays on. Both switches are logged with the numbers behind them.
+Hit history without rows. A proposal that is not verified is still evidence: the controller
+follows it (a shadow, at most SHADOWS per source and sequence) against the tokens the
+sequence goes on to generate, and each position it reaches counts as if verified: kept where
+the generated token is the proposed one, rejected at the first that is not (for a greedy
+sequence exactly what verification would have said, up to its near-tie rule; for a sampled
+one the same chance, since plain sampling emits a deterministic draft's token with the
+probability the rejection sampler keeps it). So a source whose drafts do not pay yet keeps
+learning from every step: when a workload turns repetitive (a request the Palimpsest has
+seen, text the prompt repeats) its estimates rise while the sequence decodes plainly, and
+its drafts start paying within a few steps, on a host where a row costs half a step as on
+one where it costs a tenth.
+
+A source that costs nothing to ask is therefore always asked. A source that costs time to
+ask (a draft model) and whose proposals were all judged not to pay SWITCH_OFF times in a row
+is switched off (not even asked) and re-probed after a backoff in steps (doubling, up to
+BACKOFF_MAX): the probe verifies a short draft so its estimates see fresh evidence; while
+they say it pays it stays on. Both switches are logged with the numbers behind them.
 """
 
 from __future__ import annotations
@@ -61,6 +74,7 @@ PROBE_TOKENS = 3
 MARGIN = 1.02         # a plan with drafts must promise this much more throughput than none
 PREFILL_SHARE = 0.5   # the share of the step's token budget drafts leave to a waiting prompt
 ANY = -1              # the match class of the estimate over every match
+SHADOWS = 8           # unverified proposals followed at once, per source and sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +99,23 @@ class _SourceState:
 
 
 @dataclass(slots=True)
+class _Shadow:
+    """A proposal not verified, followed against what the sequence generates next:
+    tokens[i] predicts context[start + i]; `checked` positions are judged so far."""
+
+    source: str
+    tokens: tuple[int, ...]
+    start: int
+    match: int
+    checked: int = 0
+    verified: int = 0  # its first positions went to verification: judged on from there once they were kept
+
+
+@dataclass(slots=True)
 class _SeqState:
     reached: dict[str, list[int]] = field(default_factory=dict)
     kept: dict[str, list[int]] = field(default_factory=dict)
+    shadows: list[_Shadow] = field(default_factory=list)
 
 
 class Controller:
@@ -153,16 +181,25 @@ class Controller:
         proposed: list[_SourceState] = []
         worthy: set[str] = set()  # sources whose draft for some sequence beat plain decoding
         hints: dict[int, int] = {}  # the next token a source proposed, by sequence
+        proposals: list[tuple[DraftAsk, _SeqState, Draft]] = []  # every draft proposed, for the shadows
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
-            room = min(ask.room, self.config.max_draft)
-            if own is None or room <= 0:
+            if own is None:
                 continue
-            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints)
+            self._follow(ask, own)
+            room = min(ask.room, self.config.max_draft)
+            if room <= 0:
+                continue
+            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints, proposals)
             if option is not None:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+        for ask, own, draft in proposals:
+            verifying = drafts.get(ask.seq.key)
+            head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
+            if head < len(draft.tokens):
+                self._shadow(own, draft, len(ask.context), head)
         paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
         probed = {o.state.source.name for o in chosen if o.forced}
         for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
@@ -176,7 +213,8 @@ class Controller:
                         {key: token for key, token in hints.items() if key not in drafts})
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
-                     proposed: list[_SourceState], worthy: set[str], hints: dict[int, int]) -> _Option | None:
+                     proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
+                     proposals: list[tuple[DraftAsk, _SeqState, Draft]]) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
         at plain decoding's rate (a probing source's draft whatever it is worth). A source that
         costs nothing to ask is asked for one token more than the room: the token after the
@@ -202,6 +240,7 @@ class Controller:
             if state not in proposed:
                 proposed.append(state)
             hints.setdefault(ask.seq.key, int(draft.tokens[0]))
+            proposals.append((ask, own, draft))
             draft = draft.head(room)
             gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens))
             cost = row_s + making
@@ -286,19 +325,62 @@ class Controller:
         drafted = len(draft.tokens)
         self.stats[draft.source].record(drafted, accepted)
         self._this_step.append((draft.source, drafted, accepted))
-        for match_class in {ANY, _match_class(draft.match) if draft.match > 0 else ANY}:
-            p = self._table(state, seq.sampled, match_class)
-            for i in range(min(drafted, accepted + 1)):
-                p[i] += EMA * ((1.0 if i < accepted else 0.0) - p[i])
-            if accepted == drafted < len(p):  # all kept: the next position is likely kept too
-                p[drafted] += EMA * (1.0 - p[drafted])
         own = self._seqs.get(seq.key)
-        if own is not None:
-            reached = own.reached.setdefault(draft.source, [0] * self.config.max_draft)
-            kept = own.kept.setdefault(draft.source, [0] * self.config.max_draft)
-            for i in range(min(drafted, accepted + 1)):
-                reached[i] += 1
-                kept[i] += i < accepted
+        for i in range(min(drafted, accepted + 1)):
+            self._observe(state, own, seq.sampled, draft.match, i, i < accepted)
+        if accepted == drafted:  # all kept: the next position is likely kept too
+            for match_class in _classes(draft.match):
+                p = self._table(state, seq.sampled, match_class)
+                if drafted < len(p):
+                    p[drafted] += EMA * (1.0 - p[drafted])
+
+    def _observe(self, state: _SourceState, own: _SeqState | None, sampled: bool, match: int, i: int,
+                 kept: bool) -> None:
+        """Position i of one of the source's drafts was reached, and kept or not: the source's
+        estimates for this kind of sequence and match, and the sequence's own counts."""
+        for match_class in _classes(match):
+            p = self._table(state, sampled, match_class)
+            if i < len(p):
+                p[i] += EMA * ((1.0 if kept else 0.0) - p[i])
+        if own is not None and i < self.config.max_draft:
+            name = state.source.name
+            own.reached.setdefault(name, [0] * self.config.max_draft)[i] += 1
+            own.kept.setdefault(name, [0] * self.config.max_draft)[i] += kept
+
+    def _shadow(self, own: _SeqState, draft: Draft, start: int, verified: int) -> None:
+        """Follow a proposal past what the step verifies of it (one more of its source's shadows
+        for the sequence): a draft cut short by the planner tells, once kept, whether its
+        further positions would have been kept too."""
+        if sum(1 for s in own.shadows if s.source == draft.source) < SHADOWS:
+            own.shadows.append(_Shadow(draft.source, tuple(draft.tokens), start, draft.match, verified, verified))
+
+    def _follow(self, ask: DraftAsk, own: _SeqState) -> None:
+        """Judge the sequence's shadows on the tokens it generated since they were proposed; a
+        shadow ends at its first miss or its last token."""
+        if not own.shadows:
+            return
+        context, length, alive = ask.context, len(ask.context), []
+        for shadow in own.shadows:
+            state = self._sources.get(shadow.source)
+            done = state is None
+            if shadow.verified and not done:
+                head = shadow.start + shadow.verified
+                if head > length:
+                    alive.append(shadow)
+                    continue
+                # judged on only where verification kept the whole head (its own outcome is counted there)
+                done = tuple(int(t) for t in context[shadow.start:head]) != shadow.tokens[:shadow.verified]
+                shadow.verified = 0
+            while not done and shadow.checked < len(shadow.tokens) and shadow.start + shadow.checked < length:
+                i = shadow.checked
+                kept = int(context[shadow.start + i]) == shadow.tokens[i]
+                assert state is not None
+                self._observe(state, own, ask.seq.sampled, shadow.match, i, kept)
+                shadow.checked += 1
+                done = not kept
+            if not done and shadow.checked < len(shadow.tokens):
+                alive.append(shadow)
+        own.shadows = alive
 
     def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
         self.costs.observe(n_tokens, decode_s)
@@ -361,6 +443,8 @@ class Controller:
                 state.backoff = BACKOFF_START
 
     def _not_paying(self, state: _SourceState) -> None:
+        if state.source.cost_per_token <= 0 and not state.after_probe:
+            return  # free to ask: its shadows keep its estimates current, nothing to save by not asking
         state.idle += 1
         if state.idle < SWITCH_OFF and not state.after_probe:
             return
@@ -395,6 +479,11 @@ def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
     if n_valid <= 0:
         return None
     return dataclasses.replace(draft.head(n_valid), after=None)
+
+
+def _classes(match: int) -> set[int]:
+    """The estimates a draft of this match length informs: over every match, and its own class."""
+    return {ANY, _match_class(match) if match > 0 else ANY}
 
 
 def _match_class(match: int) -> int:

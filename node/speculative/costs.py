@@ -36,12 +36,13 @@ did on a quiet host. So the curve follows the host three ways:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import statistics
 import time
 from typing import Callable
 
-from node.engine.cost_line import CostLine, fit_line, fit_steps, off_tile
+from node.engine.cost_line import CostLine, fit_steps, off_tile
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,8 @@ class CostCurve:
 
     def __init__(self, points: dict[int, float] | None = None, *, fixed: bool = False) -> None:
         # the shape of a one-token step of ~13 ms on a quiet 2-core host until calibrated:
-        # 10.4 ms fixed + 2.6 ms per token with logits
-        self.intercept, self.slope = 0.0104, 0.0026
-        self.tile, self.tail = 1, 0.0  # no staircase until one is measured
+        # 10.4 ms fixed + 2.6 ms per token with logits, no staircase, no lone-row discount
+        self.shape = CostLine(0.0104, 0.0026)
         self.scale = 1.0
         self.measured = False
         self.points: dict[int, float] = {}
@@ -85,6 +85,22 @@ class CostCurve:
         self.calibrations = 0
         self._start_rate: float | None = None
 
+    @property
+    def intercept(self) -> float:
+        return self.shape.per_step
+
+    @property
+    def slope(self) -> float:
+        return self.shape.per_token
+
+    @property
+    def tile(self) -> int:
+        return self.shape.tile
+
+    @property
+    def tail(self) -> float:
+        return self.shape.tail
+
     def fit(self, points: dict[int, float]) -> None:
         """The line or staircase through these points (node/engine/cost_line.py: robust,
         physically bounded)."""
@@ -93,8 +109,7 @@ class CostCurve:
     def _adopt(self, line: CostLine | None, points: dict[int, float]) -> None:
         if line is None:
             return
-        self.intercept, self.slope = max(line.per_step, 1e-5), line.per_token
-        self.tile, self.tail = line.tile, line.tail
+        self.shape = dataclasses.replace(line, per_step=max(line.per_step, 1e-5), clamped=False)
         self.points, self.measured, self.scale = dict(points), True, 1.0
         self._drift_steps = 0
         if line.clamped:
@@ -148,9 +163,7 @@ class CostCurve:
         return self._start_rate
 
     def seconds(self, n_tokens: int) -> float:
-        n = max(1, n_tokens)
-        tail = self.tail if off_tile(self.tile, n) else 0.0
-        return (self.intercept + self.slope * n + tail) * self.scale
+        return self.shape.seconds(n_tokens) * self.scale
 
     def row_seconds(self) -> float:
         """What one more token with logits costs on the line, the staircase aside."""
@@ -158,8 +171,7 @@ class CostCurve:
 
     def line(self) -> CostLine:
         """The line (and staircase) as it stands now, the scale included."""
-        return CostLine(self.intercept * self.scale, self.slope * self.scale, tile=self.tile,
-                        tail=self.tail * self.scale)
+        return self.shape.scaled(self.scale)
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         if self.fixed or seconds <= 0:
@@ -197,17 +209,21 @@ class CostCurve:
 
     def _recent_fit(self, points: dict[int, float]) -> CostLine | None:
         """The curve through the recent steps' sizes. Steps seen in service may all sit on one
-        side of the staircase (the planner avoids the costly sizes once it knows them): then
-        the line is refitted through the sizes on the tile and the tail measured before stays."""
-        if self.tile > 1:
-            rough = [n for n in points if off_tile(self.tile, n)]
-            if len(rough) < 2:
-                line = fit_line({n: s for n, s in points.items() if not off_tile(self.tile, n)})
-                if line is None:
-                    return None
-                moved = line.per_token / self.slope if self.slope > 0 else 1.0  # the host's speed moved it
-                return CostLine(line.per_step, line.per_token, line.clamped, self.tile, self.tail * moved)
-        return fit_steps(points)
+        side of the staircase (the planner avoids the costly sizes once it knows them), or never
+        be a lone row (a busy batch): then the line is refitted through the sizes seen on the
+        tile, and the tail and the lone row's discount measured before stay, moved with the
+        host's speed."""
+        keep_tail = self.tile > 1 and sum(1 for n in points if off_tile(self.tile, n)) < 2
+        keep_solo = self.shape.solo > 0 and 1 not in points
+        if not (keep_tail or keep_solo):
+            return fit_steps(points)
+        fitted = fit_steps({n: s for n, s in points.items() if not (keep_tail and off_tile(self.tile, n))})
+        if fitted is None:
+            return None
+        moved = fitted.per_token / self.slope if self.slope > 0 else 1.0  # the host's speed moved it
+        tile, tail = (self.tile, self.tail * moved) if keep_tail else (fitted.tile, fitted.tail)
+        solo = self.shape.solo * moved if keep_solo else fitted.solo
+        return CostLine(fitted.per_step, fitted.per_token, fitted.clamped, tile, tail, solo)
 
     @property
     def drifted(self) -> bool:

@@ -103,8 +103,10 @@ def test_expensive_verification_means_no_drafts():
 
 
 def test_a_source_switched_off_is_reprobed_with_backoff_and_logged(caplog):
+    # a source that costs time to ask (a draft model's decodes): switching it off saves that time
     accept = {"n": 0}
-    controller = Controller([Fixed("src", tuple(range(8)))], ControllerConfig(max_draft=8), costs=linear())
+    controller = Controller([Fixed("src", tuple(range(8)), cost_per_token=1e-5)], ControllerConfig(max_draft=8),
+                            costs=linear())
     with caplog.at_level(logging.INFO, logger="node.speculative.controller"):
         run(controller, SWITCH_OFF * 4, lambda n: accept["n"])
         assert controller.stats["src"].switched_off >= 1 and not controller.state()["src"]["on"]
@@ -114,6 +116,62 @@ def test_a_source_switched_off_is_reprobed_with_backoff_and_logged(caplog):
     assert controller.stats["src"].switched_on >= 1 and controller.state()["src"]["on"]
     assert any("switched on" in r.getMessage() for r in caplog.records)
     assert lengths[-1] == 8
+
+
+class Following:
+    """A free source proposing the next tokens of a known text: right every time."""
+
+    name, cost_per_token = "follows", 0.0
+
+    def __init__(self, text: tuple[int, ...]) -> None:
+        self.text = text
+
+    def begin(self, seq): ...
+    def end(self, seq, tokens): ...
+
+    def propose(self, seq, context, k):
+        return Draft(self.text[len(context):len(context) + k], self.name, match=16)
+
+
+def test_a_free_source_learns_from_proposals_it_did_not_verify_and_is_never_switched_off(caplog):
+    # a row costs 0.6 of a step (a host whose output projection dominates): at the prior, a
+    # draft does not pay, so nothing is verified; the generated text follows the proposals,
+    # and the shadows alone raise the estimates until drafts pay
+    text = tuple(range(100, 400))
+    costs = CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)})
+    controller = Controller([Following(text)], ControllerConfig(max_draft=16), costs=costs)
+    controller._sources["follows"].p[(False, ANY)] = [0.3] * 16  # what a run of other text left
+    seq = DraftSeq(7, 7, text[:10], False)
+    controller.begin(seq)
+    context, lengths = list(text[:10]), []
+    with caplog.at_level(logging.INFO, logger="node.speculative.controller"):
+        while len(context) < 200:
+            draft = controller.plan(1, [DraftAsk(seq, list(context), 16)], 0, 256).drafts.get(seq.key)
+            n = len(draft.tokens) if draft else 0
+            if draft:
+                controller.verified(seq, draft, n)
+            lengths.append(n)
+            context = list(text[:len(context) + 1 + n])
+    assert lengths[0] == 0  # it did not pay at first
+    first = next(i for i, n in enumerate(lengths) if n)
+    assert first <= 12 and lengths[-1] >= 8  # drafting within a few plain steps, long drafts after
+    assert controller.stats["follows"].switched_off == 0
+    assert not any("switched off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_shadow_counts_the_miss_where_the_generated_text_leaves_the_proposal():
+    text = tuple(range(100, 400))
+    controller = Controller([Following(text)], ControllerConfig(max_draft=16),
+                            costs=CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)}))
+    controller._sources["follows"].p[(False, ANY)] = [0.3] * 16
+    seq = DraftSeq(8, 8, text[:10], False)
+    controller.begin(seq)
+    controller.plan(1, [DraftAsk(seq, list(text[:10]), 16)], 0, 256)
+    generated = list(text[:12]) + [7]  # two tokens as proposed, then another
+    controller.plan(1, [DraftAsk(seq, generated, 16)], 0, 256)
+    own = controller._seqs[seq.key]
+    assert own.reached["follows"][:4] == [1, 1, 1, 0]  # kept, kept, missed; the rest never reached
+    assert own.kept["follows"][:4] == [1, 1, 0, 0]
 
 
 def test_a_busy_batch_gets_shorter_drafts_than_a_lone_sequence():

@@ -1,6 +1,8 @@
 """The cost curve as a staircase: where the output projection works in tiles of rows, a step
-of 5 rows with logits costs what 8 cost. Table tests without a model: the points are what the
-AMX-trapping Xeon measured (docs/BENCHMARKS.md), or a plain line with noise."""
+of 5 rows with logits costs what 8 cost; and where a lone row runs cheaper kernels, a
+one-token step costs less than the line through the larger ones. Table tests without a
+model: the points are what the AMX-trapping Xeon and an AVX2-only EPYC measured
+(docs/BENCHMARKS.md), or a plain line with noise."""
 
 from __future__ import annotations
 
@@ -16,6 +18,11 @@ from tests.node.speculative.test_controller import Own
 XEON_MS = {1: 20.9, 2: 23.3, 3: 26.5, 4: 30.4, 5: 45.0, 6: 49.1, 7: 52.1, 8: 44.6, 9: 58.7, 12: 54.3,
            16: 64.6, 17: 79.9, 32: 113.0}
 XEON = {n: ms / 1000 for n, ms in XEON_MS.items()}
+# the engine's calibration medians on an AVX2-only EPYC (family 23): odd counts cost what the
+# next even one does, and a lone row a third less than the line through 2..16 rows
+EPYC_MS = {1: 37.0, 2: 68.3, 3: 109.5, 4: 104.2, 5: 144.9, 6: 140.7, 7: 186.2, 8: 175.0, 9: 213.0, 12: 246.3,
+           16: 321.4, 17: 397.3, 32: 609.8, 68: 1374.1}
+EPYC = {n: ms / 1000 for n, ms in EPYC_MS.items()}
 
 
 def test_a_staircase_is_found_where_the_steps_show_one_and_prices_every_size():
@@ -34,7 +41,7 @@ def test_a_line_with_noise_stays_a_line():
     for _ in range(20):
         points = {n: (0.018 + 0.0033 * n) * rng.uniform(0.95, 1.05) for n in PROBE_SIZES}
         line = fit_steps(points)
-        assert line is not None and line.tile == 1 and line.tail == 0.0
+        assert line is not None and line.tile == 1 and line.tail == 0.0 and line.solo == 0.0
 
 
 def test_the_calibration_measures_both_sides_of_a_tile():
@@ -43,6 +50,31 @@ def test_the_calibration_measures_both_sides_of_a_tile():
 
 def xeon_measure(n_seqs: int, k: int) -> float:
     return fit_steps(XEON).seconds(n_seqs * (k + 1))  # type: ignore[union-attr]
+
+
+def test_a_lone_row_cheaper_than_the_line_is_priced_apart():
+    line = fit_steps(EPYC)
+    assert line is not None and line.tile == 2 and 0.010 < line.solo < 0.016
+    for n, seconds in EPYC.items():
+        if n < 68:
+            assert abs(line.seconds(n) - seconds) / seconds < 0.1, n
+    plain = fit_line(EPYC)
+    assert plain is not None and abs(plain.seconds(3) - EPYC[3]) / EPYC[3] > 0.25  # the line misprices a 2-token draft
+    assert line.seconds(1) == EPYC[1] and line.seconds(2) > 1.8 * line.seconds(1)
+    assert "one-token step costs" in line.describe() and line.as_dict()["solo"] > 10
+    assert fit_steps(XEON).solo == 0.0  # type: ignore[union-attr]  # where the lone row is on the line
+
+
+def test_refits_from_a_busy_batch_keep_the_lone_rows_discount():
+    curve = CostCurve()
+    curve.calibrate(lambda n_seqs, k: fit_steps(EPYC).seconds(n_seqs * (k + 1)), 4, 16,  # type: ignore[union-attr]
+                    budget_s=60)
+    solo = curve.shape.solo
+    assert solo > 0.010
+    for i in range(4 * REFIT_EVERY):  # four users: never a lone row, slower host (x1.5)
+        n = (4, 6, 8)[i % 3]
+        curve.observe(n, 1.5 * fit_steps(EPYC).seconds(n))  # type: ignore[union-attr]
+    assert curve.refits >= 1 and abs(curve.shape.solo / solo - 1.5) < 0.2
 
 
 def test_calibration_and_refits_keep_the_staircase():
