@@ -4,8 +4,9 @@
 
 One engine with the node's controller (prompt lookup + the Palimpsest, calibrated cost
 line) serves every case; each case runs its requests with `speculation=False` (plain
-decoding, the baseline) and with speculation, alternating, best round of each; tokens/s
-are generated tokens over wall time (prefill included in both). Greedy, end-of-generation
+decoding, the baseline) and with speculation, alternating, best round of each, after one
+unmeasured plain run that leaves the prompts resident in their slots for both; tokens/s are
+generated tokens over wall time. Greedy, end-of-generation
 banned so runs have their full length. Greedy outputs are compared: "identical", or where
 they first differ (the batch non-invariance of the CPU kernels at a near-tie).
 
@@ -110,10 +111,14 @@ def compare(plain: list[tuple[int, ...]], spec: list[tuple[int, ...]]) -> str:
 
 def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool = False,
            temperature: float = 0.0) -> tuple[float, float, str]:
-    """Best-of-rounds tokens/s off and on, alternating; outputs compared."""
+    """Best-of-rounds tokens/s off and on, alternating; outputs compared. The texts are run
+    once first, unmeasured and plain (which teaches the Palimpsest nothing), so that both modes
+    find their prompts resident in a slot: otherwise the mode measured first would pay a
+    prefill that the second one skips."""
     off, on = [], []
     plain_out: list = []
     spec_out: list = []
+    timed(engine, texts, tokens, False, concurrent, temperature)
     for _ in range(rounds):
         rate, plain_out = timed(engine, texts, tokens, False, concurrent, temperature)
         off.append(rate)
@@ -363,7 +368,8 @@ def case_users4(engine, args) -> list[str]:
     mixed = list(PROSE)
     return [row("4 users, repetitive mix (aggregate)", *versus(engine, repetitive, args.tokens, args.rounds, True),
                 ">= 1.7x"),
-            row("4 users, non-repetitive mix", *versus(engine, mixed, args.tokens, args.rounds, True), ">= 1.2x, never < 1.0x")]
+            # one round: in a second, the Palimpsest would know the first round's answers
+            row("4 users, non-repetitive mix", *versus(engine, mixed, args.tokens, 1, True), ">= 1.2x, never < 1.0x")]
 
 
 def case_nightly(engine, args) -> list[str]:
