@@ -419,6 +419,7 @@ def main() -> int:
         costs = controller.costs
         print(f"verify cost line ({'measured' if costs.measured else 'default: calibration did not finish'}): "
               f"{costs.line().describe()}")
+        print("  its medians: " + ", ".join(f"{n} tok {sec * 1000:.1f} ms" for n, sec in sorted(costs.points.items())))
         for name in args.cases.split(","):
             for line in CASES[name.strip()](engine, args):
                 print(line, flush=True)

@@ -15,7 +15,8 @@ It is measured by the engine (`calibrate`) only while no request waits, never in
 request's latency: every step shape is decoded once unmeasured first (the first multi-row
 step pays one-off costs: buffers, repacked weights), then REPEATS rounds over the sizes of
 PROBE_SIZES that fit, each size reduced to its median. The whole calibration stays within
-CALIBRATION_BUDGET_S; with fewer than MIN_CALIBRATED_SIZES sizes measured the line is kept as
+CALIBRATION_BUDGET_S, but for MIN_ROUNDS rounds (on a slow host a round of every size takes
+4 s, and a median of one sample is whatever burst of load it met); with fewer than MIN_CALIBRATED_SIZES sizes measured the line is kept as
 it was (the default shape until the first good calibration).
 
 The host's speed changes (other processes on shared cores), and not only its speed: with a
@@ -50,6 +51,7 @@ PROBE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 32, 68)
 REPEATS = 5
 MIN_CALIBRATED_SIZES = 3  # a line through fewer measured sizes is one outlier away from absurd
 CALIBRATION_BUDGET_S = 6.0  # wall time one calibration may take (it stops at the end of a round): ~5 rounds quiet
+MIN_ROUNDS = 3              # rounds measured whatever they take, unless a request waits
 SCALE_EMA = 0.05
 RECENT = 16          # recent steps kept per size for the online refit
 MIN_RECENT = 4       # steps of a size before it counts in a refit
@@ -127,14 +129,14 @@ class CostCurve:
         shapes = _shapes(n_parallel, max_draft)
         samples: dict[int, list[float]] = {}
         if all(measure(n_seqs, k) is not None for n_seqs, k in shapes.values()):  # warm-up, unmeasured
-            for _ in range(REPEATS):  # rounds over every size: a burst of load touches all of them alike
+            for done in range(1, REPEATS + 1):  # rounds over every size: a burst of load touches all of them alike
                 for size, (n_seqs, k) in shapes.items():
                     seconds = measure(n_seqs, k)
                     if seconds is None:
                         break
                     samples.setdefault(size, []).append(seconds)
                 else:
-                    if time.monotonic() - started < budget_s:
+                    if done < MIN_ROUNDS or time.monotonic() - started < budget_s:
                         continue
                 break
         self._calibrated_at = time.monotonic()

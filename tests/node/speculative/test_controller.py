@@ -68,6 +68,21 @@ def test_cost_curve_calibrates_from_measured_steps():
     assert abs(curve.seconds(68) - 0.078) < 1e-9
 
 
+def test_a_slow_host_still_gets_three_rounds_of_calibration():
+    from collections import Counter
+
+    from node.speculative.costs import MIN_ROUNDS
+
+    calls: Counter = Counter()
+
+    def measure(n_seqs, k):
+        calls[(n_seqs, k)] += 1
+        return 0.01 + 0.001 * n_seqs * (k + 1)
+
+    CostCurve().calibrate(measure, n_parallel=4, max_draft=16, budget_s=0.0)  # every round over budget
+    assert MIN_ROUNDS >= 3 and set(calls.values()) == {1 + MIN_ROUNDS}  # the warm-up, then the rounds
+
+
 def test_calibration_gives_way_to_waiting_requests():
     from node.speculative.costs import _shapes
 
