@@ -172,7 +172,7 @@ def case_conclave(engine, args) -> list[str]:
         t1, t5, s1, s5, line = _conclave_run(engine.config.model_path, shared, args)
         r1 = s1["batch_tokens"] / max(1, s1["steps"])
         lockstep = line.seconds(5) / line.seconds(1)
-        drafting = (line.per_step + 5 * r1 * line.per_token) / (line.per_step + r1 * line.per_token)
+        drafting = line.seconds(round(5 * r1)) / line.seconds(round(r1))
         kept = s5["draft_accepted"] / max(1, s5["draft_tokens"])
         best = _best_drafting(line, 5, kept) / _best_drafting(line, 1, kept)
         label = "conclave of 5, 48 tokens, sampled" + ("" if shared else " (rows not shared)")
@@ -188,7 +188,7 @@ def case_conclave(engine, args) -> list[str]:
 def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
     """Seconds per token of m sequences sharing nothing, each verifying a draft of the length that
     is best on the cost line when each draft token is kept with probability p after the ones before."""
-    return min((line.per_step + m * (1 + k) * line.per_token) / sum(p ** i for i in range(k + 1))
+    return min(line.seconds(m * (1 + k)) / sum(p ** i for i in range(k + 1))
                for k in range(longest + 1))
 
 
@@ -269,10 +269,7 @@ def _breakdown(d: dict) -> str:
 
 
 def engine_line(engine):
-    from node.engine.cost_line import CostLine
-
-    costs = engine.config.speculator.costs
-    return CostLine(costs.intercept * costs.scale, costs.slope * costs.scale)
+    return engine.config.speculator.costs.line()
 
 
 def case_fleet(engine_a, args) -> list[str]:
