@@ -357,30 +357,31 @@ class Controller:
     def _follow(self, ask: DraftAsk, own: _SeqState) -> None:
         """Judge the sequence's shadows on the tokens it generated since they were proposed; a
         shadow ends at its first miss or its last token."""
-        if not own.shadows:
-            return
-        context, length, alive = ask.context, len(ask.context), []
-        for shadow in own.shadows:
-            state = self._sources.get(shadow.source)
-            done = state is None
-            if shadow.verified and not done:
-                head = shadow.start + shadow.verified
-                if head > length:
-                    alive.append(shadow)
-                    continue
-                # judged on only where verification kept the whole head (its own outcome is counted there)
-                done = tuple(int(t) for t in context[shadow.start:head]) != shadow.tokens[:shadow.verified]
-                shadow.verified = 0
-            while not done and shadow.checked < len(shadow.tokens) and shadow.start + shadow.checked < length:
-                i = shadow.checked
-                kept = int(context[shadow.start + i]) == shadow.tokens[i]
-                assert state is not None
-                self._observe(state, own, ask.seq.sampled, shadow.match, i, kept)
-                shadow.checked += 1
-                done = not kept
-            if not done and shadow.checked < len(shadow.tokens):
-                alive.append(shadow)
-        own.shadows = alive
+        if own.shadows:
+            own.shadows = [shadow for shadow in own.shadows if self._judge(shadow, ask, own)]
+
+    def _judge(self, shadow: _Shadow, ask: DraftAsk, own: _SeqState) -> bool:
+        """Count the positions of one shadow that the context now reaches; whether it lives on."""
+        state = self._sources.get(shadow.source)
+        context, length = ask.context, len(ask.context)
+        if state is None:
+            return False
+        if shadow.verified:
+            head = shadow.start + shadow.verified
+            if head > length:
+                return True
+            # judged on only where verification kept the whole head (its outcome is counted there)
+            if tuple(int(t) for t in context[shadow.start:head]) != shadow.tokens[:shadow.verified]:
+                return False
+            shadow.verified = 0
+        while shadow.checked < len(shadow.tokens) and shadow.start + shadow.checked < length:
+            i = shadow.checked
+            kept = int(context[shadow.start + i]) == shadow.tokens[i]
+            self._observe(state, own, ask.seq.sampled, shadow.match, i, kept)
+            shadow.checked += 1
+            if not kept:
+                return False
+        return shadow.checked < len(shadow.tokens)
 
     def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
         self.costs.observe(n_tokens, decode_s)
