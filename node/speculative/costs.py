@@ -16,8 +16,9 @@ request's latency: every step shape is decoded once unmeasured first (the first 
 step pays one-off costs: buffers, repacked weights), then REPEATS rounds over the sizes of
 PROBE_SIZES that fit, each size reduced to its median. The whole calibration stays within
 CALIBRATION_BUDGET_S, but for MIN_ROUNDS rounds (on a slow host a round of every size takes
-4 s, and a median of one sample is whatever burst of load it met); with fewer than MIN_CALIBRATED_SIZES sizes measured the line is kept as
-it was (the default shape until the first good calibration).
+4 s, and a median of one sample is whatever burst of load it met); with fewer than
+MIN_CALIBRATED_SIZES sizes measured the line is kept as it was (the default shape until the
+first good calibration).
 
 The host's speed changes (other processes on shared cores), and not only its speed: with a
 core taken by another process, every extra token of a step can cost several times what it

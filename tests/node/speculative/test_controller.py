@@ -148,17 +148,26 @@ class Following:
         return Draft(self.text[len(context):len(context) + k], self.name, match=16)
 
 
-def test_a_free_source_learns_from_proposals_it_did_not_verify_and_is_never_switched_off(caplog):
-    # a row costs 0.6 of a step (a host whose output projection dominates): at the prior, a
-    # draft does not pay, so nothing is verified; the generated text follows the proposals,
-    # and the shadows alone raise the estimates until drafts pay
-    text = tuple(range(100, 400))
-    costs = CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)})
-    controller = Controller([Following(text)], ControllerConfig(max_draft=16), costs=costs)
-    controller._sources["follows"].p[(False, ANY)] = [0.3] * 16  # what a run of other text left
-    seq = DraftSeq(7, 7, text[:10], False)
+TEXT = tuple(range(100, 400))
+
+
+def following(key: int) -> tuple[Controller, DraftSeq]:
+    """A controller over `Following(TEXT)` on a host where a row costs 0.6 of a step (the output
+    projection dominates), its estimates at 0.3 (what a run of other text left), and a
+    sequence begun on TEXT's first 10 tokens: at those estimates a draft does not pay."""
+    controller = Controller([Following(TEXT)], ControllerConfig(max_draft=16),
+                            costs=CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)}))
+    controller._sources["follows"].p[(False, ANY)] = [0.3] * 16
+    seq = DraftSeq(key, key, TEXT[:10], False)
     controller.begin(seq)
-    context, lengths = list(text[:10]), []
+    return controller, seq
+
+
+def test_a_free_source_learns_from_proposals_it_did_not_verify_and_is_never_switched_off(caplog):
+    # nothing is verified at first; the generated text follows the proposals, and the shadows
+    # alone raise the estimates until drafts pay
+    controller, seq = following(7)
+    context, lengths = list(TEXT[:10]), []
     with caplog.at_level(logging.INFO, logger="node.speculative.controller"):
         while len(context) < 200:
             draft = controller.plan(1, [DraftAsk(seq, list(context), 16)], 0, 256).drafts.get(seq.key)
@@ -166,7 +175,7 @@ def test_a_free_source_learns_from_proposals_it_did_not_verify_and_is_never_swit
             if draft:
                 controller.verified(seq, draft, n)
             lengths.append(n)
-            context = list(text[:len(context) + 1 + n])
+            context = list(TEXT[:len(context) + 1 + n])
     assert lengths[0] == 0  # it did not pay at first
     first = next(i for i, n in enumerate(lengths) if n)
     assert first <= 12 and lengths[-1] >= 8  # drafting within a few plain steps, long drafts after
@@ -175,14 +184,9 @@ def test_a_free_source_learns_from_proposals_it_did_not_verify_and_is_never_swit
 
 
 def test_a_shadow_counts_the_miss_where_the_generated_text_leaves_the_proposal():
-    text = tuple(range(100, 400))
-    controller = Controller([Following(text)], ControllerConfig(max_draft=16),
-                            costs=CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)}))
-    controller._sources["follows"].p[(False, ANY)] = [0.3] * 16
-    seq = DraftSeq(8, 8, text[:10], False)
-    controller.begin(seq)
-    controller.plan(1, [DraftAsk(seq, list(text[:10]), 16)], 0, 256)
-    generated = list(text[:12]) + [7]  # two tokens as proposed, then another
+    controller, seq = following(8)
+    controller.plan(1, [DraftAsk(seq, list(TEXT[:10]), 16)], 0, 256)
+    generated = list(TEXT[:12]) + [7]  # two tokens as proposed, then another
     controller.plan(1, [DraftAsk(seq, generated, 16)], 0, 256)
     own = controller._seqs[seq.key]
     assert own.reached["follows"][:4] == [1, 1, 1, 0]  # kept, kept, missed; the rest never reached

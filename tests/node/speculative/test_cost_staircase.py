@@ -66,14 +66,15 @@ def test_a_lone_row_cheaper_than_the_line_is_priced_apart():
 
 
 def test_refits_from_a_busy_batch_keep_the_lone_rows_discount():
+    epyc = fit_steps(EPYC)
+    assert epyc is not None
     curve = CostCurve()
-    curve.calibrate(lambda n_seqs, k: fit_steps(EPYC).seconds(n_seqs * (k + 1)), 4, 16,  # type: ignore[union-attr]
-                    budget_s=60)
+    curve.calibrate(lambda n_seqs, k: epyc.seconds(n_seqs * (k + 1)), 4, 16, budget_s=60)
     solo = curve.shape.solo
     assert solo > 0.010
     for i in range(4 * REFIT_EVERY):  # four users: never a lone row, slower host (x1.5)
         n = (4, 6, 8)[i % 3]
-        curve.observe(n, 1.5 * fit_steps(EPYC).seconds(n))  # type: ignore[union-attr]
+        curve.observe(n, 1.5 * epyc.seconds(n))
     assert curve.refits >= 1 and abs(curve.shape.solo / solo - 1.5) < 0.2
 
 
