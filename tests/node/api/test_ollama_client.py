@@ -225,8 +225,10 @@ def test_langchain_chat_ollama(node):
     assert picked["color"] in ("red", "blue")
 
 
-# A template in the style of Qwen 2.5 / Hermes on Gemma's turns: tools in a system turn, calls
-# between <tool_call> markers, results in <tool_response> inside a user turn.
+# A template in the style of Qwen 2.5 / Hermes on Gemma's turns: tools in a system turn, an
+# assistant's content then its calls between <tool_call> markers, results in a user turn. A result
+# is a plain "Result:" line, not Hermes' <tool_response> tags: beside them this base model starts
+# its own turns with a <tool_response> of its making instead of a call.
 TOOLS_TEMPLATE = """\
 {%- if tools %}<start_of_turn>system
 Tools:
@@ -237,8 +239,11 @@ Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><end_of_turn>
 {% endif %}
 {%- for message in messages %}
 {%- if message.role == "tool" %}<start_of_turn>user
-<tool_response>{{ message.content }}</tool_response><end_of_turn>
+Result: {{ message.content }}<end_of_turn>
 {% elif message.role == "assistant" and message.tool_calls %}<start_of_turn>model
+{%- if message.content %}
+{{ message.content }}
+{%- endif %}
 {%- for tool_call in message.tool_calls %}
 <tool_call>{"name": "{{ tool_call.function.name }}", "arguments": {{ tool_call.function.arguments | tojson }}}</tool_call>
 {%- endfor %}<end_of_turn>
@@ -253,15 +258,21 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-def shots(*cities: str) -> list[dict]:
-    """Earlier turns in which each question was answered by a call, its result and a sentence."""
+CITIES = {"Paris": "18 C, sunny", "Oslo": "3 C, snow", "Lima": "22 C, fog"}
+
+
+def shots() -> list[dict]:
+    """Earlier turns in which each question was answered by a call and the call by its result.
+
+    No sentence follows a result: after one, a base model this small copies the last sentence
+    instead of calling (ahead of a call by 1.6 nats with AVX-512 kernels, 1.8 with AVX2 only);
+    after these turns a call leads the next best first token by 2.6 nats on both."""
     out: list[dict] = []
-    for city in cities:
+    for city, weather in CITIES.items():
         out += [{"role": "user", "content": f"What is the weather in {city}?"},
                 {"role": "assistant", "content": "",
                  "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": city}}}]},
-                {"role": "tool", "tool_name": "get_weather", "content": "18 C, sunny"},
-                {"role": "assistant", "content": f"It is 18 C and sunny in {city}."}]
+                {"role": "tool", "tool_name": "get_weather", "content": weather}]
     return out
 
 
@@ -278,7 +289,7 @@ def tools_node(gemma_path, tmp_path_factory):
 def test_tool_calls_chosen_by_the_model(tools_node):
     client = ollama.Client(host=tools_node.url, headers=AUTH, timeout=300)
     assert "tools" in client.show(MODEL).capabilities
-    messages = [*shots("Paris", "Oslo", "Lima"), {"role": "user", "content": "What is the weather in Rome?"}]
+    messages = [*shots(), {"role": "user", "content": "What is the weather in Rome?"}]
     reply = client.chat(model=MODEL, messages=messages, tools=[WEATHER], options={"temperature": 0, "num_predict": 40})
     calls = reply.message.tool_calls
     assert calls and calls[0].function.name == "get_weather" and reply.done_reason in ("stop", "length")
@@ -304,11 +315,10 @@ def test_langchain_bind_tools(tools_node):
     chat = langchain_ollama.ChatOllama(model=MODEL, base_url=tools_node.url, temperature=0, num_predict=40,
                                        client_kwargs={"headers": AUTH}).bind_tools([WEATHER])
     history: list = []
-    for number, city in enumerate(("Paris", "Oslo", "Lima")):
+    for number, (city, weather) in enumerate(CITIES.items()):
         history += [HumanMessage(f"What is the weather in {city}?"),
                     AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": city}, "id": f"c{number}"}]),
-                    ToolMessage("18 C, sunny", tool_call_id=f"c{number}"),
-                    AIMessage(f"It is 18 C and sunny in {city}.")]
+                    ToolMessage(weather, tool_call_id=f"c{number}")]
     reply = chat.invoke([*history, HumanMessage("What is the weather in Rome?")])
     assert reply.tool_calls and reply.tool_calls[0]["name"] == "get_weather"
 
