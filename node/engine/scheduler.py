@@ -563,6 +563,7 @@ class Scheduler:
             if rider.phase is Phase.DECODE:
                 self._guarded(rider, self._ride, e, rider, logits)
         verdict = self._verify(e, seq, logits)
+        seq.n_steps += 1
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += e.known + verdict.n_valid
@@ -596,6 +597,7 @@ class Scheduler:
     def _ride(self, e: _Entry, rider: Sequence, logits: np.ndarray) -> None:
         """A rider (riders.py) draws from its leader's rows and shares the cells of the tokens it kept."""
         verdict = self._verify(e, rider, logits)
+        rider.n_steps += 1
         kept = e.known + verdict.n_valid
         self._ctx.seq_cp(e.seq.slot, rider.slot, rider.n_past, rider.n_past + kept)
         rider.n_past += kept

@@ -111,7 +111,7 @@ class Sequence:
 
     __slots__ = (
         "request", "channel", "sampler", "prompt", "tokens", "generated", "slot", "n_past", "n_cached", "phase",
-        "pending", "n_sampled", "leader", "followers", "share", "own_cells", "store_at",
+        "pending", "n_sampled", "n_steps", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs",
         "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "hint",
         "spare", "fork",
@@ -133,6 +133,7 @@ class Sequence:
         self.phase = Phase.WAITING
         self.pending: list[int] = []
         self.n_sampled = 0
+        self.n_steps = 0  # decode steps that verified rows for it
         self.leader: Sequence | None = None
         self.followers: list[Sequence] = []
         self.share: PromptShare | None = None
@@ -213,4 +214,4 @@ class Sequence:
         self.phase = Phase.DONE
         self.channel.mark_started(retry_after_s)
         self.channel.push(Finished(reason, len(self.prompt), self.n_sampled, tuple(self.generated), error, timings,
-                                   self.n_cached, self.stop_matched, retry_after_s))
+                                   self.n_cached, self.stop_matched, retry_after_s, self.n_steps))

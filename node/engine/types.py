@@ -114,6 +114,7 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
     stop_sequence: str | None = None  # the stop string that ended the text (reason "stop")
     retry_after_s: int = 0  # > 0: never started, the wait for room passed `max_wait_s`; retry after this
+    steps: int = 0  # decode steps that verified rows for it: tokens after the first, less what drafts and jumps saved
 
 
 Event = TextDelta | Finished

@@ -340,6 +340,10 @@ def test_drafts_are_verified_keeping_the_tokens_the_target_agrees_with(right, ac
         assert len(fake.decodes) < 1 + 9  # fewer steps than tokens
     if right == 0:
         assert len(fake.decodes) == 1 + 9 - 1  # the prompt, then one token a step (the last sampled is not decoded)
+    # the request's own count of its decode steps: every decode after the prompt's, fewer than
+    # its tokens after the first by what the kept drafts saved
+    assert finished(seq).steps == len(fake.decodes) - 1
+    assert finished(seq).steps == 9 - 1 - sched.counters["draft_accepted"]
 
 
 def test_drafting_for_a_request_that_asks_for_no_speculation_is_off():
