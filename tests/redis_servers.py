@@ -41,11 +41,21 @@ def wait_for(check, timeout: float, what: str) -> None:
 
 
 class RedisServer:
-    """One redis-server; `args` are extra settings (`--cluster-enabled yes`, TLS files, ...)."""
+    """One redis-server; `args` are extra settings (`--cluster-enabled yes`, TLS files, ...).
 
-    def __init__(self, directory: Path, *args: str, tls: Certs | None = None, password: str | None = None) -> None:
+    With `cluster_bus`, the server also listens on a cluster bus port of its own. Ports are
+    chosen by the OS a moment before redis-server binds them, so another process can take one
+    in between (an outgoing connection's ephemeral port, say): a first start that fails to
+    bind picks new ports and tries again."""
+
+    BIND_ATTEMPTS = 5
+
+    def __init__(self, directory: Path, *args: str, tls: Certs | None = None, password: str | None = None,
+                 cluster_bus: bool = False) -> None:
         self.directory = directory
-        self.port = free_port()
+        self.cluster_bus = cluster_bus
+        self.port, self.bus_port = self._free_ports()
+        self.started = False
         self.tls = tls
         self.password = password
         self.args = args
@@ -63,19 +73,47 @@ class RedisServer:
             command += ["--port", str(self.port)]
         if self.password:
             command += ["--requirepass", self.password]
+        if self.bus_port is not None:
+            command += ["--cluster-port", str(self.bus_port)]
         return [*command, *self.args]
 
+    def _free_ports(self) -> tuple[int, int | None]:
+        port = free_port()
+        if not self.cluster_bus:
+            return port, None
+        bus = free_port()
+        while bus == port:
+            bus = free_port()
+        return port, bus
+
     def start(self) -> "RedisServer":
-        self.process = subprocess.Popen(self.command(), stdout=open(self.directory / "redis.log", "ab"),
-                                        stderr=subprocess.STDOUT)
+        """Start and wait for PING; a restart keeps the ports, a first start may move them."""
+        for attempt in range(1, self.BIND_ATTEMPTS + 1):
+            log = self.directory / "redis.log"
+            logged = log.stat().st_size if log.exists() else 0
+            self.process = subprocess.Popen(self.command(), stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+            if self._answers():
+                self.started = True
+                return self
+            lines = log.read_bytes()[logged:].decode(errors="replace").splitlines()
+            if self.started or attempt == self.BIND_ATTEMPTS or not any("Address already in use" in line
+                                                                          for line in lines):
+                raise RuntimeError("redis-server exited: " + " | ".join(line for line in lines if " # " in line)[-600:])
+            self.port, self.bus_port = self._free_ports()
+        raise AssertionError("unreachable")
+
+    def _answers(self) -> bool:
+        """True once PING answers PONG; False if the process exits first."""
+        assert self.process is not None
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {(self.directory / 'redis.log').read_text()[-2000:]}")
+                return False
             if cli(self.port, "ping", tls=self.tls, password=self.password).stdout.strip() == "PONG":
-                return self
+                return True
             time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer PING")
+        self.process.kill()
+        raise RuntimeError("redis-server did not answer PING within 10 s")
 
     def call(self, *args: str) -> str:
         return cli(self.port, *args, tls=self.tls, password=self.password).stdout.strip()
@@ -97,8 +135,9 @@ class RedisCluster:
         auth = ("--masterauth", password) if password else ()
         self.tls, self.password = tls, password
         self.nodes = [RedisServer(directory / f"n{i}", "--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-                                  "--cluster-config-file", f"nodes-{i}.conf", "--cluster-port", str(free_port()),
-                                  "--cluster-require-full-coverage", "no", *extra, *auth, tls=tls, password=password)
+                                  "--cluster-config-file", f"nodes-{i}.conf",
+                                  "--cluster-require-full-coverage", "no", *extra, *auth, tls=tls, password=password,
+                                  cluster_bus=True)
                       for i in range(4 if replica else 3)]
 
     @property
