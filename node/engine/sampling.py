@@ -249,7 +249,17 @@ class TokenSampler:
         return merged[keep], p[keep]
 
     def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The ids a draw can pick (top_k, top_p, min_p applied) and their tempered weights."""
+        """The ids a draw can pick (top_k, top_p, min_p applied), in increasing id order, and
+        their tempered weights.
+
+        The truncation needs them best first; the draw walks them by id. A draw is the token
+        whose stretch of the cumulative weights holds u, so with best-first order two tokens
+        near a tie swap places when a row moves in its last bits (a verify row computed in a
+        batch of another shape), and every u that fell on either of them changes token. By id,
+        a small move shifts each boundary a little and changes only the u that lie that close
+        to one: a seeded request replayed with speculation on draws what it drew before (and
+        keeps its stored answer as a draft) unless u lies that close. The distribution is the
+        same in either order."""
         p = self.params
         ids, probs = candidates(logits, p.top_k, p.top_p, p.min_p)
         keep = len(ids)
@@ -257,8 +267,11 @@ class TokenSampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
-        values = logits[ids[:keep]].astype(np.float64)
-        return ids[:keep], np.exp((values - values.max()) / p.temperature)
+        kept = ids[:keep]
+        if keep < len(logits):  # the whole vocabulary comes in id order already
+            kept = np.sort(kept)
+        values = logits[kept].astype(np.float64)
+        return kept, np.exp((values - values.max()) / p.temperature)
 
     def _draw(self, logits: np.ndarray, u: float) -> int:
         ids, tempered = self._weights(logits)

@@ -177,9 +177,10 @@ def lookup_stats(node) -> dict:
 
 
 def kept(node) -> int:
-    """Draft tokens kept so far from the sources that read earlier text (the group's, the node's)."""
+    """Draft tokens kept so far from the sources that read earlier text: the prompt's and the
+    group's (lookup), the candidates' own (sibling), the node's (archive)."""
     stats = node.state.speculation.stats.snapshot()
-    return stats["lookup"]["accepted"] + stats["archive"]["accepted"]
+    return sum(stats[source]["accepted"] for source in ("lookup", "sibling", "archive"))
 
 
 @contextlib.contextmanager
