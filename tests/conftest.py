@@ -38,3 +38,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("model") is None:
             item.add_marker(pytest.mark.model)
+
+
+DIGEST_LINES = 12  # of each failure's explanation
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Last of all, each failure's own explanation in a few lines (its `E` lines and where it
+    was raised): a log read from its end (a CI page) shows why, not only which, tests failed."""
+    reports = [*terminalreporter.stats.get("failed", []), *terminalreporter.stats.get("error", [])]
+    if not reports:
+        return
+    terminalreporter.section("failure digest")
+    for report in reports:
+        text = str(report.longrepr).splitlines()
+        explained = [line for line in text if line.startswith("E ")][:DIGEST_LINES]
+        where = next((line for line in reversed(text) if line.startswith(("tests/", "node/", "arca/"))), "")
+        terminalreporter.write_line(f"{report.nodeid} ({report.when}) {where}")
+        for line in explained or text[-DIGEST_LINES:]:
+            terminalreporter.write_line("    " + line[:300])
