@@ -145,8 +145,8 @@ class TokenSampler:
         constraint = self.constraint
         forced = _first_forced(constraint)
         token = forced if forced is not None else self._pick(logits, self.uniform(position, DRAW))
-        if (draft is not None and draft != token and forced is None and self.params.greedy
-                and 0 <= draft < len(logits) and logits[draft] >= logits[token] - DRAFT_TIE_NATS
+        if (draft is not None and draft != token and forced is None and 0 <= draft < len(logits)
+                and self._near_draft(logits, token, draft, position)
                 and (constraint is None or constraint.allows(draft))):
             token = draft
         if constraint is not None:
@@ -160,6 +160,25 @@ class TokenSampler:
         if self.n_logprobs is None:
             return Choice(token)
         return _with_logprobs(logits, token, self.n_logprobs)
+
+    def _near_draft(self, logits: np.ndarray, token: int, draft: int, position: int) -> bool:
+        """Whether a deterministic draft's token, not chosen, was within DRAFT_TIE_NATS of it.
+
+        Greedy: its logit that close to the best's. A seeded draw: the draw with the draft
+        token's logit raised by DRAFT_TIE_NATS would have picked it (its stretch of the
+        cumulative weights widened to hold u). An unseeded draw never keeps it: its
+        distribution stays exactly the target's."""
+        if self.params.greedy:
+            return bool(logits[draft] >= logits[token] - DRAFT_TIE_NATS)
+        if self.params.seed is None:
+            return False
+        ids, weights = self._weights(logits)
+        where = np.flatnonzero(ids == draft)
+        if not where.size:
+            return False
+        raised = weights.copy()
+        raised[where[0]] *= np.exp(DRAFT_TIE_NATS / self.params.temperature)
+        return _draw_from(ids, raised, self.uniform(position, DRAW)) == draft
 
     def _pick(self, logits: np.ndarray, u: float) -> int:
         return int(np.argmax(logits)) if self.params.greedy else self._draw(logits, u)
@@ -292,7 +311,8 @@ class TokenSampler:
 # draw, the target's acceptance test and its residual draw are independent of each other.
 DRAW, REDRAW, ACCEPT, RESIDUAL, DRAFT = range(5)
 # A greedy choice keeps a deterministic draft's token when its logit is within this many nats of
-# the row's best (`TokenSampler.choose`'s `draft`): a verify step's rows are not bit-identical to
+# the row's best, and a seeded draw when raising its logit by this much would have drawn it
+# (`TokenSampler.choose`'s `draft`): a verify step's rows are not bit-identical to
 # one-token steps (bench/batch_invariance.py: the top-2 gap moves by up to 0.17-0.26 nats), so
 # without it a repeated request leaves its stored answer at the first near-tie the batch shape
 # flips, and every draft after that is rejected. Greedy text then differs from plain decoding

@@ -12,8 +12,10 @@ history, the random number of that position), the output is the target's: greedy
 identical to plain decoding and a seeded sample draws the same tokens, up to the kernels'
 near-ties (a row computed in a batch of another shape can differ in its last bits). This
 holds for every deterministic draft (lookup, the Palimpsest, a greedy draft model). A greedy
-choice keeps the draft's token where it is within DRAFT_TIE_NATS of the best
-(node/engine/sampling.py): at such a near-tie the batch shape decides anyway, and keeping
+choice keeps the draft's token where it is within DRAFT_TIE_NATS of the best, and a seeded
+draw where its logit raised by DRAFT_TIE_NATS would have drawn it (node/engine/sampling.py;
+an unseeded draw never, so its distribution stays the target's): at such a near-tie the
+batch shape decides anyway, and keeping
 the draft lets a repeated request follow its stored answer instead of leaving it there. The
 row after the last draft token (or the one row of a sequence decoding without a draft) does
 the same with the token the source expects there (`Draft.after`, `StepPlan.hints`), so a

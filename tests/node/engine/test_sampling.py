@@ -279,6 +279,32 @@ def test_a_greedy_choice_keeps_a_draft_token_only_at_a_near_tie():
     assert sampled.choose(row, [], 21).token == 20  # sampling draws as it would without a draft
 
 
+def test_a_seeded_draw_keeps_a_draft_token_only_where_its_draw_was_a_near_edge():
+    """Two tokens: u falls on token 1 just past token 0's share. A seeded draw keeps a draft of
+    token 0 only where raising its logit by DRAFT_TIE_NATS would have drawn it; an unseeded
+    draw never keeps a token it did not draw."""
+    from node.engine.sampling import DRAFT_TIE_NATS, DRAW, uniform
+
+    seed, temperature = 11, 0.8
+    u = uniform(seed, 0, DRAW)
+    boost = np.exp(DRAFT_TIE_NATS / temperature)
+
+    def row_with_share(share: float) -> np.ndarray:  # token 0's probability after temperature
+        row = np.full(8, -1e9, dtype=np.float32)
+        row[0], row[1] = temperature * np.log(share / (1 - share)), 0.0
+        return row
+
+    inside = u / (u + boost * (1 - u)) * 1.02  # raised by the bound, 0's share would pass u
+    outside = u / (u + boost * (1 - u)) * 0.95  # even raised, it stops short of u
+    for share, kept in ((inside, 0), (outside, 1)):
+        seeded = TokenSampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed), 8)
+        assert share < u and seeded.choose(row_with_share(share), []).token == 1  # plain draw: token 1
+        assert seeded.choose(row_with_share(share), [], 0).token == kept
+        assert seeded.choose(row_with_share(share), [], 1).token == 1
+    unseeded = TokenSampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0), 8, seed=seed)
+    assert unseeded.choose(row_with_share(inside), [], 0).token == 1
+
+
 def test_the_row_after_a_draft_keeps_the_sources_next_token_at_a_near_tie():
     """verify(): the bonus row (no draft token of its own) is chosen with the token the source
     expects there (`after`) as its draft token: kept at a near-tie, never counted as kept."""
