@@ -26,7 +26,12 @@ def parse_response_format(fields: Fields) -> GrammarSpec | None:
     if value is None:
         return None
     rf = Fields(value, "response_format")
-    return format_spec(rf, lambda: Fields(rf.body.get("json_schema"), "response_format.json_schema"))
+    nested = lambda: Fields(rf.body.get("json_schema"), "response_format.json_schema")  # noqa: E731
+    if rf.present("json_schema") and rf.body.get("type") != "json_schema":
+        inner = nested()  # unused beside type text or json_object, but held to its documented shape
+        if not isinstance(named_schema(inner), dict):
+            raise inner.fail("schema", "must be a JSON object")
+    return format_spec(rf, nested)
 
 
 def format_spec(rf: Fields, schema_fields: Callable[[], Fields]) -> GrammarSpec | None:
@@ -39,15 +44,20 @@ def format_spec(rf: Fields, schema_fields: Callable[[], Fields]) -> GrammarSpec 
         return structure.schema_spec(structure.ANY_OBJECT, rf.prefix)
     if kind == "json_schema":
         inner = schema_fields()
-        name = inner.string("name")
-        if name is not None and not TOOL_NAME.fullmatch(name):
-            raise inner.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
-        inner.boolean("strict", False)
-        inner.string("description")
-        if "schema" not in inner.body:
-            raise inner.fail("schema", "is required")
-        return structure.schema_spec(inner.body["schema"], inner.name("schema"))
+        return structure.schema_spec(named_schema(inner), inner.name("schema"))
     raise rf.fail("type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def named_schema(inner: Fields) -> Any:
+    """The `schema` of an object holding `name`, `description`, `strict` and `schema`, each checked."""
+    name = inner.string("name")
+    if name is not None and not TOOL_NAME.fullmatch(name):
+        raise inner.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
+    inner.boolean("strict", False)
+    inner.string("description")
+    if "schema" not in inner.body:
+        raise inner.fail("schema", "is required")
+    return inner.body["schema"]
 
 
 def parse_format(fields: Fields) -> GrammarSpec | None:

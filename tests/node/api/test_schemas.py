@@ -78,6 +78,14 @@ def test_wrong_types_and_ranges_name_the_field(parse, base, field, value, param)
         ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
         ({**CHAT, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
         ({**CHAT, "stream": True, "stream_options": []}, "stream_options"),
+        # a json_schema beside type text is unused, but still held to its documented shape
+        ({**CHAT, "response_format": {"type": "text", "json_schema": {"name": 0.0, "schema": {}}}},
+         "response_format.json_schema.name"),
+        ({**CHAT, "response_format": {"type": "json_object", "json_schema": {"name": "x"}}},
+         "response_format.json_schema.schema"),
+        ({**CHAT, "response_format": {"type": "text", "json_schema": {"schema": "x"}}},
+         "response_format.json_schema.schema"),
+        ({**CHAT, "response_format": {"type": "text", "json_schema": []}}, "response_format.json_schema"),
     ],
 )
 def test_chat_shape_errors(body, param):
