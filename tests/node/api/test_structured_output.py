@@ -34,7 +34,10 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city", "unit"], "additionalProperties": False}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
-                                       "required": ["zone"]}}}
+                                       "required": ["zone"], "additionalProperties": False}}}
+# A forced call's arguments stay within this many tokens whatever a build's near-ties choose: a
+# string of 12 characters written as \u escapes is 72 tokens at most, and each object is closed.
+CALL_TOKENS = 96
 
 
 def obj(properties: dict, required: list | None = None, **extra) -> dict:
@@ -263,20 +266,20 @@ def test_forced_tool_calls_through_the_openai_client(client):
     named = client.chat.completions.create(
         model="gemma3-270m", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=48, temperature=0)
+        max_tokens=CALL_TOKENS, temperature=0)
     choice = named.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     check_call(choice.message.tool_calls[0], WEATHER)
 
     required = client.chat.completions.create(
         model="gemma3-270m", messages=[{"role": "user", "content": "What time is it in Rome?"}],
-        tools=[WEATHER, TIME], tool_choice="required", max_tokens=48, temperature=0)
+        tools=[WEATHER, TIME], tool_choice="required", max_tokens=CALL_TOKENS, temperature=0)
     call = required.choices[0].message.tool_calls[0]
     check_call(call, WEATHER if call.function.name == "get_weather" else TIME)
 
     stream = client.chat.completions.create(
         model="gemma3-270m", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
-        tools=[WEATHER], tool_choice="required", max_tokens=48, temperature=0, stream=True)
+        tools=[WEATHER], tool_choice="required", max_tokens=CALL_TOKENS, temperature=0, stream=True)
     name, arguments, reason, ids = "", "", None, set()
     for chunk in stream:
         for delta_choice in chunk.choices:
@@ -301,7 +304,7 @@ def test_the_tool_loop_through_the_openai_client(client):
     asked = {"role": "user", "content": "What is the weather in Paris?"}
     first = client.chat.completions.create(
         model="gemma3-270m", messages=[asked], tools=[WEATHER, TIME],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=48, temperature=0)
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=CALL_TOKENS, temperature=0)
     called = first.choices[0].message
     assert first.choices[0].finish_reason == "tool_calls"
     call = called.tool_calls[0]
@@ -318,7 +321,7 @@ def test_the_tool_loop_through_the_openai_client(client):
     again = client.chat.completions.create(
         model="gemma3-270m", messages=[asked, called, result, {"role": "user", "content": "And the time there?"}],
         tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}},
-        max_tokens=48, temperature=0)
+        max_tokens=CALL_TOKENS, temperature=0)
     assert again.choices[0].finish_reason == "tool_calls"
     second = again.choices[0].message.tool_calls[0]
     check_call(second, TIME)
