@@ -33,7 +33,8 @@ class NoSpeculator:
     def begin(self, seq: DraftSeq) -> None:
         pass
 
-    def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int) -> StepPlan:
+    def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int,
+             draining: int | None = None) -> StepPlan:
         return StepPlan({}, prefill)
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
@@ -77,15 +78,18 @@ class Drafting:
         """What a decoding sequence may ask the planner for: its room for drafts this step."""
         if seq.draft_seq is None:
             return None
-        room = min(self._max_draft, seq.request.max_tokens - seq.n_sampled - 1)
-        return DraftAsk(seq.draft_seq, seq.tokens, room) if room > 0 else None
+        left = seq.request.max_tokens - seq.n_sampled
+        room = min(self._max_draft, left - 1)
+        return DraftAsk(seq.draft_seq, seq.tokens, room, left) if room > 0 else None
 
-    def plan(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int) -> DraftPlan:
-        """The speculator's plan for the step (all the prompt tokens offered when nothing drafts)."""
+    def plan(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int,
+             draining: int | None = None) -> DraftPlan:
+        """The speculator's plan for the step (all the prompt tokens offered when nothing drafts);
+        `draining` as `Speculator.plan` has it."""
         if not self.enabled or not n_decoding:
             return DraftPlan({}, offered)
         try:
-            plan = self.speculator.plan(n_decoding, asks, offered, room)
+            plan = self.speculator.plan(n_decoding, asks, offered, room, draining)
         except Exception:
             log.exception("speculator plan() failed; decoding without drafts")
             return DraftPlan({}, offered)

@@ -97,11 +97,13 @@ class Draft:
 @dataclass(frozen=True, slots=True)
 class DraftAsk:
     """One decoding sequence's question to the planner: its context (prompt + output so far,
-    ending with the token the step decodes) and the most draft tokens it may carry."""
+    ending with the token the step decodes), the most draft tokens it may carry, and the most
+    tokens it may still generate (its max_tokens less what it sampled; 0: not said)."""
 
     seq: DraftSeq
     context: Sequence[int]
     room: int
+    left: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +134,14 @@ class Speculator(Protocol):
     def begin(self, seq: DraftSeq) -> None:
         """A sequence starts decoding."""
 
-    def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int) -> StepPlan:
+    def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int,
+             draining: int | None = None) -> StepPlan:
         """The step as a whole: n_decoding sequences decode one token each (`asks` are those
         that may carry drafts); `prefill` prompt tokens wait to go in beside them; `budget` is
         the most tokens the step may hold beyond the decoding tokens. Drafts (each at most
-        its ask's room) and prefill together stay within the budget."""
+        its ask's room) and prefill together stay within the budget. `draining` is None while
+        requests wait to join the batch; once none does, the most tokens a decoding sequence
+        without an ask may still generate (0: every one asks)."""
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         """The target kept `accepted` of the draft's tokens (a prefix of them)."""

@@ -437,16 +437,20 @@ class Scheduler:
         elif waiting and not any(seq.phase is not Phase.DECODE for seq in live):
             self._batch_turn += 1  # beside live decoding: one batch sequence a step, in turn
             decoding.append(waiting[self._batch_turn % len(waiting)])
+        joining = bool(self._queue) or len(decoding) < len(self._active)  # queued, prefilling or held back
         riding: dict[int, list[Sequence]] = {}
         if self._limits.shared_rows:
             decoding, riding = riders(decoding)  # identical siblings share their leader's rows
         asks = [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
                 for ask in [self._drafting.ask(seq)] if ask is not None]
+        asking = {ask.seq.key for ask in asks}
+        draining = None if joining else max((seq.request.max_tokens - seq.n_sampled for seq in decoding
+                                             if seq.key not in asking), default=0)
         used = sum(len(seq.pending) for seq in decoding)
         room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         room = min(room, self._batch.capacity - used)
         chunks = self._prefill_entries(live, room)
-        plan = self._drafting.plan(len(decoding), asks, sum(len(e.tokens) for e in chunks), room)
+        plan = self._drafting.plan(len(decoding), asks, sum(len(e.tokens) for e in chunks), room, draining)
         self.counters["draft_tokens"] += plan.rows
         for seq in decoding:
             seq.draft = plan.drafts.get(seq.key)

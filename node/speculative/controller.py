@@ -23,6 +23,12 @@ step's time on the cost curve, which may be a staircase: where the output projec
 in tiles of 4 rows, 8 rows cost what 5 do, so a plan fills a tile or adds nothing): rows go
 to the drafts that buy most, wherever they are in the batch, and a sequence's draft length
 is where its positions stop paying (it adapts per sequence and per match, never a fixed max).
+A draining batch. While requests wait to join the batch, a token kept anywhere frees a slot
+sooner, so every kept token is worth a plain token's share of the step. Once none waits, the
+batch takes as many steps as its slowest sequence needs, and a kept token of a sequence that
+will finish before it saves only the row it would have had later: kept tokens are weighed by
+what they shorten (`_worth`), so rows go to the sequences that bound the batch and the others
+draft only where a row is nearly free.
 A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
@@ -116,6 +122,12 @@ class _SeqState:
     reached: dict[str, list[int]] = field(default_factory=dict)
     kept: dict[str, list[int]] = field(default_factory=dict)
     shadows: list[_Shadow] = field(default_factory=list)
+    start: int = -1  # the context's length when the sequence first asked
+    asked: int = 0   # steps it asked in
+
+    def pace(self, context: int) -> float:
+        """Tokens per step so far (one before the second step: a step gives at least one)."""
+        return (context - self.start + 1) / max(1, self.asked)
 
 
 class Controller:
@@ -164,7 +176,8 @@ class Controller:
         for state in self._sources.values():
             state.source.end(seq, tokens)
 
-    def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int) -> StepPlan:
+    def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int,
+             draining: int | None = None) -> StepPlan:
         self._step += 1
         self._this_step.clear()
         for state in self._sources.values():
@@ -184,13 +197,20 @@ class Controller:
         proposals: list[tuple[DraftAsk, _SeqState, Draft]] = []  # every draft proposed, for the shadows
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
+            if own is not None:
+                own.start = len(ask.context) if own.start < 0 else own.start
+                own.asked += 1
+        worth = self._worth(n, asks, draining, row_s)
+        for ask in asks:
+            own = self._seqs.get(ask.seq.key)
             if own is None:
                 continue
             self._follow(ask, own)
             room = min(ask.room, self.config.max_draft)
             if room <= 0:
                 continue
-            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints, proposals)
+            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints, proposals,
+                                       worth.get(ask.seq.key, 1.0))
             if option is not None:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
@@ -212,11 +232,38 @@ class Controller:
         return StepPlan(drafts, max(0, min(prefill, budget - rows)),
                         {key: token for key, token in hints.items() if key not in drafts})
 
+    def _worth(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float) -> dict[int, float]:
+        """What a kept token of each asking sequence is worth, against a token of plain decoding.
+
+        While requests wait to join the batch, a token kept anywhere shortens the batch's work
+        by a share of a step (a slot frees sooner for the next request): every one is worth 1.
+        Once none waits, the batch lasts as many steps as its slowest sequence needs; a kept
+        token replaces a row its sequence would have had later (row_s), and shortens the batch
+        only if that sequence bounds it. The bound is the sequences whose steps still to go (the
+        tokens they may still generate at the pace they kept so far) are within a step of the
+        most: a token kept by one of k of them is worth row_s plus 1/k of the step's fixed part;
+        the others' are worth row_s alone, so their drafts go in only where a row is nearly
+        free (a tile's spare rows) or kept almost surely. With every sequence bounding alike (a
+        batch started together, one lone sequence) each is worth 1, as while requests wait."""
+        if draining is None or not asks or any(ask.left <= 0 for ask in asks):
+            return {}
+        togo = {ask.seq.key: ask.left / own.pace(len(ask.context)) for ask in asks
+                for own in [self._seqs.get(ask.seq.key)] if own is not None}
+        if not togo:
+            return {}
+        most = max(max(togo.values()), float(draining))
+        bound = [key for key, steps in togo.items() if steps >= most - 1.0]
+        step = self.costs.seconds(n)
+        fixed = max(0.0, step - n * row_s)
+        per_token = step / n  # a token of plain decoding: its share of the step
+        return {key: (row_s + (fixed / len(bound) if key in bound else 0.0)) / per_token for key in togo}
+
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
-                     proposals: list[tuple[DraftAsk, _SeqState, Draft]]) -> _Option | None:
+                     proposals: list[tuple[DraftAsk, _SeqState, Draft]], worth: float = 1.0) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
-        at plain decoding's rate (a probing source's draft whatever it is worth). A source that
+        at plain decoding's rate (a probing source's draft whatever it is worth); each kept
+        token counts `worth` tokens of plain decoding (`_worth`). A source that
         costs nothing to ask is asked for one token more than the room: the token after the
         draft's last becomes its hint (`Draft.after`). The first proposal's first token is the
         sequence's hint in `hints` should no draft of it be verified."""
@@ -227,7 +274,8 @@ class Controller:
             making = state.source.cost_per_token
             ask_k = room
             if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
-                ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, 0, room), row_s + making, n)
+                gains = [g * worth for g in self._gains(state, own, ask.seq.sampled, 0, room)]
+                ask_k = self._paying_length(gains, row_s + making, n)
                 if ask_k == 0:
                     if state not in proposed:
                         proposed.append(state)
@@ -242,7 +290,7 @@ class Controller:
             hints.setdefault(ask.seq.key, int(draft.tokens[0]))
             proposals.append((ask, own, draft))
             draft = draft.head(room)
-            gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens))
+            gains = [g * worth for g in self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens))]
             cost = row_s + making
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
                 j = min(len(draft.tokens), PROBE_TOKENS)

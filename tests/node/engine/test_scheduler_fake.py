@@ -302,7 +302,7 @@ class ScriptedSpeculator:
     def begin(self, seq: DraftSeq) -> None:
         self.begun.append(seq.key)
 
-    def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int) -> StepPlan:
+    def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None) -> StepPlan:
         drafts = {}
         for ask in asks:
             tokens, last = [], ask.context[-1]
@@ -424,7 +424,7 @@ def test_a_new_prompt_takes_the_free_slot_whose_kv_holds_its_longest_prefix():
 def test_the_prompt_tokens_beside_decoding_are_what_the_planner_grants():
     @dataclass
     class Stingy(ScriptedSpeculator):
-        def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int) -> StepPlan:
+        def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None) -> StepPlan:
             return StepPlan({}, min(prefill, 3))
 
     limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)

@@ -285,16 +285,20 @@ class Own:
 
 
 def planned(per_step: float, per_token: float, acceptance: list[float], *, budget: int = 256,
-            prefill: int = 0, room: int = 16) -> tuple[list[int], int]:
+            prefill: int = 0, room: int = 16, left: list[int] | None = None,
+            draining: int | None = None) -> tuple[list[int], int]:
     """(draft length per sequence, prompt tokens beside them) for sequences whose drafts are kept
-    at these rates per position, on a host whose step costs per_step + per_token a row."""
+    at these rates per position, on a host whose step costs per_step + per_token a row; `left`:
+    the tokens each may still generate, `draining` as `Controller.plan` takes it."""
     costs = CostCurve({n: per_step + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
     controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
     seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
     for seq, p in zip(seqs, acceptance):
         controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
         controller.begin(seq)
-    plan = controller.plan(len(seqs), [DraftAsk(s, [1], room) for s in seqs], prefill, budget)
+    lefts = left or [0] * len(seqs)
+    plan = controller.plan(len(seqs), [DraftAsk(s, [1], room, n) for s, n in zip(seqs, lefts)], prefill, budget,
+                           draining)
     return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs], plan.prefill
 
 
@@ -324,6 +328,23 @@ def test_a_plan_that_does_not_beat_plain_decoding_verifies_nothing():
     # for 18 ms) but the step's rate rises less than the margin: the step decodes plainly
     assert planned(0.012, 0.006, [0.34], prefill=8) == ([0], 8)
     assert planned(0.012, 0.006, [0.40], prefill=8) == ([1], 8)
+
+
+def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
+    """Once no request waits to join, the batch lasts as long as its slowest sequence: a token
+    kept by a sequence far ahead saves only the row it would have had later, so at 0.9 kept per
+    row its drafts do not pay, while the one that bounds the batch drafts more than it would in
+    an open batch (each of its kept tokens saves a whole step)."""
+    open_batch = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40])
+    assert open_batch[0][0] > 0 and open_batch[0][0] == open_batch[0][1]  # requests wait: alike
+    ahead, bound = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], draining=0)[0]
+    assert ahead == 0 and bound > open_batch[0][1]
+    # started together, they bound it alike: the plan is the open batch's
+    assert planned(0.012, 0.003, [0.9, 0.9], left=[40, 40], draining=0) == planned(0.012, 0.003, [0.9, 0.9])
+    # a sequence that drafts nothing bounds it: nobody's drafts shorten the batch
+    assert planned(0.012, 0.003, [0.9, 0.9], left=[20, 20], draining=60) == ([0, 0], 0)
+    # a lone sequence is its own bound
+    assert planned(0.012, 0.003, [0.9], left=[5], draining=0) == planned(0.012, 0.003, [0.9])
 
 
 def test_sampled_acceptance_is_learned_apart_from_greedy():
