@@ -292,6 +292,7 @@ class ScriptedSpeculator:
     begun: list[int] = field(default_factory=list)
     ended: list[int] = field(default_factory=list)
     steps: int = 0
+    plans: list[tuple[int | None, tuple[int, ...]]] = field(default_factory=list)  # (draining, asks' left)
 
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
         pass
@@ -303,6 +304,7 @@ class ScriptedSpeculator:
         self.begun.append(seq.key)
 
     def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None) -> StepPlan:
+        self.plans.append((draining, tuple(ask.left for ask in asks)))
         drafts = {}
         for ask in asks:
             tokens, last = [], ask.context[-1]
@@ -354,6 +356,32 @@ def test_drafting_for_a_request_that_asks_for_no_speculation_is_off():
     sched.enqueue([seq])
     run(sched, seq)
     assert text(seq) == letters("b", 5) and not spec.begun and not spec.verified_calls
+
+
+def test_the_planner_hears_when_the_batch_drains_and_who_bounds_it():
+    """While a request waits for a slot, `draining` is None; once none waits it is the most
+    tokens a sequence without drafts may still generate, and each ask says its own."""
+    spec = ScriptedSpeculator(k=2, right=0)
+    limits = SchedulerLimits(n_parallel=1, max_queue=16, step_token_budget=16, max_draft=2)
+    sched, _ = make(limits, speculator=spec)
+    first, = seqs(request("a b", max_tokens=4))
+    second, = seqs(request("c d", max_tokens=5))
+    sched.enqueue([first, second])
+    run(sched, first, second)
+    # each sampled its first token at the end of its prompt; an ask needs room for a draft
+    # before its last token, so the last step of each asks nothing (and then counts as drafting
+    # nothing: the batch lasts at least its one token more)
+    assert spec.plans == [(None, (3,)), (None, (2,)), (None, ()),  # the second waits for the slot
+                          (0, (4,)), (0, (3,)), (0, (2,)), (1, ())]  # the second alone
+
+    spec = ScriptedSpeculator(k=2, right=0)
+    sched, _ = make(SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=2), speculator=spec)
+    plain, = seqs(request("a b", max_tokens=9, speculation=False))
+    drafting, = seqs(request("c d", max_tokens=5))
+    sched.enqueue([plain, drafting])
+    run(sched, plain, drafting)
+    # the plain one bounds the batch: 9 tokens, 1 sampled at the end of its prompt
+    assert spec.plans == [(8, (4,)), (7, (3,)), (6, (2,)), (5, ()), (4, ()), (3, ()), (2, ()), (1, ())]
 
 
 # -- prefix states and resident slots ----------------------------------------------------------
