@@ -57,6 +57,7 @@ they say it pays it stays on. Both switches are logged with the numbers behind t
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ MARGIN = 1.02         # a plan with drafts must promise this much more throughpu
 PREFILL_SHARE = 0.5   # the share of the step's token budget drafts leave to a waiting prompt
 ANY = -1              # the match class of the estimate over every match
 SHADOWS = 8           # unverified proposals followed at once, per source and sequence
+ENDINGS = 32          # sequences remembered for how often their max_tokens was their end
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,7 @@ class _SeqState:
     shadows: list[_Shadow] = field(default_factory=list)
     start: int = -1  # the context's length when the sequence first asked
     asked: int = 0   # steps it asked in
+    left: int = 0    # the tokens it might still generate when it last asked
 
     def pace(self, context: int) -> float:
         """Tokens per step so far (one before the second step: a step gives at least one)."""
@@ -140,6 +143,7 @@ class Controller:
         self._sources = {s.name: _SourceState(s, float(getattr(s, "prior", PRIOR))) for s in sources}
         self.stats = SpeculationStats(list(self._sources), config.max_draft)
         self._seqs: dict[int, _SeqState] = {}
+        self._endings: collections.deque[bool] = collections.deque(maxlen=ENDINGS)  # ran to max_tokens?
         self._step = 0
         self._this_step: list[tuple[str, int, int]] = []   # (source, drafted, accepted)
 
@@ -172,7 +176,9 @@ class Controller:
             state.source.begin(seq)
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
-        self._seqs.pop(seq.key, None)
+        own = self._seqs.pop(seq.key, None)
+        if own is not None and own.asked:  # its last ask had room for one draft token: it ran to its limit
+            self._endings.append(own.left <= 2)
         for state in self._sources.values():
             state.source.end(seq, tokens)
 
@@ -200,6 +206,7 @@ class Controller:
             if own is not None:
                 own.start = len(ask.context) if own.start < 0 else own.start
                 own.asked += 1
+                own.left = ask.left
         worth = self._worth(n, asks, draining, row_s)
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
@@ -244,7 +251,11 @@ class Controller:
         most: a token kept by one of k of them is worth row_s plus 1/k of the step's fixed part;
         the others' are worth row_s alone, so their drafts go in only where a row is nearly
         free (a tile's spare rows) or kept almost surely. With every sequence bounding alike (a
-        batch started together, one lone sequence) each is worth 1, as while requests wait."""
+        batch started together, one lone sequence) each is worth 1, as while requests wait.
+        The tokens a sequence may still generate bound its steps only if it runs to max_tokens;
+        one that stops at its end of text may finish first whatever it has left (a chat asking
+        for 512 tokens and ending after 50), so the weights count in proportion to how often
+        the last ENDINGS sequences ran to their limit (Laplace's rule: a half with no history)."""
         if draining is None or not asks or any(ask.left <= 0 for ask in asks):
             return {}
         togo = {ask.seq.key: ask.left / own.pace(len(ask.context)) for ask in asks
@@ -256,7 +267,9 @@ class Controller:
         step = self.costs.seconds(n)
         fixed = max(0.0, step - n * row_s)
         per_token = step / n  # a token of plain decoding: its share of the step
-        return {key: (row_s + (fixed / len(bound) if key in bound else 0.0)) / per_token for key in togo}
+        binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
+        return {key: 1.0 + binding * ((row_s + (fixed / len(bound) if key in bound else 0.0)) / per_token - 1.0)
+                for key in togo}
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
