@@ -26,7 +26,9 @@ def parse_response_format(fields: Fields) -> GrammarSpec | None:
     if value is None:
         return None
     rf = Fields(value, "response_format")
-    nested = lambda: Fields(rf.body.get("json_schema"), "response_format.json_schema")  # noqa: E731
+    def nested() -> Fields:
+        return Fields(rf.body.get("json_schema"), "response_format.json_schema")
+
     if rf.present("json_schema") and rf.body.get("type") != "json_schema":
         inner = nested()  # unused beside type text or json_object, but held to its documented shape
         if not isinstance(named_schema(inner), dict):

@@ -154,6 +154,6 @@ def expiry(queue: Iterable[Sequence], active: Iterable[Sequence], now: float) ->
 def retry_after(active: Iterable[Sequence], steps: float, step_ms: float, step_token_budget: int) -> int:
     """Seconds until the soonest running request must end (its max_tokens at the recent step time)."""
     step_s = step_ms / steps / 1000 if steps else 0.05
-    left = min((s.request.max_tokens - s.n_sampled + s.prefill_left // max(1, step_token_budget)
+    left = min((s.tokens_left + s.prefill_left // max(1, step_token_budget)
                 for s in active), default=0)
     return max(1, min(300, round(left * step_s)))

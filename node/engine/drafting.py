@@ -78,9 +78,8 @@ class Drafting:
         """What a decoding sequence may ask the planner for: its room for drafts this step."""
         if seq.draft_seq is None:
             return None
-        left = seq.request.max_tokens - seq.n_sampled
-        room = min(self._max_draft, left - 1)
-        return DraftAsk(seq.draft_seq, seq.tokens, room, left) if room > 0 else None
+        room = min(self._max_draft, seq.tokens_left - 1)
+        return DraftAsk(seq.draft_seq, seq.tokens, room, seq.tokens_left) if room > 0 else None
 
     def plan(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int,
              draining: int | None = None) -> DraftPlan:

@@ -165,6 +165,11 @@ class Sequence:
     def prefill_left(self) -> int:
         return len(self.prompt) - self.n_past
 
+    @property
+    def tokens_left(self) -> int:
+        """The most tokens it may still sample (its max_tokens less what it sampled)."""
+        return self.request.max_tokens - self.n_sampled
+
     def accept(self, choice: Choice, eog: frozenset[int], piece_of: Callable[[int], bytes]) -> FinishReason | None:
         """Take one sampled token; returns why the sequence ends, or None to go on."""
         token = choice.token

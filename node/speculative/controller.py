@@ -177,7 +177,7 @@ class Controller:
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         own = self._seqs.pop(seq.key, None)
-        if own is not None and own.asked:  # its last ask had room for one draft token: it ran to its limit
+        if own is not None and own.asked:  # a last ask with room for one draft token at most: it ran to its limit
             self._endings.append(own.left <= 2)
         for state in self._sources.values():
             state.source.end(seq, tokens)
@@ -207,7 +207,7 @@ class Controller:
                 own.start = len(ask.context) if own.start < 0 else own.start
                 own.asked += 1
                 own.left = ask.left
-        worth = self._worth(n, asks, draining, row_s)
+        worth = self._worth(n, asks, draining, row_s, plain)
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             if own is None:
@@ -239,7 +239,8 @@ class Controller:
         return StepPlan(drafts, max(0, min(prefill, budget - rows)),
                         {key: token for key, token in hints.items() if key not in drafts})
 
-    def _worth(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float) -> dict[int, float]:
+    def _worth(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
+               plain: float) -> dict[int, float]:
         """What a kept token of each asking sequence is worth, against a token of plain decoding.
 
         While requests wait to join the batch, a token kept anywhere shortens the batch's work
@@ -264,9 +265,8 @@ class Controller:
             return {}
         most = max(max(togo.values()), float(draining))
         bound = [key for key, steps in togo.items() if steps >= most - 1.0]
-        step = self.costs.seconds(n)
-        fixed = max(0.0, step - n * row_s)
-        per_token = step / n  # a token of plain decoding: its share of the step
+        per_token = 1.0 / plain  # a token of plain decoding: its share of the step
+        fixed = max(0.0, n * per_token - n * row_s)
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
         return {key: 1.0 + binding * ((row_s + (fixed / len(bound) if key in bound else 0.0)) / per_token - 1.0)
                 for key in togo}
@@ -287,8 +287,8 @@ class Controller:
             making = state.source.cost_per_token
             ask_k = room
             if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
-                gains = [g * worth for g in self._gains(state, own, ask.seq.sampled, 0, room)]
-                ask_k = self._paying_length(gains, row_s + making, n)
+                ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, 0, room, worth),
+                                            row_s + making, n)
                 if ask_k == 0:
                     if state not in proposed:
                         proposed.append(state)
@@ -303,7 +303,7 @@ class Controller:
             hints.setdefault(ask.seq.key, int(draft.tokens[0]))
             proposals.append((ask, own, draft))
             draft = draft.head(room)
-            gains = [g * worth for g in self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens))]
+            gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens), worth)
             cost = row_s + making
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
                 j = min(len(draft.tokens), PROBE_TOKENS)
@@ -476,10 +476,11 @@ class Controller:
             state.p[(sampled, match_class)] = table
         return table
 
-    def _gains(self, state: _SourceState, own: _SeqState, sampled: bool, match: int, j: int) -> list[float]:
+    def _gains(self, state: _SourceState, own: _SeqState, sampled: bool, match: int, j: int,
+               worth: float = 1.0) -> list[float]:
         """Expected kept tokens of each of a draft's first j positions: the products p_1 .. p_i of
         the source's estimates for this kind of sequence and match, blended with the sequence's
-        own counts."""
+        own counts; each counted as `worth` tokens of plain decoding (`_worth`)."""
         name = state.source.name
         p = self._table(state, sampled, _match_class(match) if match > 0 else ANY)
         reached, kept = own.reached.get(name), own.kept.get(name)
@@ -488,7 +489,7 @@ class Controller:
             estimate = p[i] if reached is None or kept is None else \
                 (kept[i] + PRIOR_WEIGHT * p[i]) / (reached[i] + PRIOR_WEIGHT)
             chain *= estimate
-            gains.append(chain)
+            gains.append(chain * worth)
         return gains
 
     def _paying(self, state: _SourceState) -> None:
