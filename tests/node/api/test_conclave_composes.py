@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+from typing import NamedTuple
 
 import aiohttp
 import jsonschema
@@ -103,12 +104,20 @@ def assert_freed(node) -> None:
     assert not controller._seqs  # every sequence's draft state ended with it
 
 
-def plain_logprobs(node, body: dict, path: str = "chat/completions") -> list[tuple[str, list[float]]]:
-    """(token, top logprobs best first) of each token of the plain answer to `body`, undrafted."""
+class PlainToken(NamedTuple):
+    """One token of a plain undrafted answer: its text, its top logprobs best first and their
+    tokens' texts in the same order."""
+    token: str
+    top: list[float]
+    alternatives: list[str]
+
+
+def plain_logprobs(node, body: dict, path: str = "chat/completions") -> list[PlainToken]:
+    """Each token of the plain answer to `body`, undrafted."""
     return plain_run(node, body, path)[0]
 
 
-def plain_run(node, body: dict, path: str = "chat/completions") -> tuple[list[tuple[str, list[float]]], int]:
+def plain_run(node, body: dict, path: str = "chat/completions") -> tuple[list[PlainToken], int]:
     """plain_logprobs, and the prompt's length in tokens (the position of the answer's first token)."""
     chat_path = path.startswith("chat")
     extra = {"logprobs": True, "top_logprobs": 20} if chat_path else {"logprobs": 20}
@@ -118,28 +127,40 @@ def plain_run(node, body: dict, path: str = "chat/completions") -> tuple[list[tu
     assert status == 200, reply
     prompt_tokens = reply["usage"]["prompt_tokens"]
     if chat_path:
-        return [(e["token"], [t["logprob"] for t in e["top_logprobs"]])
+        return [PlainToken(e["token"], [t["logprob"] for t in e["top_logprobs"]],
+                           [t["token"] for t in e["top_logprobs"]])
                 for e in reply["choices"][0]["logprobs"]["content"]], prompt_tokens
     lp = reply["choices"][0]["logprobs"]
-    return [(token, sorted(top.values(), reverse=True))
-            for token, top in zip(lp["tokens"], lp["top_logprobs"])], prompt_tokens
+    entries = []
+    for token, top in zip(lp["tokens"], lp["top_logprobs"]):
+        ranked = sorted(top.items(), key=lambda item: item[1], reverse=True)
+        entries.append(PlainToken(token, [v for _, v in ranked], [t for t, _ in ranked]))
+    return entries, prompt_tokens
 
 
-def parting(entries: list[tuple[str, list[float]]], other: str) -> tuple[int, list[float]]:
-    """Where `other` leaves the plain run: the token's index and the plain run's top logprobs there."""
-    prefix = ""
-    for i, (token, top) in enumerate(entries):
-        if not other.startswith(prefix + token):
-            return i, top
-        prefix += token
-    raise AssertionError(f"outputs differ but no token of the plain run parts from {other!r}")
+def partings(entries: list[PlainToken], other: str) -> list[int]:
+    """Where `other` may have left the plain run, by index of the plain run's token: text alone
+    cannot say where two token sequences part when one token's text begins another's (" the"
+    and " theory"), so each place where `other` goes on with one of the plain run's other
+    candidate tokens counts, up to the first place where the plain token's text stops fitting."""
+    places, prefix = [], ""
+    for i, entry in enumerate(entries):
+        rest = other[len(prefix):]
+        if not rest.startswith(entry.token):
+            return places + [i]
+        if any(alt != entry.token and rest.startswith(alt) for alt in entry.alternatives):
+            places.append(i)
+        prefix += entry.token
+    assert places, f"outputs differ but no token of the plain run parts from {other!r}"
+    return places
 
 
 def assert_near_tie(node, body: dict, other: str, path: str = "chat/completions") -> None:
     """`other` parts from the plain greedy answer to `body` at a near-tie of the plain run."""
-    _, top = parting(plain_logprobs(node, body, path), other)
-    gap = top[0] - top[1] if len(top) > 1 else float("inf")
-    assert gap < NEAR_TIE, f"diverged at a clear margin {gap:.3f}: {other!r}"
+    entries = plain_logprobs(node, body, path)
+    gaps = [entries[i].top[0] - entries[i].top[1] if len(entries[i].top) > 1 else float("inf")
+            for i in partings(entries, other)]
+    assert min(gaps) < NEAR_TIE, f"diverged at a clear margin {min(gaps):.3f}: {other!r}"
 
 
 def assert_near_boundary(node, body: dict, other: str) -> None:
@@ -154,22 +175,27 @@ def assert_near_boundary(node, body: dict, other: str) -> None:
     from node.engine.types import SamplingParams
 
     entries, prompt_tokens = plain_run(node, body)
-    i, top = parting(entries, other)
-    position = prompt_tokens + i
     params = SamplingParams(temperature=body["temperature"], top_k=body.get("top_k", 40),
                             top_p=body.get("top_p", 0.95), min_p=body.get("min_p", 0.05), seed=body["seed"])
-    logits = np.array(top, dtype=np.float32)
-    history = [0] * position
 
-    def pick(row: np.ndarray) -> int:
-        return TokenSampler(params, len(row)).choose(row, history).token
+    def near_edge(i: int) -> bool:
+        position = prompt_tokens + i
+        logits = np.array(entries[i].top, dtype=np.float32)
+        history = [0] * position
 
-    plain = pick(logits)
-    moves = [logits + np.eye(len(logits), dtype=np.float32)[j] * shift
-             for j in range(len(logits)) for shift in (-NEAR_TIE, NEAR_TIE)]
-    assert any(pick(moved) != plain for moved in moves), (
-        f"the sample parted at token {i} where its draw {uniform(body['seed'], position, DRAW):.3f} "
-        f"was far from any edge of {np.exp(logits)}: {other!r}")
+        def pick(row: np.ndarray) -> int:
+            return TokenSampler(params, len(row)).choose(row, history).token
+
+        plain = pick(logits)
+        moves = [logits + np.eye(len(logits), dtype=np.float32)[j] * shift
+                 for j in range(len(logits)) for shift in (-NEAR_TIE, NEAR_TIE)]
+        return any(pick(moved) != plain for moved in moves)
+
+    places = partings(entries, other)
+    i = places[-1]
+    assert any(near_edge(place) for place in places), (
+        f"the sample parted at token {i} where its draw {uniform(body['seed'], prompt_tokens + i, DRAW):.3f} "
+        f"was far from any edge of {np.exp(entries[i].top)}: {other!r}")
 
 
 def lookup_stats(node) -> dict:
