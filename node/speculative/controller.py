@@ -27,8 +27,9 @@ A draining batch. While requests wait to join the batch, a token kept anywhere f
 sooner, so every kept token is worth a plain token's share of the step. Once none waits, the
 batch takes as many steps as its slowest sequence needs, and a kept token of a sequence that
 will finish before it saves only the row it would have had later: kept tokens are weighed by
-what they shorten (`_worth`), so rows go to the sequences that bound the batch and the others
-draft only where a row is nearly free.
+what they shorten (`_draining`), so rows go to the sequences that bound the batch and the others
+draft only where a row is nearly free; where several bound it alike, a kept token shortens it
+only if each of them keeps one.
 A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
@@ -127,6 +128,7 @@ class _SeqState:
     start: int = -1  # the context's length when the sequence first asked
     asked: int = 0   # steps it asked in
     left: int = 0    # the tokens it might still generate when it last asked
+    context: int = 0  # its context's length then
 
     def pace(self, context: int) -> float:
         """Tokens per step so far (one before the second step: a step gives at least one)."""
@@ -177,8 +179,8 @@ class Controller:
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         own = self._seqs.pop(seq.key, None)
-        if own is not None and own.asked:  # a last ask with room for one draft token at most: it ran to its limit
-            self._endings.append(own.left <= 2)
+        if own is not None and own.asked:  # it generated all it had left at its last ask: it ran to its limit
+            self._endings.append(len(tokens) - own.context >= own.left)
         for state in self._sources.values():
             state.source.end(seq, tokens)
 
@@ -206,8 +208,8 @@ class Controller:
             if own is not None:
                 own.start = len(ask.context) if own.start < 0 else own.start
                 own.asked += 1
-                own.left = ask.left
-        worth = self._worth(n, asks, draining, row_s, plain)
+                own.left, own.context = ask.left, len(ask.context)
+        drain = self._draining(n, asks, draining, row_s, plain)
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             if own is None:
@@ -217,11 +219,19 @@ class Controller:
             if room <= 0:
                 continue
             option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints, proposals,
-                                       worth.get(ask.seq.key, 1.0))
+                                       drain.worth(ask.seq.key) if drain is not None else 1.0)
             if option is not None:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+        if drain is not None:  # the bound gets ahead only where each of it drafts: plan again until it does
+            held: frozenset[int] = frozenset()
+            while drain.together(chosen, held):
+                drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+                still = held | (drain.bound - drafts.keys())
+                if still == held:
+                    break
+                held = still
         for ask, own, draft in proposals:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
@@ -239,44 +249,43 @@ class Controller:
         return StepPlan(drafts, max(0, min(prefill, budget - rows)),
                         {key: token for key, token in hints.items() if key not in drafts})
 
-    def _worth(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
-               plain: float) -> dict[int, float]:
-        """What a kept token of each asking sequence is worth, against a token of plain decoding.
+    def _draining(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
+                  plain: float) -> _Draining | None:
+        """What a kept token of each asking sequence is worth once no request waits (None while
+        one does: then a token kept anywhere shortens the batch's work by a share of a step, a
+        slot frees sooner for the next request, and every one is worth 1).
 
-        While requests wait to join the batch, a token kept anywhere shortens the batch's work
-        by a share of a step (a slot frees sooner for the next request): every one is worth 1.
         Once none waits, the batch lasts as many steps as its slowest sequence needs; a kept
         token replaces a row its sequence would have had later (row_s), and shortens the batch
         only if that sequence bounds it. The bound is the sequences whose steps still to go (the
         tokens they may still generate at the pace they kept so far) are within a step of the
-        most: a token kept by one of k of them is worth row_s plus 1/k of the step's fixed part;
-        the others' are worth row_s alone, so their drafts go in only where a row is nearly
-        free (a tile's spare rows) or kept almost surely. With every sequence bounding alike (a
-        batch started together, one lone sequence) each is worth 1, as while requests wait.
-        The tokens a sequence may still generate bound its steps only if it runs to max_tokens;
-        one that stops at its end of text may finish first whatever it has left (a chat asking
-        for 512 tokens and ending after 50), so the weights count in proportion to how often
-        the last ENDINGS sequences ran to their limit (Laplace's rule: a half with no history)."""
+        most: a token kept by one of k of them is worth row_s plus 1/k of the step's fixed part
+        (`_Draining.together` asks that the other k - 1 get ahead too); the others' are worth
+        row_s alone, so their drafts go in only where a row is nearly free (a tile's spare rows)
+        or kept almost surely. The tokens a sequence may still generate bound its steps only if
+        it runs to max_tokens; one that stops at its end of text may finish first whatever it
+        has left (a chat asking for 512 tokens and ending after 50), so the weights count in
+        proportion to how often the last ENDINGS sequences ran to their limit (Laplace's rule:
+        a half with no history)."""
         if draining is None or not asks or any(ask.left <= 0 for ask in asks):
-            return {}
+            return None
         togo = {ask.seq.key: ask.left / own.pace(len(ask.context)) for ask in asks
                 for own in [self._seqs.get(ask.seq.key)] if own is not None}
         if not togo:
-            return {}
+            return None
         most = max(max(togo.values()), float(draining))
-        bound = [key for key, steps in togo.items() if steps >= most - 1.0]
+        bound = frozenset(key for key, steps in togo.items() if steps >= most - 1.0)
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
-        return {key: 1.0 + binding * ((row_s + (fixed / len(bound) if key in bound else 0.0)) / per_token - 1.0)
-                for key in togo}
+        return _Draining(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
                      proposals: list[tuple[DraftAsk, _SeqState, Draft]], worth: float = 1.0) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
         at plain decoding's rate (a probing source's draft whatever it is worth); each kept
-        token counts `worth` tokens of plain decoding (`_worth`). A source that
+        token counts `worth` tokens of plain decoding (`_draining`). A source that
         costs nothing to ask is asked for one token more than the room: the token after the
         draft's last becomes its hint (`Draft.after`). The first proposal's first token is the
         sequence's hint in `hints` should no draft of it be verified."""
@@ -480,7 +489,7 @@ class Controller:
                worth: float = 1.0) -> list[float]:
         """Expected kept tokens of each of a draft's first j positions: the products p_1 .. p_i of
         the source's estimates for this kind of sequence and match, blended with the sequence's
-        own counts; each counted as `worth` tokens of plain decoding (`_worth`)."""
+        own counts; each counted as `worth` tokens of plain decoding (`_draining`)."""
         name = state.source.name
         p = self._table(state, sampled, _match_class(match) if match > 0 else ANY)
         reached, kept = own.reached.get(name), own.kept.get(name)
@@ -562,6 +571,53 @@ def _by_position(state: _SourceState) -> str:
                      for (sampled, cls), p in sorted(state.p.items()) if cls == ANY) or "none yet"
 
 
+@dataclass(frozen=True, slots=True)
+class _Draining:
+    """What a kept token is worth in a batch that no request waits to join (`Controller._draining`),
+    against a token of plain decoding: its row's share of the step, and for a sequence that
+    bounds the batch its share of the step's fixed part too; `binding`, how far the tokens
+    sequences have left predict when they end."""
+
+    bound: frozenset[int]
+    fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
+    row_share: float     # a row, per plain token
+    binding: float
+
+    def worth(self, key: int, others_ahead: float = 1.0) -> float:
+        """A kept token of sequence `key`, where the other bounding sequences all get ahead
+        this step with chance `others_ahead`."""
+        share = self.row_share + (self.fixed_share * others_ahead if key in self.bound else 0.0)
+        return 1.0 + self.binding * (share - 1.0)
+
+    def together(self, options: list[_Option], held: frozenset[int] = frozenset()) -> bool:
+        """Reweigh the drafts of bounding sequences by whether the rest of the bound moves too;
+        whether any weight changed.
+
+        The batch ends with its last sequence: where k sequences bound it alike (requests
+        started together), a token kept by one of them shortens the batch only if each of the
+        others keeps one as well; a sequence with no draft this step (prose, nothing to match,
+        or `held`: its draft got no rows) holds the batch to its own pace, and the others' kept
+        tokens then save their rows only. The chance that another gets ahead is its draft's
+        first position."""
+        if len(self.bound) < 2:
+            return False
+        first = {o.seq.key: o.gains[0] / o.weight / self.worth(o.seq.key)
+                 for o in options if o.gains and o.seq.key not in held}
+        changed = False
+        for o in options:
+            key = o.seq.key
+            if key not in self.bound or not o.gains:
+                continue
+            ahead = 1.0
+            for other in self.bound - {key}:
+                ahead *= min(1.0, first.get(other, 0.0))
+            weight = self.worth(key, ahead) / self.worth(key)
+            if weight != o.weight:
+                o.gains = [g / o.weight * weight for g in o.gains]
+                o.weight, changed = weight, True
+        return changed
+
+
 @dataclass(slots=True)
 class _Option:
     """One sequence's best draft for the step: its positions' expected kept tokens and row cost."""
@@ -573,3 +629,4 @@ class _Option:
     cost: float       # seconds one of its rows costs (a row of the step + the source's making)
     forced: int = 0   # positions verified whatever they are worth (a probe)
     value: float = 0.0
+    weight: float = 1.0  # what `_Draining.together` made of its gains, against its own worth

@@ -286,19 +286,19 @@ class Own:
 
 def planned(per_step: float, per_token: float, acceptance: list[float], *, budget: int = 256,
             prefill: int = 0, room: int = 16, left: list[int] | None = None,
-            draining: int | None = None, endings: list[int] = ()) -> tuple[list[int], int]:
+            draining: int | None = None, endings: list[tuple[int, int]] = ()) -> tuple[list[int], int]:
     """(draft length per sequence, prompt tokens beside them) for sequences whose drafts are kept
     at these rates per position, on a host whose step costs per_step + per_token a row; `left`:
     the tokens each may still generate, `draining` as `Controller.plan` takes it; `endings`:
-    earlier sequences, by the tokens they might still have generated when they last asked (2:
-    they ran to their max_tokens)."""
+    earlier sequences, by the tokens they might still have generated when they last asked and
+    the tokens they generated from then on (as many: they ran to their max_tokens)."""
     costs = CostCurve({n: per_step + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
     controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
-    for i, left_then in enumerate(endings):
+    for i, (left_then, generated) in enumerate(endings):
         earlier = DraftSeq(1000 + i, 1000 + i, (), False)
         controller.begin(earlier)
         controller.plan(1, [DraftAsk(earlier, [1], left_then - 1, left_then)], 0, budget)
-        controller.end(earlier, ())
+        controller.end(earlier, [1] * (1 + generated))
     seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
     for seq, p in zip(seqs, acceptance):
         controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
@@ -342,15 +342,23 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     kept by a sequence far ahead saves only the row it would have had later, so at 0.9 kept per
     row its drafts do not pay, while the one that bounds the batch drafts more than it would in
     an open batch (each of its kept tokens saves a whole step)."""
-    limits = [2] * 16  # the sequences before ran to their max_tokens
+    limits = [(8, 8)] * 16  # the sequences before ran to their max_tokens (their last drafts kept whole)
     open_batch = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], endings=limits)
     assert open_batch[0][0] > 0 and open_batch[0][0] == open_batch[0][1]  # requests wait: alike
     ahead, bound = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], draining=0, endings=limits)[0]
     assert ahead == 0 and bound > open_batch[0][1]
-    # started together, they bound it alike: the plan is the open batch's
-    assert planned(0.012, 0.003, [0.9, 0.9], left=[40, 40], draining=0, endings=limits) == \
-        planned(0.012, 0.003, [0.9, 0.9])
+    # started together, they bound it alike: a token kept by one shortens the batch where the
+    # other keeps one too (0.9 here), so each drafts nearly what it would in an open batch
+    together, _ = planned(0.012, 0.003, [0.9, 0.9], left=[40, 40], draining=0, endings=limits)
+    alike, _ = planned(0.012, 0.003, [0.9, 0.9])
+    assert together[0] == together[1] and alike[0] - 1 <= together[0] <= alike[0]
     # a sequence that drafts nothing bounds it: nobody's drafts shorten the batch
+    assert planned(0.012, 0.003, [0.9, 0.9, 0.0], left=[40, 40, 40], draining=0, endings=limits) == ([0, 0, 0], 0)
+    assert planned(0.012, 0.003, [0.9, 0.9, 0.0])[0][:2] != [0, 0]  # where requests wait, they draft
+    # nor does one whose draft gets no rows (six rows for three drafts): all of the bound draft or none
+    tight, _ = planned(0.012, 0.003, [0.9, 0.9, 0.6], left=[40, 40, 40], draining=0, endings=limits, budget=6)
+    assert tight[2] > 0 or tight[:2] == [0, 0]
+    assert planned(0.012, 0.003, [0.9, 0.9, 0.6], budget=6)[0] == [3, 3, 0]  # as an open batch would not
     assert planned(0.012, 0.003, [0.9, 0.9], left=[20, 20], draining=60, endings=limits) == ([0, 0], 0)
     # a lone sequence is its own bound
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
@@ -359,7 +367,7 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
 def test_where_sequences_stop_at_their_end_of_text_what_they_have_left_bounds_nothing():
     """A chat asking for 512 tokens may stop after 50: when the sequences before stopped well
     short of their max_tokens, the one with less left is not taken to finish first."""
-    stopped = [400] * 16
+    stopped = [(400, 1)] * 16
     open_batch = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40])
     ahead, bound = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], draining=0, endings=stopped)[0]
     assert ahead > 0 and ahead >= open_batch[0][0] - 1 and bound <= open_batch[0][1] + 1
