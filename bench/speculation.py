@@ -64,6 +64,11 @@ DOCUMENT = (
 PROSE = ("Write a story about a young woman who travels to a city she has never seen:",
          "Describe the sounds of a forest at night:", "Explain how bread rises in the oven:",
          "Tell me about the life of a lighthouse keeper in winter:")
+# the non-repetitive mix's later rounds: new requests each round, as the Palimpsest knows the earlier answers
+MORE_PROSE = (("Describe a market town on the morning of a fair:", "Explain why the sea is salty:",
+               "Write a letter from a soldier to his sister:", "Tell me how a violin is made:"),
+              ("Describe the first snow of the year in a mountain village:", "Explain how bees find flowers:",
+               "Write a fable about a fox and a heron:", "Tell me about the work of a night nurse:"))
 REVIEWS = ("The soup was cold and the waiter ignored us.", "Lovely staff, quick service, will come back.",
            "The room smelled of smoke and the bed was broken.", "Best pizza I have had in years.",
            "Overpriced and bland, not worth the wait.", "A charming little place with great coffee.",
@@ -152,12 +157,13 @@ def compare(plain: list[tuple[int, ...]], spec: list[tuple[int, ...]]) -> str:
 
 
 def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool = False,
-           temperature: float = 0.0, finals: tuple[list, list] | None = None) -> tuple[float, float, str]:
-    """Best-of-rounds tokens/s off and on, alternating; outputs compared. The texts are run
-    once first, unmeasured and plain (which teaches the Palimpsest nothing), so that both modes
-    find their prompts resident in a slot: otherwise the mode measured first would pay a
-    prefill that the second one skips. `finals`: (plain, speculative) lists that get the
-    requests' last events of each mode's best round."""
+           temperature: float = 0.0, finals: tuple[list, list] | None = None,
+           on_first: bool = False) -> tuple[float, float, str]:
+    """Best-of-rounds tokens/s off and on, alternating (speculation first with `on_first`);
+    outputs compared. The texts are run once first, unmeasured and plain (which teaches the
+    Palimpsest nothing), so that both modes find their prompts resident in a slot: otherwise
+    the mode measured first would pay a prefill that the second one skips. `finals`: (plain,
+    speculative) lists that get the requests' last events of each mode's best round."""
     off, on = [], []
     plain_out: list = []
     spec_out: list = []
@@ -165,16 +171,20 @@ def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool 
     best_spec: list = []
     timed(engine, texts, tokens, False, concurrent, temperature)
     for _ in range(rounds):
-        ends: list = []
-        rate, plain_out = timed(engine, texts, tokens, False, concurrent, temperature, ends)
-        if not off or rate > max(off):
-            best_plain = ends
-        off.append(rate)
-        ends = []
-        rate, spec_out = timed(engine, texts, tokens, True, concurrent, temperature, ends)
-        if not on or rate > max(on):
-            best_spec = ends
-        on.append(rate)
+        for speculation in ((True, False) if on_first else (False, True)):
+            ends: list = []
+            rate, out = timed(engine, texts, tokens, speculation, concurrent, temperature, ends)
+            rates = on if speculation else off
+            if not rates or rate > max(rates):
+                if speculation:
+                    best_spec = ends
+                else:
+                    best_plain = ends
+            rates.append(rate)
+            if speculation:
+                spec_out = out
+            else:
+                plain_out = out
     if finals is not None:
         finals[0].extend(best_plain)
         finals[1].extend(best_spec)
@@ -416,17 +426,25 @@ def case_users4(engine, args) -> list[str]:
                   f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n",
                   f"Document:\n{PARAGRAPH}\n\nQuote the first three sentences exactly:\n\"",
                   "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"]
-    mixed = list(PROSE)
-    lines = []
-    # the non-repetitive mix gets one round: in a second, the Palimpsest would know the first round's answers
-    for name, texts, rounds, target in (("4 users, repetitive mix (aggregate)", repetitive, args.rounds, ">= 1.7x"),
-                                        ("4 users, non-repetitive mix", mixed, 1, ">= 1.2x, never < 1.0x")):
-        finals: tuple[list, list] = ([], [])
-        off, on, verdict = versus(engine, texts, args.tokens, rounds, True, finals=finals)
-        ceiling = concurrent_ceiling(engine_line(engine), *finals)
-        steps = ", ".join(f"{len(end.generated) - 1 - end.steps}" for end in finals[1])
-        lines.append(row(name, off, on, f"{verdict}; steps saved by request {steps}; {ceiling}", target))
+    finals: tuple[list, list] = ([], [])
+    off, on, verdict = versus(engine, repetitive, args.tokens, args.rounds, True, finals=finals)
+    lines = [row("4 users, repetitive mix (aggregate)", off, on,
+                 f"{verdict}; {saved(finals[1])}; {concurrent_ceiling(engine_line(engine), *finals)}", ">= 1.7x")]
+    # the non-repetitive mix gets new requests each round (the Palimpsest knows the answers of the
+    # rounds before), one run a mode, in turn first and second (a drift of the host's speed
+    # within a round then favours neither mode); each round's ratio is its own
+    for r, texts in enumerate((PROSE, *MORE_PROSE)[:max(1, args.rounds)]):
+        finals = ([], [])
+        off, on, verdict = versus(engine, list(texts), args.tokens, 1, True, finals=finals, on_first=r % 2 == 1)
+        lines.append(row(f"4 users, non-repetitive mix, round {r + 1}", off, on,
+                         f"{'on' if r % 2 else 'off'} first; {verdict}; {saved(finals[1])}; "
+                         f"{concurrent_ceiling(engine_line(engine), *finals)}", ">= 1.2x, never < 1.0x"))
     return lines
+
+
+def saved(ends: list) -> str:
+    """The steps each request saved against a step per token."""
+    return "steps saved by request " + ", ".join(f"{len(end.generated) - 1 - end.steps}" for end in ends)
 
 
 def case_nightly(engine, args) -> list[str]:
