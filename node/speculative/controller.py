@@ -28,8 +28,10 @@ sooner, so every kept token is worth a plain token's share of the step. Once non
 batch takes as many steps as its slowest sequence needs, and a kept token of a sequence that
 will finish before it saves only the row it would have had later: kept tokens are weighed by
 what they shorten (`_draining`), so rows go to the sequences that bound the batch and the others
-draft only where a row is nearly free; where several bound it alike, a kept token shortens it
-only if each of them keeps one.
+draft only where a row is nearly free. Where several bound it alike (requests started
+together), it gets shorter by the least any of them keeps: their kept tokens count as far as
+the weakest's (`_Draining.together`), and a plan where each of them drafts to the same length
+is weighed beside the ranked one (`_level`).
 A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
@@ -224,14 +226,12 @@ class Controller:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
-        if drain is not None:  # the bound gets ahead only where each of it drafts: plan again until it does
-            held: frozenset[int] = frozenset()
-            while drain.together(chosen, held):
-                drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
-                still = held | (drain.bound - drafts.keys())
-                if still == held:
+        if drain is not None:  # the bound gets ahead as far as the least of it: plan again on what it drafts
+            for _ in range(len(drain.bound) + 1):
+                if not drain.together(chosen, {key: len(d.tokens) for key, d in drafts.items()}):
                     break
-                held = still
+                drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
+            drafts, rows = self._level(chosen, drain, drafts, n, row_s, plain, rows_left)
         for ask, own, draft in proposals:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
@@ -260,7 +260,7 @@ class Controller:
         only if that sequence bounds it. The bound is the sequences whose steps still to go (the
         tokens they may still generate at the pace they kept so far) are within a step of the
         most: a token kept by one of k of them is worth row_s plus 1/k of the step's fixed part
-        (`_Draining.together` asks that the other k - 1 get ahead too); the others' are worth
+        (`_Draining.together`: as far as the other k - 1 get ahead too); the others' are worth
         row_s alone, so their drafts go in only where a row is nearly free (a tile's spare rows)
         or kept almost surely. The tokens a sequence may still generate bound its steps only if
         it runs to max_tokens; one that stops at its end of text may finish first whatever it
@@ -387,6 +387,42 @@ class Controller:
                 tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
             return {}, 0
         return drafts, rows
+
+    def _level(self, options: list[_Option], drain: _Draining, drafts: dict[int, Draft], n: int, row_s: float,
+               plain: float, rows_left: int) -> tuple[dict[int, Draft], int]:
+        """The plan, or one where every sequence of a tied bound drafts to the same length, if
+        that gives the step more: ranking positions one by one cannot see that a draft which
+        does not pay alone (the bound's weakest) is what lets the others' drafts shorten the
+        batch. (drafts by sequence key, rows taken)."""
+        members = [o for o in options if o.seq.key in drain.bound]
+        if len(drain.bound) < 2 or len(members) < len(drain.bound) or any(o.forced for o in options):
+            return drafts, sum(len(d.tokens) for d in drafts.values())
+
+        def rate(lengths: dict[int, int]) -> float:
+            drain.together(options, lengths)
+            tokens, rows, making = float(n), 0, 0.0
+            for o in options:
+                j = lengths.get(o.seq.key, 0)
+                tokens += sum(o.gains[:j])
+                rows += j
+                making += (o.cost - row_s) * j
+            return tokens / (self.costs.seconds(n + rows) + making)
+
+        now = {key: len(d.tokens) for key, d in drafts.items()}
+        best, best_rate = now, max(rate(now), plain * MARGIN)
+        others = {key: j for key, j in now.items() if key not in drain.bound}
+        for level in range(1, max(len(o.gains) for o in members) + 1):
+            lengths = {**others, **{o.seq.key: min(level, len(o.gains)) for o in members}}
+            if sum(lengths.values()) > rows_left:
+                break
+            r = rate(lengths)
+            if r > best_rate:
+                best, best_rate = lengths, r
+        drain.together(options, best)
+        if best is now:
+            return drafts, sum(now.values())
+        by_key = {o.seq.key: o for o in options}
+        return {key: by_key[key].draft.head(j) for key, j in best.items() if j}, sum(best.values())
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)
@@ -583,38 +619,44 @@ class _Draining:
     row_share: float     # a row, per plain token
     binding: float
 
-    def worth(self, key: int, others_ahead: float = 1.0) -> float:
-        """A kept token of sequence `key`, where the other bounding sequences all get ahead
-        this step with chance `others_ahead`."""
-        share = self.row_share + (self.fixed_share * others_ahead if key in self.bound else 0.0)
+    def worth(self, key: int, covered: float = 1.0) -> float:
+        """A kept token of sequence `key`, where the rest of the bound gets as far with chance
+        `covered`."""
+        share = self.row_share + (self.fixed_share * covered if key in self.bound else 0.0)
         return 1.0 + self.binding * (share - 1.0)
 
-    def together(self, options: list[_Option], held: frozenset[int] = frozenset()) -> bool:
-        """Reweigh the drafts of bounding sequences by whether the rest of the bound moves too;
-        whether any weight changed.
+    def together(self, options: list[_Option], drafted: dict[int, int]) -> bool:
+        """Reweigh the drafts of bounding sequences by how far the rest of the bound moves too
+        (`drafted`: the draft length each sequence got in the plan so far); whether any changed.
 
         The batch ends with its last sequence: where k sequences bound it alike (requests
-        started together), a token kept by one of them shortens the batch only if each of the
-        others keeps one as well; a sequence with no draft this step (prose, nothing to match,
-        or `held`: its draft got no rows) holds the batch to its own pace, and the others' kept
-        tokens then save their rows only. The chance that another gets ahead is its draft's
-        first position."""
+        started together), it gets shorter by the fewest tokens any of them keeps. So of each
+        one's expected kept tokens, those up to the least the bound keeps in this plan count
+        their share of the step's fixed part, and those beyond it only their rows. A sequence
+        of the bound with no draft (prose, nothing to match) or whose draft got no rows holds
+        the others to their rows' worth; sequences that draft alike weigh as in an open batch."""
         if len(self.bound) < 2:
             return False
-        first = {o.seq.key: o.gains[0] / o.weight / self.worth(o.seq.key)
-                 for o in options if o.gains and o.seq.key not in held}
+        kept = {key: 0.0 for key in self.bound}
+        for o in options:
+            key = o.seq.key
+            if key in self.bound and o.gains:
+                o.base = o.base or list(o.gains)
+                kept[key] = sum(o.base[:drafted.get(key, 0)]) / self.worth(key)
+        least = min(kept.values())
         changed = False
         for o in options:
             key = o.seq.key
             if key not in self.bound or not o.gains:
                 continue
-            ahead = 1.0
-            for other in self.bound - {key}:
-                ahead *= min(1.0, first.get(other, 0.0))
-            weight = self.worth(key, ahead) / self.worth(key)
-            if weight != o.weight:
-                o.gains = [g / o.weight * weight for g in o.gains]
-                o.weight, changed = weight, True
+            whole, reached, gains = self.worth(key), 0.0, []
+            for g in o.base:
+                p = g / whole  # the chance the position is kept
+                covered = min(max(least - reached, 0.0), p) / p if p > 0 else 0.0
+                gains.append(p * self.worth(key, covered))
+                reached += p
+            changed |= any(abs(a - b) > 1e-12 for a, b in zip(gains, o.gains))
+            o.gains = gains
         return changed
 
 
@@ -629,4 +671,4 @@ class _Option:
     cost: float       # seconds one of its rows costs (a row of the step + the source's making)
     forced: int = 0   # positions verified whatever they are worth (a probe)
     value: float = 0.0
-    weight: float = 1.0  # what `_Draining.together` made of its gains, against its own worth
+    base: list[float] | None = None  # its gains before `_Draining.together` reweighed them

@@ -355,10 +355,14 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     # a sequence that drafts nothing bounds it: nobody's drafts shorten the batch
     assert planned(0.012, 0.003, [0.9, 0.9, 0.0], left=[40, 40, 40], draining=0, endings=limits) == ([0, 0, 0], 0)
     assert planned(0.012, 0.003, [0.9, 0.9, 0.0])[0][:2] != [0, 0]  # where requests wait, they draft
-    # nor does one whose draft gets no rows (six rows for three drafts): all of the bound draft or none
+    # the batch gets shorter by the least the bound keeps: where the weakest draft would not pay
+    # alone (an open batch leaves it out), the bound drafts alike, the weakest too
+    assert planned(0.012, 0.003, [0.9, 0.9, 0.6])[0] == [4, 4, 0]
+    level, _ = planned(0.012, 0.003, [0.9, 0.9, 0.6], left=[40, 40, 40], draining=0, endings=limits)
+    assert level[0] == level[1] == level[2] > 0
+    # and so with six rows for three drafts: all of the bound draft or none
     tight, _ = planned(0.012, 0.003, [0.9, 0.9, 0.6], left=[40, 40, 40], draining=0, endings=limits, budget=6)
     assert tight[2] > 0 or tight[:2] == [0, 0]
-    assert planned(0.012, 0.003, [0.9, 0.9, 0.6], budget=6)[0] == [3, 3, 0]  # as an open batch would not
     assert planned(0.012, 0.003, [0.9, 0.9], left=[20, 20], draining=60, endings=limits) == ([0, 0], 0)
     # a lone sequence is its own bound
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
