@@ -433,12 +433,16 @@ def case_users4(engine, args) -> list[str]:
     # the non-repetitive mix gets new requests each round (the Palimpsest knows the answers of the
     # rounds before), one run a mode, in turn first and second (a drift of the host's speed
     # within a round then favours neither mode); each round's ratio is its own
+    ratios = []
     for r, texts in enumerate((PROSE, *MORE_PROSE)[:max(1, args.rounds)]):
         finals = ([], [])
         off, on, verdict = versus(engine, list(texts), args.tokens, 1, True, finals=finals, on_first=r % 2 == 1)
+        ratios.append(on / off)
         lines.append(row(f"4 users, non-repetitive mix, round {r + 1}", off, on,
                          f"{'on' if r % 2 else 'off'} first; {verdict}; {saved(finals[1])}; "
                          f"{concurrent_ceiling(engine_line(engine), *finals)}", ">= 1.2x, never < 1.0x"))
+    lines.append(f"{'4 users, non-repetitive, all rounds':34s} geometric mean {statistics.geometric_mean(ratios):.2f}x "
+                 f"(rounds {min(ratios):.2f}x-{max(ratios):.2f}x)")
     return lines
 
 

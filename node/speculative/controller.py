@@ -411,6 +411,7 @@ class Controller:
         now = {key: len(d.tokens) for key, d in drafts.items()}
         best, best_rate = now, max(rate(now), plain * MARGIN)
         others = {key: j for key, j in now.items() if key not in drain.bound}
+        last, falling = 0.0, 0
         for level in range(1, max(len(o.gains) for o in members) + 1):
             lengths = {**others, **{o.seq.key: min(level, len(o.gains)) for o in members}}
             if sum(lengths.values()) > rows_left:
@@ -418,6 +419,10 @@ class Controller:
             r = rate(lengths)
             if r > best_rate:
                 best, best_rate = lengths, r
+            falling = falling + 1 if r < last else 0
+            if falling == 2:  # past the best level (a tile's edge may hold one level back)
+                break
+            last = r
         drain.together(options, best)
         if best is now:
             return drafts, sum(now.values())
@@ -637,26 +642,25 @@ class _Draining:
         the others to their rows' worth; sequences that draft alike weigh as in an open batch."""
         if len(self.bound) < 2:
             return False
-        kept = {key: 0.0 for key in self.bound}
-        for o in options:
-            key = o.seq.key
-            if key in self.bound and o.gains:
-                o.base = o.base or list(o.gains)
-                kept[key] = sum(o.base[:drafted.get(key, 0)]) / self.worth(key)
+        members = [o for o in options if o.seq.key in self.bound and o.gains]
+        kept = dict.fromkeys(self.bound, 0.0)
+        for o in members:
+            if o.chances is None:
+                whole = self.worth(o.seq.key)
+                o.chances = [g / whole for g in o.gains]
+            kept[o.seq.key] = sum(o.chances[:drafted.get(o.seq.key, 0)])
         least = min(kept.values())
+        rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
         changed = False
-        for o in options:
-            key = o.seq.key
-            if key not in self.bound or not o.gains:
+        for o in members:
+            if o.least == least or (o.least is None and least >= sum(o.chances)):
+                o.least = least  # unchanged: every kept token of it is covered, as when it was made
                 continue
-            whole, reached, gains = self.worth(key), 0.0, []
-            for g in o.base:
-                p = g / whole  # the chance the position is kept
-                covered = min(max(least - reached, 0.0), p) / p if p > 0 else 0.0
-                gains.append(p * self.worth(key, covered))
+            reached, gains = 0.0, []
+            for p in o.chances:  # p: the chance the position is kept; the part of it the bound covers
+                gains.append(p * rows_only + fixed * min(max(least - reached, 0.0), p))
                 reached += p
-            changed |= any(abs(a - b) > 1e-12 for a, b in zip(gains, o.gains))
-            o.gains = gains
+            o.gains, o.least, changed = gains, least, True
         return changed
 
 
@@ -671,4 +675,5 @@ class _Option:
     cost: float       # seconds one of its rows costs (a row of the step + the source's making)
     forced: int = 0   # positions verified whatever they are worth (a probe)
     value: float = 0.0
-    base: list[float] | None = None  # its gains before `_Draining.together` reweighed them
+    chances: list[float] | None = None  # each position's chance to be kept (`_Draining.together`)
+    least: float | None = None          # the least kept by the bound its gains were last weighed for
