@@ -68,7 +68,14 @@ PROSE = ("Write a story about a young woman who travels to a city she has never 
 MORE_PROSE = (("Describe a market town on the morning of a fair:", "Explain why the sea is salty:",
                "Write a letter from a soldier to his sister:", "Tell me how a violin is made:"),
               ("Describe the first snow of the year in a mountain village:", "Explain how bees find flowers:",
-               "Write a fable about a fox and a heron:", "Tell me about the work of a night nurse:"))
+               "Write a fable about a fox and a heron:", "Tell me about the work of a night nurse:"),
+              ("Describe an old railway station at dawn:", "Explain how a river carves a valley:",
+               "Write a speech for the opening of a small library:", "Tell me about a day in the life of a potter:"),
+              ("Describe the smell of a bakery in winter:", "Explain why leaves change colour in autumn:",
+               "Write a story about two brothers who build a boat:", "Tell me how cheese is made in the Alps:"),
+              ("Describe a thunderstorm over the sea:", "Explain how a clock keeps time:",
+               "Write a diary entry of a girl on her first day at a new school:",
+               "Tell me about the history of the bicycle:"))
 REVIEWS = ("The soup was cold and the waiter ignored us.", "Lovely staff, quick service, will come back.",
            "The room smelled of smoke and the bed was broken.", "Best pizza I have had in years.",
            "Overpriced and bland, not worth the wait.", "A charming little place with great coffee.",
