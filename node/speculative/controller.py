@@ -278,7 +278,9 @@ class Controller:
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
-        return _Draining(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding)
+        paces = {ask.seq.key: own.pace(len(ask.context)) - 1.0 for ask in asks if ask.seq.key in bound
+                 for own in [self._seqs.get(ask.seq.key)] if own is not None}
+        return _Draining(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding, paces)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
@@ -395,7 +397,7 @@ class Controller:
         does not pay alone (the bound's weakest) is what lets the others' drafts shorten the
         batch. (drafts by sequence key, rows taken)."""
         members = [o for o in options if o.seq.key in drain.bound]
-        if len(drain.bound) < 2 or len(members) < len(drain.bound) or any(o.forced for o in options):
+        if len(drain.bound) < 2 or not members or any(o.forced for o in options):
             return drafts, sum(len(d.tokens) for d in drafts.values())
 
         def rate(lengths: dict[int, int]) -> float:
@@ -623,6 +625,7 @@ class _Draining:
     fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
     row_share: float     # a row, per plain token
     binding: float
+    kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
 
     def worth(self, key: int, covered: float = 1.0) -> float:
         """A kept token of sequence `key`, where the rest of the bound gets as far with chance
@@ -636,19 +639,21 @@ class _Draining:
 
         The batch ends with its last sequence: where k sequences bound it alike (requests
         started together), it gets shorter by the fewest tokens any of them keeps. So of each
-        one's expected kept tokens, those up to the least the bound keeps in this plan count
-        their share of the step's fixed part, and those beyond it only their rows. A sequence
-        of the bound with no draft (prose, nothing to match) or whose draft got no rows holds
-        the others to their rows' worth; sequences that draft alike weigh as in an open batch."""
+        one's expected kept tokens, those up to the least the bound keeps count their share of
+        the step's fixed part, and those beyond it only their rows. What one of them keeps is
+        the larger of its draft's expected kept tokens in this plan and what it kept a step so
+        far: a sequence that drafts well but has no draft this step keeps pace over the run,
+        while one that never drafts (prose, nothing to match) holds the others to their rows'
+        worth. Sequences that draft alike weigh as in an open batch."""
         if len(self.bound) < 2:
             return False
         members = [o for o in options if o.seq.key in self.bound and o.gains]
-        kept = dict.fromkeys(self.bound, 0.0)
+        kept = {key: self.kept_so_far.get(key, 0.0) for key in self.bound}
         for o in members:
             if o.chances is None:
                 whole = self.worth(o.seq.key)
                 o.chances = [g / whole for g in o.gains]
-            kept[o.seq.key] = sum(o.chances[:drafted.get(o.seq.key, 0)])
+            kept[o.seq.key] = max(kept[o.seq.key], sum(o.chances[:drafted.get(o.seq.key, 0)]))
         least = min(kept.values())
         rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
         changed = False

@@ -368,6 +368,36 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
 
 
+def test_a_bound_sequence_that_kept_pace_so_far_holds_nobody_back_in_a_step_without_a_draft():
+    """Three requests started together; the third has no draft this step. If it kept 2 tokens a
+    step so far (its drafts will be back), it keeps pace over the run and the others draft as
+    usual; if it never kept one (prose), their kept tokens would not shorten the batch."""
+    def plan(kept_a_step: float) -> list[int]:
+        costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+        controller = Controller([Own(k) for k in range(3)], ControllerConfig(max_draft=16), costs=costs)
+        for i in range(16):  # the sequences before ran to their max_tokens
+            earlier = DraftSeq(1000 + i, 1000 + i, (), False)
+            controller.begin(earlier)
+            controller.plan(1, [DraftAsk(earlier, [1], 7, 8)], 0, 256)
+            controller.end(earlier, [1] * 9)
+        seqs = [DraftSeq(k, k, (), False) for k in range(3)]
+        for seq, p in zip(seqs, (0.9, 0.9, 0.0)):
+            controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+            controller.begin(seq)
+        context = [1] * 30  # 30 tokens since each first asked: a step each for the first two
+        for seq in seqs:
+            own = controller._seqs[seq.key]
+            own.start, own.asked = 0, round(len(context) / (1 + (kept_a_step if seq.key == 2 else 0.0))) - 1
+        lefts = [40, 40, round(40 * (1 + kept_a_step))]  # the same steps to go for each
+        asks = [DraftAsk(seq, context, 16, left) for seq, left in zip(seqs, lefts)]
+        drafts = controller.plan(3, asks, 0, 256, 0).drafts
+        return [len(drafts[s.key].tokens) if s.key in drafts else 0 for s in seqs]
+
+    assert plan(0.0) == [0, 0, 0]
+    paced = plan(2.0)
+    assert paced[0] > 0 and paced[1] > 0 and paced[2] == 0
+
+
 def test_where_sequences_stop_at_their_end_of_text_what_they_have_left_bounds_nothing():
     """A chat asking for 512 tokens may stop after 50: when the sequences before stopped well
     short of their max_tokens, the one with less left is not taken to finish first."""
