@@ -27,11 +27,11 @@ A draining batch. While requests wait to join the batch, a token kept anywhere f
 sooner, so every kept token is worth a plain token's share of the step. Once none waits, the
 batch takes as many steps as its slowest sequence needs, and a kept token of a sequence that
 will finish before it saves only the row it would have had later: kept tokens are weighed by
-what they shorten (`_draining`), so rows go to the sequences that bound the batch and the others
-draft only where a row is nearly free. Where several bound it alike (requests started
-together), it gets shorter by the least any of them keeps: their kept tokens count as far as
-the weakest's (`_Draining.together`), and a plan where each of them drafts to the same length
-is weighed beside the ranked one (`_level`).
+what they shorten (node/speculative/draining.py), so rows go to the sequences that bound the
+batch and the others draft only where a row is nearly free. Where several bound it alike
+(requests started together), it gets shorter by the least any of them keeps: their kept tokens
+count as far as the weakest's, and a plan where each of them drafts to the same length is
+weighed beside the ranked one.
 A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
@@ -68,6 +68,7 @@ from typing import Callable, Sequence
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
 from node.speculative.costs import CostCurve
+from node.speculative.draining import Draining
 from node.speculative.palimpsest import Palimpsest
 from node.speculative.source import DraftSource
 from node.speculative.stats import SpeculationStats
@@ -231,7 +232,7 @@ class Controller:
                 if not drain.together(chosen, {key: len(d.tokens) for key, d in drafts.items()}):
                     break
                 drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
-            drafts, rows = self._level(chosen, drain, drafts, n, row_s, plain, rows_left)
+            drafts, rows = drain.level(chosen, drafts, n, row_s, plain * MARGIN, rows_left, self.costs.seconds)
         for ask, own, draft in proposals:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
@@ -250,37 +251,15 @@ class Controller:
                         {key: token for key, token in hints.items() if key not in drafts})
 
     def _draining(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
-                  plain: float) -> _Draining | None:
-        """What a kept token of each asking sequence is worth once no request waits (None while
-        one does: then a token kept anywhere shortens the batch's work by a share of a step, a
-        slot frees sooner for the next request, and every one is worth 1).
-
-        Once none waits, the batch lasts as many steps as its slowest sequence needs; a kept
-        token replaces a row its sequence would have had later (row_s), and shortens the batch
-        only if that sequence bounds it. The bound is the sequences whose steps still to go (the
-        tokens they may still generate at the pace they kept so far) are within a step of the
-        most: a token kept by one of k of them is worth row_s plus 1/k of the step's fixed part
-        (`_Draining.together`: as far as the other k - 1 get ahead too); the others' are worth
-        row_s alone, so their drafts go in only where a row is nearly free (a tile's spare rows)
-        or kept almost surely. The tokens a sequence may still generate bound its steps only if
-        it runs to max_tokens; one that stops at its end of text may finish first whatever it
-        has left (a chat asking for 512 tokens and ending after 50), so the weights count in
-        proportion to how often the last ENDINGS sequences ran to their limit (Laplace's rule:
-        a half with no history)."""
-        if draining is None or not asks or any(ask.left <= 0 for ask in asks):
-            return None
-        togo = {ask.seq.key: ask.left / own.pace(len(ask.context)) for ask in asks
-                for own in [self._seqs.get(ask.seq.key)] if own is not None}
-        if not togo:
-            return None
-        most = max(max(togo.values()), float(draining))
-        bound = frozenset(key for key, steps in togo.items() if steps >= most - 1.0)
-        per_token = 1.0 / plain  # a token of plain decoding: its share of the step
-        fixed = max(0.0, n * per_token - n * row_s)
-        binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
-        paces = {ask.seq.key: own.pace(len(ask.context)) - 1.0 for ask in asks if ask.seq.key in bound
+                  plain: float) -> Draining | None:
+        """What a kept token of each asking sequence is worth once no request waits
+        (node/speculative/draining.py; None while one does: then every one is worth 1). The
+        weights count in proportion to how often the last ENDINGS sequences ran to their
+        max_tokens (Laplace's rule: a half with no history)."""
+        paces = {ask.seq.key: own.pace(len(ask.context)) for ask in asks
                  for own in [self._seqs.get(ask.seq.key)] if own is not None}
-        return _Draining(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding, paces)
+        binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
+        return Draining.of(asks, draining, n, row_s, plain, paces, binding)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
@@ -389,47 +368,6 @@ class Controller:
                 tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
             return {}, 0
         return drafts, rows
-
-    def _level(self, options: list[_Option], drain: _Draining, drafts: dict[int, Draft], n: int, row_s: float,
-               plain: float, rows_left: int) -> tuple[dict[int, Draft], int]:
-        """The plan, or one where every sequence of a tied bound drafts to the same length, if
-        that gives the step more: ranking positions one by one cannot see that a draft which
-        does not pay alone (the bound's weakest) is what lets the others' drafts shorten the
-        batch. (drafts by sequence key, rows taken)."""
-        members = [o for o in options if o.seq.key in drain.bound]
-        if len(drain.bound) < 2 or not members or any(o.forced for o in options):
-            return drafts, sum(len(d.tokens) for d in drafts.values())
-
-        def rate(lengths: dict[int, int]) -> float:
-            drain.together(options, lengths)
-            tokens, rows, making = float(n), 0, 0.0
-            for o in options:
-                j = lengths.get(o.seq.key, 0)
-                tokens += sum(o.gains[:j])
-                rows += j
-                making += (o.cost - row_s) * j
-            return tokens / (self.costs.seconds(n + rows) + making)
-
-        now = {key: len(d.tokens) for key, d in drafts.items()}
-        best, best_rate = now, max(rate(now), plain * MARGIN)
-        others = {key: j for key, j in now.items() if key not in drain.bound}
-        last, falling = 0.0, 0
-        for level in range(1, max(len(o.gains) for o in members) + 1):
-            lengths = {**others, **{o.seq.key: min(level, len(o.gains)) for o in members}}
-            if sum(lengths.values()) > rows_left:
-                break
-            r = rate(lengths)
-            if r > best_rate:
-                best, best_rate = lengths, r
-            falling = falling + 1 if r < last else 0
-            if falling == 2:  # past the best level (a tile's edge may hold one level back)
-                break
-            last = r
-        drain.together(options, best)
-        if best is now:
-            return drafts, sum(now.values())
-        by_key = {o.seq.key: o for o in options}
-        return {key: by_key[key].draft.head(j) for key, j in best.items() if j}, sum(best.values())
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)
@@ -614,61 +552,6 @@ def _by_position(state: _SourceState) -> str:
                      for (sampled, cls), p in sorted(state.p.items()) if cls == ANY) or "none yet"
 
 
-@dataclass(frozen=True, slots=True)
-class _Draining:
-    """What a kept token is worth in a batch that no request waits to join (`Controller._draining`),
-    against a token of plain decoding: its row's share of the step, and for a sequence that
-    bounds the batch its share of the step's fixed part too; `binding`, how far the tokens
-    sequences have left predict when they end."""
-
-    bound: frozenset[int]
-    fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
-    row_share: float     # a row, per plain token
-    binding: float
-    kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
-
-    def worth(self, key: int, covered: float = 1.0) -> float:
-        """A kept token of sequence `key`, where the rest of the bound gets as far with chance
-        `covered`."""
-        share = self.row_share + (self.fixed_share * covered if key in self.bound else 0.0)
-        return 1.0 + self.binding * (share - 1.0)
-
-    def together(self, options: list[_Option], drafted: dict[int, int]) -> bool:
-        """Reweigh the drafts of bounding sequences by how far the rest of the bound moves too
-        (`drafted`: the draft length each sequence got in the plan so far); whether any changed.
-
-        The batch ends with its last sequence: where k sequences bound it alike (requests
-        started together), it gets shorter by the fewest tokens any of them keeps. So of each
-        one's expected kept tokens, those up to the least the bound keeps count their share of
-        the step's fixed part, and those beyond it only their rows. What one of them keeps is
-        the larger of its draft's expected kept tokens in this plan and what it kept a step so
-        far: a sequence that drafts well but has no draft this step keeps pace over the run,
-        while one that never drafts (prose, nothing to match) holds the others to their rows'
-        worth. Sequences that draft alike weigh as in an open batch."""
-        if len(self.bound) < 2:
-            return False
-        members = [o for o in options if o.seq.key in self.bound and o.gains]
-        kept = {key: self.kept_so_far.get(key, 0.0) for key in self.bound}
-        for o in members:
-            if o.chances is None:
-                whole = self.worth(o.seq.key)
-                o.chances = [g / whole for g in o.gains]
-            kept[o.seq.key] = max(kept[o.seq.key], sum(o.chances[:drafted.get(o.seq.key, 0)]))
-        least = min(kept.values())
-        rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
-        changed = False
-        for o in members:
-            if o.least == least or (o.least is None and least >= sum(o.chances)):
-                o.least = least  # unchanged: every kept token of it is covered, as when it was made
-                continue
-            reached, gains = 0.0, []
-            for p in o.chances:  # p: the chance the position is kept; the part of it the bound covers
-                gains.append(p * rows_only + fixed * min(max(least - reached, 0.0), p))
-                reached += p
-            o.gains, o.least, changed = gains, least, True
-        return changed
-
-
 @dataclass(slots=True)
 class _Option:
     """One sequence's best draft for the step: its positions' expected kept tokens and row cost."""
@@ -680,5 +563,5 @@ class _Option:
     cost: float       # seconds one of its rows costs (a row of the step + the source's making)
     forced: int = 0   # positions verified whatever they are worth (a probe)
     value: float = 0.0
-    chances: list[float] | None = None  # each position's chance to be kept (`_Draining.together`)
+    chances: list[float] | None = None  # each position's chance to be kept (node/speculative/draining.py)
     least: float | None = None          # the least kept by the bound its gains were last weighed for

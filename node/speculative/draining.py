@@ -1,0 +1,154 @@
+"""What a kept draft token is worth in a batch that no request waits to join.
+
+While requests wait, a token kept anywhere shortens the batch's work by a share of a step (a
+slot frees sooner for the next request): every kept token is worth a plain token, and the
+planner (node/speculative/controller.py) needs nothing from here. Once none waits, the batch
+lasts as many steps as its slowest sequence needs. A kept token replaces a row its sequence
+would have had later, and shortens the batch only if that sequence bounds it. The bound is the
+sequences whose steps still to go (the tokens they may still generate, at the pace they kept
+so far) are within a step of the most. A token kept by one of k of them is worth its row plus
+1/k of the step's fixed part, as far as the other k - 1 get ahead too (`Draining.together`).
+The others' kept tokens are worth their rows alone, so their drafts go in only where a row is
+nearly free (a tile's spare rows) or kept almost surely.
+
+The tokens a sequence may still generate bound its steps only if it runs to max_tokens; one
+that stops at its end of text may finish first whatever it has left (a chat asking for 512
+tokens and ending after 50). So the weights count in proportion to `binding`, how often recent
+sequences ran to their limit (the controller keeps that count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from node.engine.hooks import Draft, DraftAsk, DraftSeq
+
+
+class Weighed(Protocol):
+    """What the weights read and rewrite of one sequence's draft for the step (the planner's
+    option): its positions' expected kept tokens in plain tokens' worth (`gains`), the seconds
+    one of its rows costs, and the weights' own notes."""
+
+    seq: DraftSeq
+    draft: Draft
+    gains: list[float]
+    cost: float
+    forced: int
+    chances: list[float] | None  # each position's chance to be kept, once worked out
+    least: float | None          # the least kept by the bound its gains were last weighed for
+
+
+@dataclass(frozen=True, slots=True)
+class Draining:
+    """The worth of a kept token against a token of plain decoding: its row's share of the step,
+    and for a sequence that bounds the batch its share of the step's fixed part too."""
+
+    bound: frozenset[int]
+    fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
+    row_share: float     # a row, per plain token
+    binding: float       # how far the tokens sequences have left predict when they end
+    kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
+
+    @classmethod
+    def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,
+           paces: dict[int, float], binding: float) -> Draining | None:
+        """The weights of a step of n decoding sequences (`plain`: plain decoding's tokens per
+        second; `row_s`: a row's seconds; `paces`: each asking sequence's tokens a step so far;
+        `draining` as the scheduler tells it: None while requests wait, else the most tokens a
+        decoding sequence that did not ask may still generate). None while requests wait, or
+        where a sequence does not say what it has left."""
+        if draining is None or not asks or any(ask.left <= 0 for ask in asks):
+            return None
+        togo = {ask.seq.key: ask.left / paces[ask.seq.key] for ask in asks if ask.seq.key in paces}
+        if not togo:
+            return None
+        most = max(max(togo.values()), float(draining))
+        bound = frozenset(key for key, steps in togo.items() if steps >= most - 1.0)
+        per_token = 1.0 / plain  # a token of plain decoding: its share of the step
+        fixed = max(0.0, n * per_token - n * row_s)
+        return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding,
+                   {key: paces[key] - 1.0 for key in bound})
+
+    def worth(self, key: int, covered: float = 1.0) -> float:
+        """A kept token of sequence `key`, where the rest of the bound gets as far with chance
+        `covered`."""
+        share = self.row_share + (self.fixed_share * covered if key in self.bound else 0.0)
+        return 1.0 + self.binding * (share - 1.0)
+
+    def together(self, options: Sequence[Weighed], drafted: dict[int, int]) -> bool:
+        """Reweigh the drafts of bounding sequences by how far the rest of the bound moves too
+        (`drafted`: the draft length each sequence got in the plan so far); whether any changed.
+
+        The batch ends with its last sequence: where k sequences bound it alike (requests
+        started together), it gets shorter by the fewest tokens any of them keeps. So of each
+        one's expected kept tokens, those up to the least the bound keeps count their share of
+        the step's fixed part, and those beyond it only their rows. What one of them keeps is
+        the larger of its draft's expected kept tokens in this plan and what it kept a step so
+        far: a sequence that drafts well but has no draft this step keeps pace over the run,
+        while one that never drafts (prose, nothing to match) holds the others to their rows'
+        worth. Sequences that draft alike weigh as in an open batch."""
+        if len(self.bound) < 2:
+            return False
+        members = [o for o in options if o.seq.key in self.bound and o.gains]
+        kept = {key: self.kept_so_far.get(key, 0.0) for key in self.bound}
+        for o in members:
+            if o.chances is None:
+                whole = self.worth(o.seq.key)
+                o.chances = [g / whole for g in o.gains]
+            kept[o.seq.key] = max(kept[o.seq.key], sum(o.chances[:drafted.get(o.seq.key, 0)]))
+        least = min(kept.values())
+        rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
+        changed = False
+        for o in members:
+            if o.least == least or (o.least is None and least >= sum(o.chances)):
+                o.least = least  # unchanged: every kept token of it is covered, as when it was made
+                continue
+            reached, gains = 0.0, []
+            for p in o.chances:  # p: the chance the position is kept; the part of it the bound covers
+                gains.append(p * rows_only + fixed * min(max(least - reached, 0.0), p))
+                reached += p
+            o.gains, o.least, changed = gains, least, True
+        return changed
+
+    def level(self, options: Sequence[Weighed], drafts: dict[int, Draft], n: int, row_s: float, floor: float,
+              rows_left: int, seconds: Callable[[int], float]) -> tuple[dict[int, Draft], int]:
+        """The plan `drafts`, or one where every sequence of a tied bound drafts to the same
+        length, if that gives the step more expected tokens a second (`seconds`: a step of so
+        many rows; `floor`: the rate a plan must beat). Ranking positions one by one cannot see
+        that a draft which does not pay alone (the bound's weakest) is what lets the others'
+        drafts shorten the batch. (drafts by sequence key, rows taken)."""
+        members = [o for o in options if o.seq.key in self.bound]
+        if len(self.bound) < 2 or not members or any(o.forced for o in options):
+            return drafts, sum(len(d.tokens) for d in drafts.values())
+
+        def rate(lengths: dict[int, int]) -> float:
+            self.together(options, lengths)
+            tokens, rows, making = float(n), 0, 0.0
+            for o in options:
+                j = lengths.get(o.seq.key, 0)
+                tokens += sum(o.gains[:j])
+                rows += j
+                making += (o.cost - row_s) * j
+            return tokens / (seconds(n + rows) + making)
+
+        now = {key: len(d.tokens) for key, d in drafts.items()}
+        best, best_rate = now, max(rate(now), floor)
+        others = {key: j for key, j in now.items() if key not in self.bound}
+        last, falling = 0.0, 0
+        for length in range(1, max(len(o.gains) for o in members) + 1):
+            lengths = {**others, **{o.seq.key: min(length, len(o.gains)) for o in members}}
+            if sum(lengths.values()) > rows_left:
+                break
+            r = rate(lengths)
+            if r > best_rate:
+                best, best_rate = lengths, r
+            falling = falling + 1 if r < last else 0
+            if falling == 2:  # past the best length (a tile's edge may hold one length back)
+                break
+            last = r
+        self.together(options, best)
+        if best is now:
+            return drafts, sum(now.values())
+        by_key = {o.seq.key: o for o in options}
+        return {key: by_key[key].draft.head(j) for key, j in best.items() if j}, sum(best.values())
