@@ -1,8 +1,11 @@
 """Choosing the next token from one row of logits, in numpy, with llama.cpp's semantics.
 
-One `TokenSampler` per request, with its seed; the random number it uses at a position is a
-hash of (seed, position, purpose) (`uniform`), so a seeded sequence draws the same token at
-the same position however its drafts went. The row is a float32 view straight
+One `TokenSampler` per request, with its seed; the random numbers it uses at a position are
+hashes of (seed, position, purpose) (`uniform`, and `gumbel` per token id for the draw), so a
+seeded sequence draws the same token at the same position however its drafts went. A draw is
+the best of the candidates' tempered logits plus their own Gumbel noise (the Gumbel-max trick:
+exactly the tempered distribution), which moves only where two scores lie closer than the row
+moved: a verify row of another shape leaves it as it was. The row is a float32 view straight
 into llama.cpp's logits buffer; it is never written (forked sequences sample from the
 same row), so adjustments work on a copy, made only when there is an adjustment.
 
@@ -144,7 +147,7 @@ class TokenSampler:
         position = len(history)
         constraint = self.constraint
         forced = _first_forced(constraint)
-        token = forced if forced is not None else self._pick(logits, self.uniform(position, DRAW))
+        token = forced if forced is not None else self._pick(logits, position, DRAW)
         if (draft is not None and draft != token and forced is None and 0 <= draft < len(logits)
                 and self._near_draft(logits, token, draft, position)
                 and (constraint is None or constraint.allows(draft))):
@@ -155,7 +158,7 @@ class TokenSampler:
                     logits = _masked_keeping(constraint, logits, token)
             else:
                 logits = constraint.masked(logits)
-                token = self._pick(logits, self.uniform(position, REDRAW))
+                token = self._pick(logits, position, REDRAW)
             constraint.accept(token)
         if self.n_logprobs is None:
             return Choice(token)
@@ -165,23 +168,19 @@ class TokenSampler:
         """Whether a deterministic draft's token, not chosen, was within DRAFT_TIE_NATS of it.
 
         Greedy: its logit that close to the best's. A seeded draw: the draw with the draft
-        token's logit raised by DRAFT_TIE_NATS would have picked it (its stretch of the
-        cumulative weights widened to hold u). An unseeded draw never keeps it: its
-        distribution stays exactly the target's."""
+        token's logit raised by DRAFT_TIE_NATS would have picked it (its score, logit over
+        temperature plus its noise, that close to the best score). An unseeded draw never keeps
+        it: its distribution stays exactly the target's."""
         if self.params.greedy:
             return bool(logits[draft] >= logits[token] - DRAFT_TIE_NATS)
         if self.params.seed is None:
             return False
-        ids, weights = self._weights(logits)
+        ids, scores = self._scores(logits, position, DRAW)
         where = np.flatnonzero(ids == draft)
-        if not where.size:
-            return False
-        raised = weights.copy()
-        raised[where[0]] *= np.exp(DRAFT_TIE_NATS / self.params.temperature)
-        return _draw_from(ids, raised, self.uniform(position, DRAW)) == draft
+        return bool(where.size) and scores[where[0]] + DRAFT_TIE_NATS / self.params.temperature >= scores.max()
 
-    def _pick(self, logits: np.ndarray, u: float) -> int:
-        return int(np.argmax(logits)) if self.params.greedy else self._draw(logits, u)
+    def _pick(self, logits: np.ndarray, position: int, purpose: int) -> int:
+        return int(np.argmax(logits)) if self.params.greedy else self._draw(logits, position, purpose)
 
     def _adjusted(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
         if not self._bias_ids.size and not self._penalised:
@@ -269,16 +268,9 @@ class TokenSampler:
 
     def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ids a draw can pick (top_k, top_p, min_p applied), in increasing id order, and
-        their tempered weights.
-
-        The truncation needs them best first; the draw walks them by id. A draw is the token
-        whose stretch of the cumulative weights holds u, so with best-first order two tokens
-        near a tie swap places when a row moves in its last bits (a verify row computed in a
-        batch of another shape), and every u that fell on either of them changes token. By id,
-        a small move shifts each boundary a little and changes only the u that lie that close
-        to one: a seeded request replayed with speculation on draws what it drew before (and
-        keeps its stored answer as a draft) unless u lies that close. The distribution is the
-        same in either order."""
+        their tempered weights (the truncation needs them best first; the order they are
+        returned in does not depend on near-ties, so a residual draw walks them the same way
+        whatever the row's last bits)."""
         p = self.params
         ids, probs = candidates(logits, p.top_k, p.top_p, p.min_p)
         keep = len(ids)
@@ -290,11 +282,30 @@ class TokenSampler:
         if keep < len(logits):  # the whole vocabulary comes in id order already
             kept = np.sort(kept)
         values = logits[kept].astype(np.float64)
-        return kept, np.exp((values - values.max()) / p.temperature)
+        return kept, np.exp(self._tempered(values))
 
-    def _draw(self, logits: np.ndarray, u: float) -> int:
-        ids, tempered = self._weights(logits)
-        return _draw_from(ids, tempered, u)
+    def _tempered(self, values: np.ndarray) -> np.ndarray:
+        """Logits over temperature, the best at 0."""
+        return (values - values.max()) / self.params.temperature
+
+    def _draw(self, logits: np.ndarray, position: int, purpose: int) -> int:
+        ids, scores = self._scores(logits, position, purpose)
+        return int(ids[np.argmax(scores)])
+
+    def _scores(self, logits: np.ndarray, position: int, purpose: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids a draw can pick and their scores: tempered logit plus the id's own Gumbel
+        noise at this position (`gumbel`). The best score is a draw from the tempered,
+        truncated distribution (the Gumbel-max trick).
+
+        A draw from the cumulative weights would move whenever the shares of the tokens before
+        it move: a verify row computed in a step of another shape moves many shares by 0.1-0.2
+        nats at once (docs/BENCHMARKS.md), and the stretches of the cumulative sum add those
+        moves up. The best score moves only by what its own logit and its nearest rival's move,
+        so a seeded request replayed with speculation on draws what it drew before (and keeps
+        its stored answer as a draft) unless two scores lie that close: a near-tie, as greedy
+        decoding has."""
+        ids, _ = self._weights(logits)
+        return ids, self._tempered(logits[ids].astype(np.float64)) + gumbel(self.seed, position, purpose, ids)
 
     def draft_distribution(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probabilities) a draft model's token is drawn from: these sampling settings
@@ -332,6 +343,25 @@ def uniform(seed: int, position: int, purpose: int) -> float:
     near-ties), with speculation on or off. NumPy's SeedSequence hashes the key."""
     words = np.random.SeedSequence([seed & (2**64 - 1), position, purpose]).generate_state(2, np.uint32)
     return ((int(words[0]) << 21) ^ (int(words[1]) >> 11)) / float(1 << 53)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def gumbel(seed: int, position: int, purpose: int, ids: np.ndarray) -> np.ndarray:
+    """Gumbel noise for each of `ids`, depending only on (seed, position, purpose, id): the
+    position's key (as `uniform`'s, from NumPy's SeedSequence) starts a SplitMix64 stream, an
+    id's number is the stream's element at that id, and -log(-log(u)) makes it Gumbel."""
+    key = np.random.SeedSequence([seed & (2**64 - 1), position, purpose]).generate_state(1, np.uint64)[0]
+    with np.errstate(over="ignore"):
+        x = np.asarray(ids).astype(np.uint64) * _GOLDEN + key
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    u = ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+    return -np.log(-np.log(u))
 
 
 def accept_draft(u: float, p: float, q: float) -> bool:
