@@ -50,16 +50,20 @@ def format_spec(rf: Fields, schema_fields: Callable[[], Fields]) -> GrammarSpec 
     raise rf.fail("type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
-def named_schema(inner: Fields) -> Any:
-    """The `schema` of an object holding `name`, `description`, `strict` and `schema`, each checked."""
+def named_schema(inner: Fields, required: bool = True) -> Any:
+    """The `schema` of an object holding `name`, `description`, `strict` and `schema`, each checked
+    (`required`: a missing schema is an error; otherwise a present one must be an object)."""
     name = inner.string("name")
     if name is not None and not TOOL_NAME.fullmatch(name):
         raise inner.fail("name", "must be 1 to 64 letters, digits, underscores or dashes")
     inner.boolean("strict", False)
     inner.string("description")
-    if "schema" not in inner.body:
+    schema = inner.body.get("schema")
+    if required and "schema" not in inner.body:
         raise inner.fail("schema", "is required")
-    return inner.body["schema"]
+    if not required and schema is not None and not isinstance(schema, dict):
+        raise inner.fail("schema", "must be a JSON object")
+    return schema
 
 
 def parse_format(fields: Fields) -> GrammarSpec | None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.api.fields import DEFAULT_CHAT_MAX_TOKENS, MAX_CALL_ID, MAX_MESSAGES, MAX_TOKENS_LIMIT, Fields
-from node.api.output_schemas import decide_output, format_spec, function_call, parse_tool_choice, parse_tool_list
+from node.api.output_schemas import (decide_output, format_spec, function_call, named_schema, parse_tool_choice,
+                                     parse_tool_list)
 from node.api.schemas import parse_content, parse_sampling
 from node.engine.types import GrammarSpec
 from node.serving.errors import UnsupportedFeature
@@ -110,6 +111,8 @@ def parse_text_format(fields: Fields) -> tuple[GrammarSpec | None, dict[str, Any
     if value is None:
         return None, {"type": "text"}
     rf = Fields(value, "text.format")
+    if rf.body.get("type") != "json_schema":  # unused beside type text or json_object, but held to their shape
+        named_schema(rf, required=False)
     return format_spec(rf, lambda: rf), dict(rf.body)
 
 

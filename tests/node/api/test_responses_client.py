@@ -165,6 +165,10 @@ def test_function_calls_and_their_outputs(client):
     ({"input": "Hi", "tools": [WEATHER]}, "tools"),
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    # name, strict and schema beside type text are unused, but still held to their documented shape
+    ({"input": "Hi", "text": {"format": {"type": "text", "strict": {"": None}}}}, "text.format.strict"),
+    ({"input": "Hi", "text": {"format": {"type": "json_object", "name": 0.5}}}, "text.format.name"),
+    ({"input": "Hi", "text": {"format": {"type": "text", "schema": "x"}}}, "text.format.schema"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "Hi", "reasoning": {"effort": "low"}}, "reasoning"),
 ])
