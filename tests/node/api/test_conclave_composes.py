@@ -166,36 +166,46 @@ def assert_near_tie(node, body: dict, other: str, path: str = "chat/completions"
 def assert_near_boundary(node, body: dict, other: str) -> None:
     """`other`, a sample of `body` (its seed), parts from the plain sample where that token's draw
     fell near an edge: moving one of the plain run's best logits by NEAR_TIE changes what the
-    engine's own sampler draws there, with the engine's own random number for that position
-    (`uniform(seed, position, DRAW)`). The sampler is replayed whole over the plain run's top
-    logprobs, so an edge of the top_p / min_p cut counts as well as an edge between two shares."""
+    engine's own sampler draws there, with the engine's own noise for that position and those
+    token ids (`gumbel(seed, position, DRAW, ids)`). The sampler is replayed whole over the plain
+    run's top logprobs, each at its token's id (an alternative whose text is not one token is
+    left out), so an edge of the top_p / min_p cut counts as well as a near-tie of scores."""
     import numpy as np
 
-    from node.engine.sampling import DRAW, TokenSampler, uniform
+    from node.engine.sampling import TokenSampler
     from node.engine.types import SamplingParams
 
+    engine = node.state.engine
+    n_vocab = engine._model.n_vocab
     entries, prompt_tokens = plain_run(node, body)
     params = SamplingParams(temperature=body["temperature"], top_k=body.get("top_k", 40),
                             top_p=body.get("top_p", 0.95), min_p=body.get("min_p", 0.05), seed=body["seed"])
 
     def near_edge(i: int) -> bool:
         position = prompt_tokens + i
-        logits = np.array(entries[i].top, dtype=np.float32)
+        ids = [engine.tokenize(alt, add_bos=False, special=False) for alt in entries[i].alternatives]
+        known = [(one[0], logprob) for one, logprob in zip(ids, entries[i].top) if len(one) == 1]
+        logits = np.full(n_vocab, -1e30, dtype=np.float32)
+        for token, logprob in known:
+            logits[token] = logprob
         history = [0] * position
 
         def pick(row: np.ndarray) -> int:
-            return TokenSampler(params, len(row)).choose(row, history).token
+            return TokenSampler(params, n_vocab).choose(row, history).token
 
         plain = pick(logits)
-        moves = [logits + np.eye(len(logits), dtype=np.float32)[j] * shift
-                 for j in range(len(logits)) for shift in (-NEAR_TIE, NEAR_TIE)]
+        moves = []
+        for token, _ in known:
+            for shift in (-NEAR_TIE, NEAR_TIE):
+                moved = logits.copy()
+                moved[token] += shift
+                moves.append(moved)
         return any(pick(moved) != plain for moved in moves)
 
     places = partings(entries, other)
-    i = places[-1]
     assert any(near_edge(place) for place in places), (
-        f"the sample parted at token {i} where its draw {uniform(body['seed'], prompt_tokens + i, DRAW):.3f} "
-        f"was far from any edge of {np.exp(entries[i].top)}: {other!r}")
+        f"the sample parted at token {places[-1]} where its draw was far from any edge of "
+        f"{np.exp(entries[places[-1]].top)}: {other!r}")
 
 
 def lookup_stats(node) -> dict:
