@@ -267,10 +267,15 @@ class TokenSampler:
         return merged[keep], p[keep]
 
     def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids a draw can pick, in increasing id order, and their tempered weights."""
+        ids, values = self._truncated(logits)
+        return ids, np.exp(self._tempered(values))
+
+    def _truncated(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ids a draw can pick (top_k, top_p, min_p applied), in increasing id order, and
-        their tempered weights (the truncation needs them best first; the order they are
-        returned in does not depend on near-ties, so a residual draw walks them the same way
-        whatever the row's last bits)."""
+        their logits (the truncation needs them best first; the order they are returned in does
+        not depend on near-ties, so a residual draw walks them the same way whatever the row's
+        last bits)."""
         p = self.params
         ids, probs = candidates(logits, p.top_k, p.top_p, p.min_p)
         keep = len(ids)
@@ -281,8 +286,7 @@ class TokenSampler:
         kept = ids[:keep]
         if keep < len(logits):  # the whole vocabulary comes in id order already
             kept = np.sort(kept)
-        values = logits[kept].astype(np.float64)
-        return kept, np.exp(self._tempered(values))
+        return kept, logits[kept].astype(np.float64)
 
     def _tempered(self, values: np.ndarray) -> np.ndarray:
         """Logits over temperature, the best at 0."""
@@ -304,8 +308,8 @@ class TokenSampler:
         so a seeded request replayed with speculation on draws what it drew before (and keeps
         its stored answer as a draft) unless two scores lie that close: a near-tie, as greedy
         decoding has."""
-        ids, _ = self._weights(logits)
-        return ids, self._tempered(logits[ids].astype(np.float64)) + gumbel(self.seed, position, purpose, ids)
+        ids, values = self._truncated(logits)
+        return ids, self._tempered(values) + gumbel(self.seed, position, purpose, ids)
 
     def draft_distribution(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probabilities) a draft model's token is drawn from: these sampling settings
