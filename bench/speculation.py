@@ -171,31 +171,21 @@ def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool 
     Palimpsest nothing), so that both modes find their prompts resident in a slot: otherwise
     the mode measured first would pay a prefill that the second one skips. `finals`: (plain,
     speculative) lists that get the requests' last events of each mode's best round."""
-    off, on = [], []
-    plain_out: list = []
-    spec_out: list = []
-    best_plain: list = []
-    best_spec: list = []
+    rates: dict[bool, list[float]] = {False: [], True: []}  # by mode: speculation off, on
+    outs: dict[bool, list] = {False: [], True: []}
+    best: dict[bool, list] = {False: [], True: []}
     timed(engine, texts, tokens, False, concurrent, temperature)
     for _ in range(rounds):
         for speculation in ((True, False) if on_first else (False, True)):
             ends: list = []
-            rate, out = timed(engine, texts, tokens, speculation, concurrent, temperature, ends)
-            rates = on if speculation else off
-            if not rates or rate > max(rates):
-                if speculation:
-                    best_spec = ends
-                else:
-                    best_plain = ends
-            rates.append(rate)
-            if speculation:
-                spec_out = out
-            else:
-                plain_out = out
+            rate, outs[speculation] = timed(engine, texts, tokens, speculation, concurrent, temperature, ends)
+            if not rates[speculation] or rate > max(rates[speculation]):
+                best[speculation] = ends
+            rates[speculation].append(rate)
     if finals is not None:
-        finals[0].extend(best_plain)
-        finals[1].extend(best_spec)
-    return max(off), max(on), compare(plain_out, spec_out)
+        finals[0].extend(best[False])
+        finals[1].extend(best[True])
+    return max(rates[False]), max(rates[True]), compare(outs[False], outs[True])
 
 
 def row(name: str, off: float, on: float, verdict: str, target: str) -> str:
