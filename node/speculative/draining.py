@@ -93,19 +93,21 @@ class Draining:
         members = [o for o in options if o.seq.key in self.bound and o.gains]
         kept = {key: self.kept_so_far.get(key, 0.0) for key in self.bound}
         for o in members:
-            if o.chances is None:
+            chances = o.chances
+            if chances is None:
                 whole = self.worth(o.seq.key)
-                o.chances = [g / whole for g in o.gains]
-            kept[o.seq.key] = max(kept[o.seq.key], sum(o.chances[:drafted.get(o.seq.key, 0)]))
+                chances = o.chances = [g / whole for g in o.gains]
+            kept[o.seq.key] = max(kept[o.seq.key], sum(chances[:drafted.get(o.seq.key, 0)]))
         least = min(kept.values())
         rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
         changed = False
         for o in members:
-            if o.least == least or (o.least is None and least >= sum(o.chances)):
+            chances = o.chances or []
+            if o.least == least or (o.least is None and least >= sum(chances)):
                 o.least = least  # unchanged: every kept token of it is covered, as when it was made
                 continue
             reached, gains = 0.0, []
-            for p in o.chances:  # p: the chance the position is kept; the part of it the bound covers
+            for p in chances:  # p: the chance the position is kept; the part of it the bound covers
                 gains.append(p * rows_only + fixed * min(max(least - reached, 0.0), p))
                 reached += p
             o.gains, o.least, changed = gains, least, True
