@@ -68,7 +68,7 @@ from typing import Callable, Sequence
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
 from node.speculative.costs import CostCurve
-from node.speculative.draining import Draining
+from node.speculative.draining import Draining, expected_rate
 from node.speculative.palimpsest import Palimpsest
 from node.speculative.source import DraftSource
 from node.speculative.stats import SpeculationStats
@@ -351,23 +351,13 @@ class Controller:
                 best, best_rate = m, rate
         for o, i in order[:best]:
             taken[id(o)] = i + 1
-        rows += best
-        floor = self.config.min_draft
-        drafts: dict[int, Draft] = {}
-        tokens, making = float(n), 0.0
-        for o in options:
-            j = taken[id(o)]
-            if o.forced or j >= floor:
-                if j:
-                    drafts[o.seq.key] = o.draft.head(j)
-                    tokens += sum(o.gains[:j])
-                    making += (o.cost - row_s) * j
-            elif j:
-                rows -= j
+        floor = self.config.min_draft  # a draft cut shorter than this goes out whole
+        lengths = {o.seq.key: j for o in options if (j := taken[id(o)]) and (o.forced or j >= floor)}
+        drafts = {o.seq.key: o.draft.head(lengths[o.seq.key]) for o in options if o.seq.key in lengths}
         if drafts and not any(o.forced for o in options) and \
-                tokens / (self.costs.seconds(n + rows) + making) < plain * MARGIN:
+                expected_rate(options, lengths, n, row_s, self.costs.seconds) < plain * MARGIN:
             return {}, 0
-        return drafts, rows
+        return drafts, sum(lengths.values())
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)

@@ -39,6 +39,20 @@ class Weighed(Protocol):
     least: float | None          # the least kept by the bound its gains were last weighed for
 
 
+def expected_rate(options: Sequence[Weighed], lengths: dict[int, int], n: int, row_s: float,
+                  seconds: Callable[[int], float]) -> float:
+    """A step's expected tokens a second where each sequence drafts `lengths` of its draft (by
+    sequence key) beside n decoding rows: the rows priced on the cost curve as a whole
+    (`seconds`: a step of so many rows), and each draft's making beyond its rows."""
+    tokens, rows, making = float(n), 0, 0.0
+    for o in options:
+        j = lengths.get(o.seq.key, 0)
+        tokens += sum(o.gains[:j])
+        rows += j
+        making += (o.cost - row_s) * j
+    return tokens / (seconds(n + rows) + making)
+
+
 @dataclass(frozen=True, slots=True)
 class Draining:
     """The worth of a kept token against a token of plain decoding: its row's share of the step,
@@ -126,13 +140,7 @@ class Draining:
 
         def rate(lengths: dict[int, int]) -> float:
             self.together(options, lengths)
-            tokens, rows, making = float(n), 0, 0.0
-            for o in options:
-                j = lengths.get(o.seq.key, 0)
-                tokens += sum(o.gains[:j])
-                rows += j
-                making += (o.cost - row_s) * j
-            return tokens / (seconds(n + rows) + making)
+            return expected_rate(options, lengths, n, row_s, seconds)
 
         now = {key: len(d.tokens) for key, d in drafts.items()}
         best, best_rate = now, max(rate(now), floor)
