@@ -168,16 +168,28 @@ class TokenSampler:
         """Whether a deterministic draft's token, not chosen, was within DRAFT_TIE_NATS of it.
 
         Greedy: its logit that close to the best's. A seeded draw: the draw with the draft
-        token's logit raised by DRAFT_TIE_NATS would have picked it (its score, logit over
-        temperature plus its noise, that close to the best score). An unseeded draw never keeps
-        it: its distribution stays exactly the target's."""
+        token's logit raised by DRAFT_TIE_NATS would have picked it, truncation included. A
+        token on the edge of top_p or min_p is in or out as the row moves a little; most of a
+        replay's partings were there (the draft cut, or a token just let in drawing best). The
+        raise holds the draft in where it sat inside the edge before, and a rival that passes
+        the truncation by less than DRAFT_TIE_NATS (cut with its logit lowered by that much)
+        does not displace it. An unseeded draw never keeps it: its distribution stays exactly
+        the target's."""
         if self.params.greedy:
             return bool(logits[draft] >= logits[token] - DRAFT_TIE_NATS)
         if self.params.seed is None:
             return False
-        ids, scores = self._scores(logits, position, DRAW)
-        where = np.flatnonzero(ids == draft)
-        return bool(where.size) and scores[where[0]] + DRAFT_TIE_NATS / self.params.temperature >= scores.max()
+        raised = logits.copy()
+        raised[draft] += DRAFT_TIE_NATS
+        for _ in range(EDGE_RIVALS + 1):
+            rival = self._draw(raised, position, DRAW)
+            if rival == draft:
+                return True
+            raised[rival] -= DRAFT_TIE_NATS
+            if np.any(self._truncated(raised)[0] == rival):
+                return False
+            raised[rival] = -np.inf  # an edge token: set aside
+        return False
 
     def _pick(self, logits: np.ndarray, position: int, purpose: int) -> int:
         return int(np.argmax(logits)) if self.params.greedy else self._draw(logits, position, purpose)
@@ -335,6 +347,8 @@ DRAW, REDRAW, ACCEPT, RESIDUAL, DRAFT = range(5)
 # under DRAFT_TIE_NATS plus the kernels' move, inside the bound the tests hold greedy text to
 # (tests/node/near_ties.py, 0.4 nats).
 DRAFT_TIE_NATS = 0.1
+# Rivals on the truncation's edge a seeded draw sets aside before it gives up a draft's token.
+EDGE_RIVALS = 2
 CHECK_LIMIT = 1024  # grammar checks one rejection-sampling step may make (see TokenSampler.target)
 
 
