@@ -351,7 +351,7 @@ class Controller:
                 best, best_rate = m, rate
         for o, i in order[:best]:
             taken[id(o)] = i + 1
-        floor = self.config.min_draft  # a draft cut shorter than this goes out whole
+        floor = self.config.min_draft  # a draft cut shorter than this (probes aside) is left out
         lengths = {o.seq.key: j for o in options if (j := taken[id(o)]) and (o.forced or j >= floor)}
         drafts = {o.seq.key: o.draft.head(lengths[o.seq.key]) for o in options if o.seq.key in lengths}
         if drafts and not any(o.forced for o in options) and \
