@@ -418,13 +418,16 @@ def case_prose(engine, args) -> list[str]:
     return [row("free prose", *versus(engine, [PROSE[0]], args.tokens, args.rounds), ">= 0.97x")]
 
 
-def case_users4(engine, args) -> list[str]:
-    repetitive = [f"Rewrite the following paragraph, keeping every sentence:\n\n{PARAGRAPH}\n\nRewritten:\n",
+# the 4 users' repetitive mix: three requests that quote their prompts, one free
+REPETITIVE_MIX = (f"Rewrite the following paragraph, keeping every sentence:\n\n{PARAGRAPH}\n\nRewritten:\n",
                   f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n",
                   f"Document:\n{PARAGRAPH}\n\nQuote the first three sentences exactly:\n\"",
-                  "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:"]
+                  "Write the welcome message for new members of the Vellmar rowing club, with the rules of the boathouse:")
+
+
+def case_users4(engine, args) -> list[str]:
     finals: tuple[list, list] = ([], [])
-    off, on, verdict = versus(engine, repetitive, args.tokens, args.rounds, True, finals=finals)
+    off, on, verdict = versus(engine, list(REPETITIVE_MIX), args.tokens, args.rounds, True, finals=finals)
     lines = [row("4 users, repetitive mix (aggregate)", off, on,
                  f"{verdict}; {saved(finals[1])}; {concurrent_ceiling(engine_line(engine), *finals)}", ">= 1.7x")]
     # the non-repetitive mix gets new requests each round (the Palimpsest knows the answers of the
