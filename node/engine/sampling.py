@@ -329,6 +329,12 @@ class TokenSampler:
         ids, weights = self._weights(self._adjusted(row, history))
         return ids, weights / weights.sum()
 
+    def coupled_draw(self, row: np.ndarray, history: Sequence[int]) -> int:
+        """The token this sampler's own draw picks from `row` (a draft model's logits) at the
+        position after `history`: the same Gumbel noise as `choose` uses there, so a draft drawn
+        this way and the target's draw agree wherever their distributions are close."""
+        return self._pick(self._adjusted(row, history), len(history), DRAW)
+
     def draw_from(self, dist: tuple[np.ndarray, np.ndarray], position: int) -> int:
         """A draft token for `position` from `dist` (a draft model's distribution)."""
         return _draw_from(dist[0], dist[1], self.uniform(position, DRAFT))

@@ -26,11 +26,10 @@ draft model sampling) is verified by rejection sampling instead (`choose_against
 draft token x kept with probability min(1, p(x) / q(x)), otherwise a token drawn from the
 residual max(0, p - q)), which keeps more of a sampled draft than waiting for the target
 to draw the same token, and is distributed exactly as the target (Leviathan et al. 2023,
-Chen et al. 2023). Its random numbers (acceptance, residual) are not plain decoding's, so a
-seeded sample with a draft model is the target's distribution, not plain decoding's text.
-The draft model's draws are keyed by the request's seed and the position too, so the same
-seeded request drafts and draws the same tokens again wherever the controller chooses the
-same draft lengths (which follow the measured cost line).
+Chen et al. 2023). Its random numbers (acceptance, residual) are not plain decoding's, so it
+serves unseeded requests only: a seeded request's draft model draws with the target's own
+noise and no distribution (node/speculative/draft_model.py), and its draft is verified as a
+deterministic one, so the seeded text is plain decoding's whatever the draft lengths were.
 """
 
 from __future__ import annotations

@@ -6,8 +6,16 @@ stays, the rest is removed with llama_memory_seq_rm and the missing tokens are d
 a rollback after rejected drafts costs nothing but the re-decode of the tokens kept), then
 drafts k tokens one decode at a time: greedy for a greedy sequence (a deterministic draft,
 checked by the target's argmax), drawn from the sequence's own sampling settings for a
-sampled one, with the distribution of each token, so the engine verifies it by rejection
-sampling (node/engine/verify.py) and the output stays the target's distribution.
+sampled one. An unseeded sampled sequence's draft is drawn with random numbers of its own and
+carries the distribution of each token, so the engine verifies it by rejection sampling
+(node/engine/verify.py) and the output stays the target's distribution. A seeded one's is
+drawn with the very Gumbel noise the target's own draw uses at each position (the request's
+seed, `TokenSampler.coupled_draw`) and carries no distribution: it is verified like any
+deterministic draft, kept where the target's seeded draw picks the same token, so the text
+is plain decoding's with that seed whatever was drafted (rejection sampling's random numbers
+are not plain decoding's: its text would follow the draft lengths the controller chose). The
+two draws share their noise, so they agree wherever the two distributions are close (Gumbel
+coupling: nearly as often as rejection sampling keeps a token).
 
 Making a draft costs engine-thread time (one draft-model decode per token), unlike an index
 lookup: `cost_per_token` (a moving average of what proposals took) lets the controller
@@ -68,6 +76,7 @@ def check_vocabularies(target: LlamaModel, draft: LlamaModel) -> None:
 class _DraftState:
     slot: int
     sampler: TokenSampler | None                   # None: greedy
+    coupled: bool = False                          # drawn with the target's own noise (a seeded request)
     tokens: list[int] = field(default_factory=list)  # what the draft KV holds, in order
 
 
@@ -104,11 +113,13 @@ class DraftModel:
     def begin(self, seq: DraftSeq) -> None:
         if not self._free:
             return
-        sampler = None
+        sampler, coupled = None, False
         if seq.sampled and seq.sampling is not None:
-            own = seq.seed if seq.seed is not None else seq.key  # the request's seed: the same draws every time
-            sampler = TokenSampler(seq.sampling, self._model.n_vocab, seed=(own * 0x9E3779B1 + DRAFT_SALT) & (2**63 - 1))
-        self._seqs[seq.key] = _DraftState(self._free.pop(), sampler)
+            coupled = seq.sampling.seed is not None and seq.seed is not None
+            own = seq.seed if seq.seed is not None else seq.key
+            seed = own if coupled else (own * 0x9E3779B1 + DRAFT_SALT) & (2**63 - 1)
+            sampler = TokenSampler(seq.sampling, self._model.n_vocab, seed=seed)
+        self._seqs[seq.key] = _DraftState(self._free.pop(), sampler, coupled)
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
         state = self._seqs.get(seq.key)
@@ -124,6 +135,8 @@ class DraftModel:
         for i in range(k):
             if state.sampler is None:
                 token = int(np.argmax(row))
+            elif state.coupled:
+                token = state.sampler.coupled_draw(row, history)
             else:
                 dist = state.sampler.draft_distribution(row, history)
                 token = state.sampler.draw_from(dist, len(history))
@@ -138,7 +151,7 @@ class DraftModel:
                 row = next_row
         elapsed = time.perf_counter() - t0
         self.cost_per_token += COST_EMA * (elapsed / len(out) - self.cost_per_token)
-        return Draft(tuple(out), self.name, tuple(dists[:len(out)]) if state.sampler is not None else None)
+        return Draft(tuple(out), self.name, tuple(dists[:len(out)]) if dists else None)
 
     def _catch_up(self, state: _DraftState, context: Sequence[int]) -> np.ndarray | None:
         """Bring the draft KV level with context; the logits row after its last token."""
