@@ -6,7 +6,8 @@ The engine and controller of bench/speculation.py, the same four concurrent requ
 (`REPETITIVE_MIX`), plain and speculative in turn, `rounds` times each after one unmeasured
 plain run. For every round: wall time, steps, the sum of the decode calls and what the
 engine's cost line says those steps cost; for the speculative rounds also each step (its time,
-the line's figure, and the tokens each sequence put in it). The line is fitted on one sequence,
+the line's figure, the tokens each sequence put in it, and each verified draft as
+source/match:kept/drafted). The line is fitted on one sequence,
 so a step of four sequences costing more than it says is the batch's own overhead (attention
 over four caches), paid by both modes; a plan that gives rows to one sequence while the others
 draft nothing shows in the per-sequence column.
@@ -46,6 +47,21 @@ def traced_decodes() -> list[tuple[float, list[int], bool]]:
     return steps
 
 
+def traced_verdicts(controller, steps: list) -> dict[int, list[str]]:
+    """Wrap the controller's verdict on each verified draft; the dict it returns fills, by the
+    index of the step in `steps`, with `source/match:kept/drafted` entries."""
+    verdicts: dict[int, list[str]] = {}
+    verified = controller.verified
+
+    def traced(seq, draft, accepted):
+        verdicts.setdefault(len(steps), []).append(  # inside the decode call, before it is appended
+            f"{draft.source[:3]}/{draft.match}:{accepted}/{len(draft.tokens)}")
+        verified(seq, draft, accepted)
+
+    controller.verified = traced
+    return verdicts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
@@ -60,6 +76,7 @@ def main() -> int:
 
     steps = traced_decodes()
     controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=16, n_parallel=4))
+    verdicts = traced_verdicts(controller, steps)
     engine = Engine(EngineConfig(model_path=default_model(), n_ctx=8192, n_parallel=4, max_draft=16,
                                  speculator=controller))
     try:
@@ -83,9 +100,12 @@ def main() -> int:
                       f"{wall * 1000:5.0f} ms, {len(steps)} steps, decode calls {decoded * 1000:5.0f} ms, "
                       f"the line {predicted * 1000:5.0f} ms ({decoded / predicted:.2f}x), load {os.getloadavg()[0]:.1f}")
                 if speculation:
-                    for seconds, tokens, decoding in steps:
+                    for i, (seconds, tokens, decoding) in enumerate(steps):
+                        kept = " ".join(verdicts.get(i, [])) or "-"
                         print(f"    {seconds * 1000:6.1f} ms  line {line.seconds(sum(tokens)) * 1000:6.1f} ms  "
-                              f"{sum(tokens):3d} tokens  by sequence {tokens}{'' if decoding else '  (prompt rows in it)'}")
+                              f"{sum(tokens):3d} tokens  by sequence {tokens}  kept {kept}"
+                              f"{'' if decoding else '  (prompt rows in it)'}")
+                verdicts.clear()
     finally:
         engine.close()
     return 0

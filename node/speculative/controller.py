@@ -6,8 +6,10 @@ Estimates. Per source it estimates p_i, the chance the draft token at position i
 given the ones before it were: a moving average per source, kept apart for greedy and for
 sampled sequences (a sampled sequence keeps a deterministic draft only where its own draw
 agrees, so its acceptance is not greedy's) and by the class of the source's match (the
-context tokens it matched, `Draft.match`: the Palimpsest's match length, prompt lookup's
-n-gram; a long match predicts a long kept run, as in suffix decoding). The source's estimate
+context tokens it matched, `Draft.match`: the Palimpsest's match length, the run prompt
+lookup's n-gram ends; a long match predicts a long kept run, as in suffix decoding, and a
+class of long matches no draft has been judged in yet starts from what the run says,
+`_run_prior`). The source's estimate
 is blended with the sequence's own counts of that source's drafts (its hit history); a draft
 kept whole also raises the estimate of the position after it, so lengths grow while drafts
 keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
@@ -87,6 +89,7 @@ PREFILL_SHARE = 0.5   # the share of the step's token budget drafts leave to a w
 ANY = -1              # the match class of the estimate over every match
 SHADOWS = 8           # unverified proposals followed at once, per source and sequence
 ENDINGS = 32          # sequences remembered for how often their max_tokens was their end
+RUN_CLASS = 3         # the first match class (8+ tokens) whose fresh estimates start from the run's (`_run_prior`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +447,8 @@ class Controller:
 
     def _table(self, state: _SourceState, sampled: bool, match_class: int) -> list[float]:
         """The source's per-position estimates for greedy or sampled sequences and a match class
-        (a class seen for the first time starts from the estimates over every match; greedy or
+        (a class seen for the first time starts from the estimates over every match, raised for
+        a greedy sequence's long matches to what the matched run says (`_run_prior`); greedy or
         sampled seen for the first time from the other's, then each learns from its own)."""
         table = state.p.get((sampled, match_class))
         if table is None:
@@ -453,6 +457,8 @@ class Controller:
                 table = list(other) if other is not None else [state.prior] * self.config.max_draft
             else:
                 table = list(self._table(state, sampled, ANY))
+                if not sampled and match_class >= RUN_CLASS:
+                    table = [max(p, run) for p, run in zip(table, _run_prior(match_class, len(table)))]
             state.p[(sampled, match_class)] = table
         return table
 
@@ -527,6 +533,21 @@ def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
 def _classes(match: int) -> set[int]:
     """The estimates a draft of this match length informs: over every match, and its own class."""
     return {ANY, _match_class(match) if match > 0 else ANY}
+
+
+def _run_prior(match_class: int, n: int) -> list[float]:
+    """What a run of matched tokens says of its continuation before any draft of its class was
+    judged: a source whose text agreed with the context for m tokens in a row (m the class's
+    shortest match) is taken to go on agreeing by Laplace's rule of succession, position i
+    kept with chance (m + i + 1) / (m + i + 2) given the ones before it, so the first k all
+    with chance (m + 1) / (m + k + 1): the draft length grows with the match, as suffix
+    decoding's rule has it, and a fresh node drafts a long run of a past answer at once
+    instead of growing its drafts by half again a step. Only from RUN_CLASS on: a run of a few
+    tokens is common in any text (a frequent phrase), one of 8 or more rarely by chance. For a
+    greedy sequence only: a sampled one keeps a token only where its own draw agrees, which
+    the match does not tell."""
+    m = 1 << match_class
+    return [(m + i + 1) / (m + i + 2) for i in range(n)]
 
 
 def _match_class(match: int) -> int:

@@ -3,9 +3,10 @@
 Per request (the group of sibling sequences of one request share it), an index maps every
 n-gram (MIN_N..MAX_N tokens) to where it last ended: the stream it is in and the position
 of the token after it. Each new token adds MAX_N - MIN_N + 1 entries, so keeping the index
-current costs O(1) per token and a proposal is at most MAX_N dictionary probes: never a
-scan of the context. The newest occurrence wins, so a sibling that is ahead on the same
-text (n > 1) drafts for the ones behind it.
+current costs O(1) per token and a proposal is at most MAX_N dictionary probes, then at
+most MAX_RUN comparisons measuring how far back the context agrees with the occurrence
+found (the draft's `match`): never a scan of the context. The newest occurrence wins, so a
+sibling that is ahead on the same text (n > 1) drafts for the ones behind it.
 
 The context's own last n-grams are entered only after they are looked up (a suffix always
 matches itself), so a match is always an earlier occurrence.
@@ -27,6 +28,7 @@ from node.speculative.groups import GroupStates
 
 MIN_N = 2
 MAX_N = 6
+MAX_RUN = 32  # the longest run measured behind a matched n-gram
 RETAINED_GROUPS = 4  # ended groups kept for members that may still join them
 
 
@@ -76,7 +78,7 @@ class PromptLookup:
                 continue
             tokens = tuple(stream[hit[1]:hit[1] + k])
             if tokens:
-                return Draft(tokens, self.name, match=n)
+                return Draft(tokens, self.name, match=_run(stream, hit[1], context, n))
         return None
 
     def peek(self, seq: DraftSeq, tail: Sequence[int], k: int) -> tuple[int, ...]:
@@ -99,3 +101,15 @@ class PromptLookup:
         if group is not None and seq.key in group.streams:
             group.streams[seq.key] = tuple(tokens)  # its whole text, for members joining later
         self._table.end(seq)
+
+
+def _run(stream: Sequence[int], end: int, context: Sequence[int], n: int) -> int:
+    """How many tokens before `end` in `stream` agree with the context's last ones (the matched
+    n-gram and as far back as the two keep agreeing, up to MAX_RUN): a copy under way has a
+    long run, a phrase that recurs by chance a short one, and the controller learns each apart
+    (`Draft.match`)."""
+    run, length = n, len(context)
+    limit = min(MAX_RUN, end, length)
+    while run < limit and stream[end - 1 - run] == context[length - 1 - run]:
+        run += 1
+    return run

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
-from node.speculative.controller import ANY, BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig
+from node.speculative.controller import (ANY, BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig,
+                                         _match_class)
 from node.speculative.costs import CostCurve
 
 
@@ -154,10 +155,12 @@ TEXT = tuple(range(100, 400))
 def following(key: int) -> tuple[Controller, DraftSeq]:
     """A controller over `Following(TEXT)` on a host where a row costs 0.6 of a step (the output
     projection dominates), its estimates at 0.3 (what a run of other text left), and a
-    sequence begun on TEXT's first 10 tokens: at those estimates a draft does not pay."""
+    sequence begun on TEXT's first 10 tokens: at those estimates a draft does not pay. (Its
+    matches' class is set too: a class never judged starts from what its run says.)"""
     controller = Controller([Following(TEXT)], ControllerConfig(max_draft=16),
                             costs=CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)}))
-    controller._sources["follows"].p[(False, ANY)] = [0.3] * 16
+    for match_class in (ANY, _match_class(16)):
+        controller._sources["follows"].p[(False, match_class)] = [0.3] * 16
     seq = DraftSeq(key, key, TEXT[:10], False)
     controller.begin(seq)
     return controller, seq
@@ -446,6 +449,41 @@ def test_a_long_match_is_trusted_apart_from_a_short_one():
         plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
         lengths[match] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
     assert lengths == {24: 16, 2: 0}
+
+
+def test_a_fresh_node_drafts_a_long_match_long_at_once_and_a_short_one_short():
+    """No draft judged yet: a 24-token match starts from what the run says (node/speculative/
+    controller.py `_run_prior`) and drafts every position at once; a 2-token match, and any
+    match of a sampled sequence, start from the source's prior and draft a few."""
+    class Matching(Fixed):
+        match = 0
+
+        def propose(self, seq, context, k):
+            return Draft(self.tokens[:k], self.name, match=self.match)
+
+    lengths = {}
+    for match, sampled in ((24, False), (9, False), (2, False), (24, True)):
+        source = Matching("src", tuple(range(16)))
+        source.match = match
+        controller = Controller([source], ControllerConfig(max_draft=16), costs=linear())
+        seq = DraftSeq(1, 1, (), sampled)
+        controller.begin(seq)
+        plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
+        lengths[(match, sampled)] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
+    assert lengths[(24, False)] == 16 and lengths[(9, False)] >= 12
+    assert 0 < lengths[(2, False)] <= 4 and 0 < lengths[(24, True)] <= 4
+
+
+def test_a_long_match_that_is_not_kept_loses_its_head_start():
+    """The run's estimates are a start, not a floor: a class of long matches whose drafts are
+    rejected learns to draft little."""
+    class Matching(Fixed):
+        def propose(self, seq, context, k):
+            return Draft(self.tokens[:k], self.name, match=24)
+
+    controller = Controller([Matching("src", tuple(range(16)))], ControllerConfig(max_draft=16), costs=linear())
+    lengths = run(controller, 60, lambda n: 0)
+    assert lengths[0] == 16 and sum(lengths[-30:]) <= 6
 
 
 def test_a_first_sampled_sequence_starts_from_what_greedy_ones_taught():

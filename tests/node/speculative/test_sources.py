@@ -25,6 +25,30 @@ def test_lookup_proposes_what_followed_the_longest_earlier_suffix():
     lookup.end(s, context)
 
 
+def test_lookup_measures_the_run_its_ngram_ends():
+    """The draft's match is how far back the context agrees with the occurrence found, not the
+    n-gram's length: a copy under way has a long run, a recurring pair a short one."""
+    lookup = PromptLookup()
+    s = seq(1)
+    lookup.begin(s)
+    source = list(range(100, 140))
+    copying = [*source, 7, *source[:20]]  # the copy has reached its 20th token
+    draft = lookup.propose(s, copying, 4)
+    assert draft is not None and draft.tokens == tuple(source[20:24]) and draft.match == 20
+    far = [*source, 7, *source[:5], 8, *source[5:20]]  # 15 agree, then the 8 breaks the run
+    t = seq(2)
+    lookup.begin(t)
+    assert lookup.propose(t, far, 4).match == 15
+    chance = [1, 2, 50, 9, 9, 60, 1, 2]  # a pair seen once before, nothing agrees behind it
+    u = seq(3)
+    lookup.begin(u)
+    assert lookup.propose(u, chance, 2).match == 2
+    long_copy = [*range(200, 280), 7, *range(200, 260)]
+    v = seq(4)
+    lookup.begin(v)
+    assert lookup.propose(v, long_copy, 4).match == 32  # MAX_RUN: no longer scan
+
+
 def test_lookup_index_grows_with_the_context_only_once_per_token():
     lookup = PromptLookup()
     s = seq(1)
