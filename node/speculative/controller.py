@@ -135,6 +135,7 @@ class _SeqState:
     asked: int = 0   # steps it asked in
     left: int = 0    # the tokens it might still generate when it last asked
     context: int = 0  # its context's length then
+    promise: float = 0.0  # tokens a step its best proposal promised when it last asked (1 + its expected kept)
 
     def pace(self, context: int) -> float:
         """Tokens per step so far (one before the second step: a step gives at least one)."""
@@ -261,8 +262,9 @@ class Controller:
         max_tokens (Laplace's rule: a half with no history)."""
         paces = {ask.seq.key: own.pace(len(ask.context)) for ask in asks
                  for own in [self._seqs.get(ask.seq.key)] if own is not None}
+        promised = {key: own.promise for key, own in self._seqs.items() if own.promise > 0}
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
-        return Draining.of(asks, draining, n, row_s, plain, paces, binding)
+        return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
@@ -274,6 +276,7 @@ class Controller:
         draft's last becomes its hint (`Draft.after`). The first proposal's first token is the
         sequence's hint in `hints` should no draft of it be verified."""
         best: _Option | None = None
+        own.promise = 1.0  # and more below, by what its best proposal is expected to keep, worth aside
         for state in self._sources.values():
             if not state.on:
                 continue
@@ -297,6 +300,8 @@ class Controller:
             proposals.append((ask, own, draft))
             draft = draft.head(room)
             gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens), worth)
+            if worth > 0:
+                own.promise = max(own.promise, 1.0 + sum(gains) / worth)
             cost = row_s + making
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
                 j = min(len(draft.tokens), PROBE_TOKENS)

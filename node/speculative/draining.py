@@ -66,15 +66,25 @@ class Draining:
 
     @classmethod
     def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,
-           paces: dict[int, float], binding: float) -> Draining | None:
+           paces: dict[int, float], binding: float, promised: dict[int, float] | None = None) -> Draining | None:
         """The weights of a step of n decoding sequences (`plain`: plain decoding's tokens per
         second; `row_s`: a row's seconds; `paces`: each asking sequence's tokens a step so far;
-        `draining` as the scheduler tells it: None while requests wait, else the most tokens a
-        decoding sequence that did not ask may still generate). None while requests wait, or
-        where a sequence does not say what it has left."""
+        `promised`: the tokens a step its drafts promised when it last asked; `draining` as the
+        scheduler tells it: None while requests wait, else the most tokens a decoding sequence
+        that did not ask may still generate). None while requests wait, or where a sequence does
+        not say what it has left.
+
+        A sequence's steps to go are what it has left at the faster of its pace so far and the
+        pace its drafts promise: one that has just begun to draft a long match (its pace so far
+        one token a step) is not taken to bound the batch for the rest of its tokens. Counted at
+        its past pace alone, two of four requests started together that had not drafted yet
+        became the bound, then the other two: the rows went to two sequences a step, in turn,
+        and the batch took twice the steps."""
         if draining is None or not asks or any(ask.left <= 0 for ask in asks):
             return None
-        togo = {ask.seq.key: ask.left / paces[ask.seq.key] for ask in asks if ask.seq.key in paces}
+        promised = promised or {}
+        togo = {ask.seq.key: ask.left / max(paces[ask.seq.key], promised.get(ask.seq.key, 0.0))
+                for ask in asks if ask.seq.key in paces}
         if not togo:
             return None
         most = max(max(togo.values()), float(draining))

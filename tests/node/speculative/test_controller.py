@@ -371,6 +371,32 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
 
 
+def test_a_sequence_that_has_just_begun_to_draft_is_counted_at_the_pace_its_drafts_promise():
+    """Four requests started together on a past answer: two kept an 11-token draft in the step
+    before, the other two (still in their prompts then) have one token each. At their pace so
+    far (one token a step) the two behind seemed to bound the batch for 47 steps, and the rows
+    went to them alone, then to the other two in turn; at the pace their drafts promise all four
+    finish within a step of each other, so all four draft."""
+    controller = Controller([Fixed("s0", tuple(range(16)))], ControllerConfig(max_draft=16),
+                            costs=CostCurve({n: 0.0206 + 0.0037 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True))
+    controller._sources["s0"].p[(False, ANY)] = [0.98] * 16
+    for i in range(16):  # the sequences before ran to their max_tokens
+        earlier = DraftSeq(1000 + i, 1000 + i, (), False)
+        controller.begin(earlier)
+        controller.plan(1, [DraftAsk(earlier, [1], 7, 8)], 0, 256)
+        controller.end(earlier, [1] * 9)
+    seqs = [DraftSeq(k, k, (), False) for k in range(4)]
+    for seq in seqs:
+        controller.begin(seq)
+    prompt = [1] * 20
+    controller.plan(4, [DraftAsk(s, prompt, 16, 48) for s in seqs[:2]] +
+                    [DraftAsk(s, prompt, 16, 48) for s in seqs[2:]], 0, 256, 48)
+    ahead = [DraftAsk(s, prompt + [1] * 12, 16, 36) for s in seqs[:2]]
+    behind = [DraftAsk(s, prompt + [1], 16, 47) for s in seqs[2:]]
+    plan = controller.plan(4, ahead + behind, 0, 256, 0)
+    assert sorted(plan.drafts) == [0, 1, 2, 3]
+
+
 def test_a_bound_sequence_that_kept_pace_so_far_holds_nobody_back_in_a_step_without_a_draft():
     """Three requests started together; the third has no draft this step. If it kept 2 tokens a
     step so far (its drafts will be back), it keeps pace over the run and the others draft as
