@@ -371,6 +371,16 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
 
 
+def ran_to_their_limit(controller: Controller, n: int = 16) -> None:
+    """n earlier sequences that each generated all they had left at their last ask (their
+    max_tokens was their end), so the planner takes what a sequence has left to bound it."""
+    for i in range(n):
+        earlier = DraftSeq(1000 + i, 1000 + i, (), False)
+        controller.begin(earlier)
+        controller.plan(1, [DraftAsk(earlier, [1], 7, 8)], 0, 256)
+        controller.end(earlier, [1] * 9)
+
+
 def test_a_sequence_that_has_just_begun_to_draft_is_counted_at_the_pace_its_drafts_promise():
     """Four requests started together on a past answer: two kept an 11-token draft in the step
     before, the other two (still in their prompts then) have one token each. At their pace so
@@ -380,11 +390,7 @@ def test_a_sequence_that_has_just_begun_to_draft_is_counted_at_the_pace_its_draf
     controller = Controller([Fixed("s0", tuple(range(16)))], ControllerConfig(max_draft=16),
                             costs=CostCurve({n: 0.0206 + 0.0037 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True))
     controller._sources["s0"].p[(False, ANY)] = [0.98] * 16
-    for i in range(16):  # the sequences before ran to their max_tokens
-        earlier = DraftSeq(1000 + i, 1000 + i, (), False)
-        controller.begin(earlier)
-        controller.plan(1, [DraftAsk(earlier, [1], 7, 8)], 0, 256)
-        controller.end(earlier, [1] * 9)
+    ran_to_their_limit(controller)
     seqs = [DraftSeq(k, k, (), False) for k in range(4)]
     for seq in seqs:
         controller.begin(seq)
@@ -404,11 +410,7 @@ def test_a_bound_sequence_that_kept_pace_so_far_holds_nobody_back_in_a_step_with
     def plan(kept_a_step: float) -> list[int]:
         costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
         controller = Controller([Own(k) for k in range(3)], ControllerConfig(max_draft=16), costs=costs)
-        for i in range(16):  # the sequences before ran to their max_tokens
-            earlier = DraftSeq(1000 + i, 1000 + i, (), False)
-            controller.begin(earlier)
-            controller.plan(1, [DraftAsk(earlier, [1], 7, 8)], 0, 256)
-            controller.end(earlier, [1] * 9)
+        ran_to_their_limit(controller)
         seqs = [DraftSeq(k, k, (), False) for k in range(3)]
         for seq, p in zip(seqs, (0.9, 0.9, 0.0)):
             controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
