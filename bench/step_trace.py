@@ -1,6 +1,6 @@
 """Each decode step of the 4 users' repetitive mix against the cost line: where the time goes.
 
-    .venv/bin/python bench/step_trace.py [--tokens 48] [--rounds 2]
+    .venv/bin/python bench/step_trace.py [--tokens 48] [--rounds 2] [--mix repetitive|prose]
 
 The engine and controller of bench/speculation.py, the same four concurrent requests
 (`REPETITIVE_MIX`), plain and speculative in turn, `rounds` times each after one unmeasured
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
-from bench.speculation import REPETITIVE_MIX, timed  # noqa: E402
+from bench.speculation import PROSE, REPETITIVE_MIX, timed  # noqa: E402
 from node.engine import scheduler  # noqa: E402
 
 
@@ -66,6 +66,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--mix", choices=("repetitive", "prose"), default="repetitive",
+                        help="the repetitive mix, or the non-repetitive mix's first set of requests (PROSE)")
     args = parser.parse_args()
     print_header(threads=None)
 
@@ -86,7 +88,7 @@ def main() -> int:
         timed(engine, ["Hello"], 4, False)
         line = controller.costs.line()
         print(f"cost line: {line.describe()}")
-        texts = list(REPETITIVE_MIX)
+        texts = list(REPETITIVE_MIX if args.mix == "repetitive" else PROSE)
         timed(engine, texts, args.tokens, False, True)
         for r in range(args.rounds):
             for speculation in (False, True):
