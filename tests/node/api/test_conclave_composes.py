@@ -290,7 +290,8 @@ def shaped_candidates(node, shape):
 
 def test_a_late_candidate_drafts_from_the_finished_ones(node):
     """Candidate 1 is cut after two tokens, so it disagrees with candidate 0 and candidate 2 starts
-    once both have finished; it is the greedy request again and drafts its text from candidate 0's."""
+    once both have finished; it is the greedy request again and drafts its text from candidate 0's
+    (16 tokens in at most 4 steps, where plain decoding takes 15)."""
     greedy = []
 
     def shape(requests, group):
@@ -309,7 +310,10 @@ def test_a_late_candidate_drafts_from_the_finished_ones(node):
     if late.text[:16] != first.text[:16]:  # they part at once: no text of candidate 0 to draft from
         assert_near_tie(node, body, late.text)
         return
-    assert drafts["from_sibling"] > 0, drafts  # candidate 0's text was proposed as long as they agreed
+    # candidate 0's text was drafted for it as long as they agreed: by prompt lookup from the
+    # finished sibling, or by the Palimpsest, which holds candidate 0's text once it finished and
+    # trusts a match that long at once, drafting the late answer whole before lookup is asked twice
+    assert drafts["from_sibling"] > 0 or late.finished.steps <= 4, (drafts, late.finished.steps)
     if late.text == first.text:  # about the whole answer was drafted (the Palimpsest holds candidate 0's text too)
         assert kept(node) - before >= 8
     else:
