@@ -33,8 +33,7 @@ what they shorten (node/speculative/draining.py), so rows go to the sequences th
 batch and the others draft only where a row is nearly free. Where several bound it alike
 (requests started together), it gets shorter by the least any of them keeps: their kept tokens
 count as far as the weakest's, and a plan where each of them drafts to the same length is
-weighed beside the ranked one. A plan whose drafts are all for sequences ahead of the bound
-cannot end the batch sooner and verifies nothing (`Draining.shortens`).
+weighed beside the ranked one.
 A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
@@ -238,8 +237,6 @@ class Controller:
                     break
                 drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
             drafts, rows = drain.level(chosen, drafts, n, row_s, plain * MARGIN, rows_left, self.costs.seconds)
-            if drafts and not drain.shortens(drafts) and not any(o.forced for o in chosen):
-                drafts, rows = {}, 0
         for ask, own, draft in proposals:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0

@@ -100,17 +100,6 @@ class Draining:
         share = self.row_share + (self.fixed_share * covered if key in self.bound else 0.0)
         return 1.0 + self.binding * (share - 1.0)
 
-    def shortens(self, drafts: dict[int, Draft]) -> bool:
-        """Whether a plan with these drafts (by sequence key) can end the batch sooner: some draft
-        is a bounding sequence's, or the tokens sequences have left do not tell when they end
-        (`binding` under a half). Drafts for sequences ahead alone move rows of later steps,
-        which happen anyway for the bound, into this one: a kept token saves a row there and
-        costs one here, a rejected one only costs. On a 2-core Xeon, four new prose requests
-        verified such drafts in 16 of 46 steps and ran at 0.95x plain decoding; the weights
-        (`worth`) price them at break-even where every token is kept, and the estimates of a
-        prose draft are never that sure."""
-        return self.binding < 0.5 or any(key in self.bound for key in drafts)
-
     def together(self, options: Sequence[Weighed], drafted: dict[int, int]) -> bool:
         """Reweigh the drafts of bounding sequences by how far the rest of the bound moves too
         (`drafted`: the draft length each sequence got in the plan so far); whether any changed.

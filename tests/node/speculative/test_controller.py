@@ -371,18 +371,6 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
 
 
-def test_a_draining_batch_verifies_no_step_whose_drafts_are_all_for_sequences_ahead():
-    """Drafts for sequences that do not bound the batch move rows of later steps, which happen
-    anyway, into this one: a kept token saves a row and costs one, a rejected one costs one. So
-    once no request waits, a step whose only drafts are theirs verifies nothing, however sure
-    they are; while requests wait, every kept token frees a slot sooner and they draft."""
-    limits = [(8, 8)] * 16
-    assert planned(0.012, 0.003, [0.99, 0.0], left=[10, 40], draining=0, endings=limits) == ([0, 0], 0)
-    assert planned(0.012, 0.003, [0.99, 0.0], left=[10, 40], endings=limits)[0][0] > 0
-    # where sequences mostly stop at their end of text, what they have left tells nothing
-    assert planned(0.012, 0.003, [0.99, 0.0], left=[10, 40], draining=0, endings=[(40, 3)] * 16)[0][0] > 0
-
-
 def ran_to_their_limit(controller: Controller, n: int = 16) -> None:
     """n earlier sequences that each generated all they had left at their last ask (their
     max_tokens was their end), so the planner takes what a sequence has left to bound it."""
