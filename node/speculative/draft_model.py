@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 PADDING_MAX = 128       # extra ids one vocabulary may have at its end
 COST_EMA = 0.2
 BATCH = 512
-DRAFT_SALT = 0x5EED_D0AF  # draft draws use a seed of their own, derived from the sequence's
+DRAFT_SALT = 0x5EED_D0AF  # an unseeded request's draft draws use a seed of their own, derived from its sequence's
 
 
 class VocabularyMismatch(ModelLoadError):
