@@ -25,6 +25,7 @@ from typing import Sequence
 
 from node.engine.hooks import Draft, DraftSeq
 from node.speculative.groups import GroupStates
+from node.speculative.source import agreeing_run
 
 MIN_N = 2
 MAX_N = 6
@@ -78,7 +79,7 @@ class PromptLookup:
                 continue
             tokens = tuple(stream[hit[1]:hit[1] + k])
             if tokens:
-                return Draft(tokens, self.name, match=_run(stream, hit[1], context, n))
+                return Draft(tokens, self.name, match=agreeing_run(stream, hit[1], context, n, MAX_RUN))
         return None
 
     def peek(self, seq: DraftSeq, tail: Sequence[int], k: int) -> tuple[int, ...]:
@@ -102,14 +103,3 @@ class PromptLookup:
             group.streams[seq.key] = tuple(tokens)  # its whole text, for members joining later
         self._table.end(seq)
 
-
-def _run(stream: Sequence[int], end: int, context: Sequence[int], n: int) -> int:
-    """How many tokens before `end` in `stream` agree with the context's last ones (the matched
-    n-gram and as far back as the two keep agreeing, up to MAX_RUN): a copy under way has a
-    long run, a phrase that recurs by chance a short one, and the controller learns each apart
-    (`Draft.match`)."""
-    run, length = n, len(context)
-    limit = min(MAX_RUN, end, length)
-    while run < limit and stream[end - 1 - run] == context[length - 1 - run]:
-        run += 1
-    return run

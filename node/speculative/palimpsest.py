@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from node.engine.hooks import Draft, DraftSeq
+from node.speculative.source import agreeing_run
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +160,7 @@ class Palimpsest:
         best, cands = 0, []
         for sid, pos in reversed(chain):  # newest first: max() below keeps the first of equal counts
             stream = streams[sid]
-            m = KEY_N
-            limit = min(MAX_MATCH, pos, length)
-            while m < limit and stream[pos - 1 - m] == context[length - 1 - m]:
-                m += 1
+            m = agreeing_run(stream, pos, context, KEY_N, MAX_MATCH)
             if m > best:
                 best, cands = m, [(stream, pos)]
             elif m == best:

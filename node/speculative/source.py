@@ -26,3 +26,16 @@ class DraftSource(Protocol):
         """Up to k tokens likely to follow `context` (prompt + output so far), or None."""
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None: ...
+
+
+def agreeing_run(stream: Sequence[int], end: int, context: Sequence[int], known: int, longest: int) -> int:
+    """How many tokens before `end` in `stream` agree with the context's last ones, the first
+    `known` of them already matched (an indexed n-gram), counted back as far as the two keep
+    agreeing and at most `longest`: the match a source reports (`Draft.match`). A copy under way
+    has a long run, a phrase met by chance a short one."""
+    run, length = known, len(context)
+    limit = min(longest, end, length)
+    while run < limit and stream[end - 1 - run] == context[length - 1 - run]:
+        run += 1
+    return run
+

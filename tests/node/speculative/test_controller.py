@@ -27,6 +27,15 @@ class Fixed:
         return Draft(self.tokens[:k], self.name) if self.tokens else None
 
 
+class Matching(Fixed):
+    """A source always proposing the same tokens, saying it matched `match` context tokens."""
+
+    match = 0
+
+    def propose(self, seq, context, k):
+        return Draft(self.tokens[:k], self.name, match=self.match)
+
+
 def linear(per_step: float = 0.012, per_token: float = 0.0012) -> CostCurve:
     return CostCurve({n: per_step + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)})
 
@@ -456,12 +465,6 @@ def test_sampled_acceptance_is_learned_apart_from_greedy():
 
 
 def test_a_long_match_is_trusted_apart_from_a_short_one():
-    class Matching(Fixed):
-        match = 0
-
-        def propose(self, seq, context, k):
-            return Draft(self.tokens[:k], self.name, match=self.match)
-
     source = Matching("src", tuple(range(16)))
     controller = Controller([source], ControllerConfig(max_draft=16), costs=linear(0.012, 0.003))
     seq = DraftSeq(1, 1, (), False)
@@ -483,12 +486,6 @@ def test_a_fresh_node_drafts_a_long_match_long_at_once_and_a_short_one_short():
     """No draft judged yet: a 24-token match starts from what the run says (node/speculative/
     controller.py `_run_prior`) and drafts every position at once; a 2-token match, and any
     match of a sampled sequence, start from the source's prior and draft a few."""
-    class Matching(Fixed):
-        match = 0
-
-        def propose(self, seq, context, k):
-            return Draft(self.tokens[:k], self.name, match=self.match)
-
     lengths = {}
     for match, sampled in ((24, False), (9, False), (2, False), (24, True)):
         source = Matching("src", tuple(range(16)))
@@ -505,11 +502,9 @@ def test_a_fresh_node_drafts_a_long_match_long_at_once_and_a_short_one_short():
 def test_a_long_match_that_is_not_kept_loses_its_head_start():
     """The run's estimates are a start, not a floor: a class of long matches whose drafts are
     rejected learns to draft little."""
-    class Matching(Fixed):
-        def propose(self, seq, context, k):
-            return Draft(self.tokens[:k], self.name, match=24)
-
-    controller = Controller([Matching("src", tuple(range(16)))], ControllerConfig(max_draft=16), costs=linear())
+    source = Matching("src", tuple(range(16)))
+    source.match = 24
+    controller = Controller([source], ControllerConfig(max_draft=16), costs=linear())
     lengths = run(controller, 60, lambda n: 0)
     assert lengths[0] == 16 and sum(lengths[-30:]) <= 6
 
