@@ -307,7 +307,7 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
             return min(ones), min(alls), one_stats, all_stats
 
         t1, t5, s1, s5 = asyncio.run(rounds())
-        return t1, t5, s1, s5, engine_line(own)
+        return t1, t5, s1, s5, engine_costs(own)
     finally:
         own.close()
 
@@ -329,8 +329,9 @@ def _breakdown(d: dict) -> str:
             f"{d['sibling_drafted']} kept {d['sibling_kept']}")
 
 
-def engine_line(engine):
-    return engine.config.speculator.costs.line()
+def engine_costs(engine):
+    """The engine's cost curve: its line, bent to the sizes its calibration measured."""
+    return engine.config.speculator.costs
 
 
 def case_fleet(engine_a, args) -> list[str]:
@@ -429,7 +430,7 @@ def case_users4(engine, args) -> list[str]:
     finals: tuple[list, list] = ([], [])
     off, on, verdict = versus(engine, list(REPETITIVE_MIX), args.tokens, args.rounds, True, finals=finals)
     lines = [row("4 users, repetitive mix (aggregate)", off, on,
-                 f"{verdict}; {saved(finals[1])}; {concurrent_ceiling(engine_line(engine), *finals)}", ">= 1.7x")]
+                 f"{verdict}; {saved(finals[1])}; {concurrent_ceiling(engine_costs(engine), *finals)}", ">= 1.7x")]
     # the non-repetitive mix gets new requests each round (the Palimpsest knows the answers of the
     # rounds before), one run a mode, in turn first and second (a drift of the host's speed
     # within a round then favours neither mode); each round's ratio is its own
@@ -440,7 +441,7 @@ def case_users4(engine, args) -> list[str]:
         ratios.append(on / off)
         lines.append(row(f"4 users, non-repetitive mix, round {r + 1}", off, on,
                          f"{'on' if r % 2 else 'off'} first; {verdict}; {saved(finals[1])}; "
-                         f"{concurrent_ceiling(engine_line(engine), *finals)}", ">= 1.2x, never < 1.0x"))
+                         f"{concurrent_ceiling(engine_costs(engine), *finals)}", ">= 1.2x, never < 1.0x"))
     lines.append(f"{'4 users, non-repetitive, all rounds':34s} geometric mean {statistics.geometric_mean(ratios):.2f}x "
                  f"(rounds {min(ratios):.2f}x-{max(ratios):.2f}x)")
     return lines
@@ -497,7 +498,7 @@ def main() -> int:
         timed(engine, ["Hello"], 4, False)  # warm-up
         costs = controller.costs
         print(f"verify cost line ({'measured' if costs.measured else 'default: calibration did not finish'}): "
-              f"{costs.line().describe()}")
+              f"{costs.describe()}")
         print("  its medians: " + ", ".join(f"{n} tok {sec * 1000:.1f} ms" for n, sec in sorted(costs.points.items())))
         for name in args.cases.split(","):
             for line in CASES[name.strip()](engine, args):

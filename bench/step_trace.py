@@ -86,8 +86,8 @@ def main() -> int:
         while not controller.costs.measured and time.monotonic() < deadline:
             time.sleep(0.1)
         timed(engine, ["Hello"], 4, False)
-        line = controller.costs.line()
-        print(f"cost line: {line.describe()}")
+        line = controller.costs
+        print(f"cost curve: {line.describe()}")
         texts = list(REPETITIVE_MIX if args.mix == "repetitive" else PROSE)
         timed(engine, texts, args.tokens, False, True)
         for r in range(args.rounds):

@@ -62,11 +62,13 @@ DRIFT = 1.5          # scale this far from 1 means the host changed speed
 DRIFT_STEPS = 32     # for this many steps in a row
 RECALIBRATE_MIN_S = 30.0   # the first drift recalibration at most this soon after the last one,
 RECALIBRATE_MAX_S = 1800.0  # each further one twice as late, up to this
+BEND_LIMITS = (0.85, 1.2)  # a calibrated size's bend is held within these (a median that met a burst)
+BEND_NOISE = 0.03          # a size within this share of the shape is on it
 
 
 class CostCurve:
-    """seconds(n) = (intercept + slope * n + the staircase's tail where n is off its tile) * scale:
-    a line or a staircase fitted robustly to measured steps."""
+    """seconds(n) = (intercept + slope * n + the staircase's tail where n is off its tile) * bend(n)
+    * scale: a line or a staircase fitted robustly to measured steps, bent to the sizes measured."""
 
     def __init__(self, points: dict[int, float] | None = None, *, fixed: bool = False) -> None:
         # the shape of a one-token step of ~13 ms on a quiet 2-core host until calibrated:
@@ -75,6 +77,7 @@ class CostCurve:
         self.scale = 1.0
         self.measured = False
         self.points: dict[int, float] = {}
+        self.bends: dict[int, float] = {}  # calibrated size -> measured / shape
         if points:
             self.fit(points)
         self.fixed = fixed  # neither calibrated nor scaled (tests that must not depend on the host)
@@ -109,10 +112,12 @@ class CostCurve:
         physically bounded)."""
         self._adopt(fit_steps(points), points)
 
-    def _adopt(self, line: CostLine | None, points: dict[int, float]) -> None:
+    def _adopt(self, line: CostLine | None, points: dict[int, float], bends: dict[int, float] | None = None) -> None:
+        """Take the shape `line`; the bends are `bends` if given, else what `points` measured against it."""
         if line is None:
             return
         self.shape = dataclasses.replace(line, per_step=max(line.per_step, 1e-5), clamped=False)
+        self.bends = dict(bends) if bends is not None else _bends(self.shape, points)
         self.points, self.measured, self.scale = dict(points), True, 1.0
         self._drift_steps = 0
         if line.clamped:
@@ -166,7 +171,25 @@ class CostCurve:
         return self._start_rate
 
     def seconds(self, n_tokens: int) -> float:
-        return self.shape.seconds(n_tokens) * self.scale
+        return self.shape.seconds(n_tokens) * self.bend(n_tokens) * self.scale
+
+    def bend(self, n_tokens: int) -> float:
+        """What a step of this many tokens costs against the shape: its calibrated bend, or its
+        calibrated neighbours' on the same side of the tile, interpolated (the nearer one past
+        the sizes calibrated; 1 with none)."""
+        n = max(1, n_tokens)
+        exact = self.bends.get(n)
+        if exact is not None:
+            return exact
+        side = self.shape.off_tile(n)
+        alike = [m for m in self.bends if self.shape.off_tile(m) == side and m != 1]
+        below = max((m for m in alike if m < n), default=None)
+        above = min((m for m in alike if m > n), default=None)
+        if below is None or above is None:
+            nearest = below if above is None else above
+            return self.bends[nearest] if nearest is not None else 1.0
+        w = (n - below) / (above - below)
+        return self.bends[below] * (1 - w) + self.bends[above] * w
 
     def row_seconds(self) -> float:
         """What one more token with logits costs on the line, the staircase aside."""
@@ -194,9 +217,10 @@ class CostCurve:
             self._refit()
 
     def _refit(self) -> None:
-        """A candidate line through the recent steps' medians by size; adopted when the window
-        before gave one that agrees (a lasting change, not a burst)."""
-        points = {n: statistics.median(d) for n, d in self._recent.items() if len(d) >= MIN_RECENT}
+        """A candidate line through the recent steps' medians by size, their bends taken out;
+        adopted when the window before gave one that agrees (a lasting change, not a burst). The
+        bends stay the calibration's."""
+        points = {n: statistics.median(d) / self.bend(n) for n, d in self._recent.items() if len(d) >= MIN_RECENT}
         candidate = self._recent_fit(points)
         if candidate is None:
             return
@@ -204,7 +228,7 @@ class CostCurve:
         if previous is None or abs(candidate.per_token - previous.per_token) > AGREE * max(previous.per_token, 1e-4):
             return
         before = (self.intercept * self.scale, self.slope * self.scale)
-        self._adopt(candidate, points)
+        self._adopt(candidate, points, self.bends)
         self.refits += 1
         if abs(self.slope - before[1]) > AGREE * max(before[1], 1e-4):
             log.info("verify cost curve refitted from recent steps: %.1f ms + %.2f ms per token (was %.1f + %.2f)",
@@ -235,8 +259,26 @@ class CostCurve:
         return (not self.fixed and self._drift_steps >= DRIFT_STEPS
                 and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
 
+    def describe(self) -> str:
+        """The line as it stands, and the calibrated sizes off it."""
+        off = ", ".join(f"{n} {b:.2f}x" for n, b in sorted(self.bends.items()) if b != 1.0)
+        return self.line().describe() + (f"; sizes measured off it: {off}" if off else "")
+
     def table(self) -> dict[int, float]:
         return {n: self.seconds(n) for n in (1, 2, 4, 8, 16, 32, 64)}
+
+
+def _bends(shape: CostLine, points: dict[int, float]) -> dict[int, float]:
+    """Each measured size's time against the shape, within BEND_LIMITS; 1 for sizes on it (within
+    BEND_NOISE)."""
+    bends: dict[int, float] = {}
+    for n, seconds in points.items():
+        on_shape = shape.seconds(n)
+        if on_shape <= 0 or seconds <= 0:
+            continue
+        ratio = min(BEND_LIMITS[1], max(BEND_LIMITS[0], seconds / on_shape))
+        bends[n] = ratio if abs(ratio - 1.0) > BEND_NOISE else 1.0
+    return bends
 
 
 def _shapes(n_parallel: int, max_draft: int) -> dict[int, tuple[int, int]]:

@@ -9,7 +9,7 @@ import pytest
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
 from node.speculative.controller import (ANY, BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig,
                                          _match_class)
-from node.speculative.costs import CostCurve
+from node.speculative.costs import BEND_LIMITS, CostCurve
 
 
 class Fixed:
@@ -60,6 +60,7 @@ def run(controller: Controller, n_steps: int, accepted_of) -> list[int]:
 def test_cost_curve_fits_a_line_that_one_disturbed_step_does_not_bend_and_follows_the_host():
     curve = CostCurve({1: 0.011, 2: 0.012, 4: 0.014, 8: 0.018, 12: 0.9, 16: 0.026})  # 12: another process ran
     assert abs(curve.slope - 0.001) < 1e-9 and abs(curve.seconds(3) - 0.013) < 1e-9
+    assert curve.seconds(12) == pytest.approx(0.022 * BEND_LIMITS[1])  # its own bend, held to the limit
     for _ in range(200):
         curve.observe(4, 0.028)  # the host got twice as slow
     assert 1.9 < curve.scale < 2.05 and abs(curve.seconds(1) / 0.011 - curve.scale) < 1e-6

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from node.engine.cost_line import fit_line, fit_steps
 from node.engine.hooks import DraftAsk, DraftSeq
 from node.speculative.controller import ANY, Controller, ControllerConfig
-from node.speculative.costs import PROBE_SIZES, REFIT_EVERY, CostCurve
+from node.speculative.costs import BEND_NOISE, PROBE_SIZES, REFIT_EVERY, CostCurve
 from tests.node.speculative.test_controller import Own
 
 # ms by tokens with logits in one step, one sequence, 80 tokens of context (min of 7)
@@ -110,3 +112,49 @@ def test_on_a_staircase_a_batch_of_four_drafts_a_whole_tile_or_nothing():
     # drafts that are kept: rows to a multiple of the tile
     for acceptance in ([0.95, 0.9, 0.0, 0.0], [0.97, 0.97, 0.97, 0.97], [0.9, 0.5, 0.3, 0.0]):
         assert (4 + sum(plan_lengths(stairs, acceptance))) % 4 == 0, acceptance
+
+
+# the engine's calibration medians on the AMX-trapping Xeon, empty slots: 8 rows cost 4 ms more
+# than the staircase through every size says, 32 rows 6 ms less
+XEON_CALIBRATED_MS = {1: 23.4, 2: 26.0, 3: 29.3, 4: 32.9, 5: 48.5, 6: 53.0, 7: 56.7, 8: 50.8, 9: 67.0, 12: 60.7,
+                      16: 73.9, 17: 92.6, 32: 123.1, 68: 268.3}
+XEON_CALIBRATED = {n: ms / 1000 for n, ms in XEON_CALIBRATED_MS.items()}
+
+
+def unbent(points: dict[int, float]) -> CostCurve:
+    curve = CostCurve(dict(points), fixed=True)
+    curve.bends = {}
+    return curve
+
+
+def test_the_curve_prices_each_calibrated_size_at_what_it_measured_and_the_rest_between_their_neighbours():
+    curve = CostCurve(dict(XEON_CALIBRATED), fixed=True)
+    assert curve.tile == 4 and abs(unbent(XEON_CALIBRATED).seconds(8) - 0.0466) < 0.001  # the shape alone
+    for n, seconds in XEON_CALIBRATED.items():
+        assert curve.seconds(n) == pytest.approx(seconds, rel=BEND_NOISE), n
+    # 24 rows (on the tile) between 16 and 32; 10 rows (off it) between 9 and 17, not between 8 and 12
+    assert curve.bend(24) == pytest.approx((curve.bend(16) + curve.bend(32)) / 2)
+    assert curve.bend(10) == pytest.approx(curve.bend(9) + (curve.bend(17) - curve.bend(9)) / 8)
+    assert curve.seconds(10) > curve.seconds(12)
+
+
+def test_the_bends_follow_the_host_and_survive_refits():
+    curve = CostCurve()
+    curve.calibrate(lambda n_seqs, k: XEON_CALIBRATED[n_seqs * (k + 1)], 4, 16, budget_s=60)
+    bend8 = curve.bend(8)
+    assert bend8 > 1.05
+    for i in range(4 * REFIT_EVERY):  # four users on a host 1.5x as slow: steps of 4 and 8 rows
+        n = (4, 8)[i % 2]
+        curve.observe(n, 1.5 * XEON_CALIBRATED[n])
+    assert curve.refits >= 1 and curve.bend(8) == bend8
+    assert curve.seconds(8) == pytest.approx(1.5 * XEON_CALIBRATED[8], rel=0.05)
+    assert curve.seconds(4) == pytest.approx(1.5 * XEON_CALIBRATED[4], rel=0.05)
+
+
+def test_four_users_with_even_odds_draft_nothing_where_eight_rows_cost_more_than_the_line_says():
+    # each of four users has a one-token draft kept half the time: on the line, 4 rows more
+    # cost 13.7 ms and buy 2 tokens (a step of 4 is 32.9 ms), so the plan drafts; they cost 17.9
+    bent = CostCurve(dict(XEON_CALIBRATED), fixed=True)
+    assert plan_lengths(unbent(XEON_CALIBRATED), [0.5] * 4) == [1, 1, 1, 1]
+    assert plan_lengths(bent, [0.5] * 4) == [0, 0, 0, 0]
+    assert plan_lengths(bent, [0.7] * 4) == [2, 2, 2, 2]  # 12 rows cost 60.7 ms: two each pays
