@@ -34,7 +34,8 @@ batch and the others draft only where a row is nearly free. Where several bound 
 (requests started together), it gets shorter by the least any of them keeps: their kept tokens
 count as far as the weakest's, and a plan where each of them drafts to the same length is
 weighed beside the ranked one.
-A plan that does not beat plain decoding by MARGIN verifies nothing. Drafts never take the
+A plan that does not beat plain decoding by MARGIN, or whose drafts do not buy their kept
+tokens ROW_MARGIN faster than plain decoding makes tokens, verifies nothing. Drafts never take the
 share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
 gets what the drafts leave.
 
@@ -70,7 +71,7 @@ from typing import Callable, Sequence
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
 from node.speculative.costs import CostCurve
-from node.speculative.draining import Draining, expected_rate
+from node.speculative.draining import Draining, draft_return
 from node.speculative.palimpsest import Palimpsest
 from node.speculative.source import DraftSource
 from node.speculative.stats import SpeculationStats
@@ -85,6 +86,7 @@ BACKOFF_START = 32    # steps before the first re-probe
 BACKOFF_MAX = 4096
 PROBE_TOKENS = 3
 MARGIN = 1.02         # a plan with drafts must promise this much more throughput than none
+ROW_MARGIN = 0.25     # and its drafts must buy kept tokens this much faster than plain decoding makes them
 PREFILL_SHARE = 0.5   # the share of the step's token budget drafts leave to a waiting prompt
 ANY = -1              # the match class of the estimate over every match
 SHADOWS = 8           # unverified proposals followed at once, per source and sequence
@@ -216,7 +218,8 @@ class Controller:
                 own.start = len(ask.context) if own.start < 0 else own.start
                 own.asked += 1
                 own.left, own.context = ask.left, len(ask.context)
-        drain = self._draining(n, asks, draining, row_s, plain)
+        promised = {key: own.promise for key, own in self._seqs.items() if own.promise > 0}  # at the step before
+        drain = self._draining(n, asks, draining, row_s, plain, promised)
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             if own is None:
@@ -226,17 +229,23 @@ class Controller:
             if room <= 0:
                 continue
             option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints, proposals,
-                                       drain.worth(ask.seq.key) if drain is not None else 1.0)
+                                       drain.worth(ask.seq.key) if drain is not None else 1.0,
+                                       drain.worth_bound() if drain is not None and ask.seq.key in drain.lifted
+                                       else None)
             if option is not None:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
-        if drain is not None:  # the bound gets ahead as far as the least of it: plan again on what it drafts
-            for _ in range(len(drain.bound) + 1):
-                if not drain.together(chosen, {key: len(d.tokens) for key, d in drafts.items()}):
-                    break
+        if drain is not None:
+            drafts, rows = self._drain_plan(chosen, drafts, drain, n, row_s, plain, rows_left)
+            unkept = drain.lifted - set(drafts)  # promises the plan does not act on
+            again = self._draining(n, asks, draining, row_s, plain,
+                                   {key: v for key, v in promised.items() if key not in unkept}) if unkept else None
+            if again is not None and again.bound != drain.bound:
+                for o in chosen:
+                    o.reweigh(drain.worth(o.seq.key), again.worth(o.seq.key))
                 drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
-            drafts, rows = drain.level(chosen, drafts, n, row_s, plain * MARGIN, rows_left, self.costs.seconds)
+                drafts, rows = self._drain_plan(chosen, drafts, again, n, row_s, plain, rows_left)
         for ask, own, draft in proposals:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
@@ -254,24 +263,44 @@ class Controller:
         return StepPlan(drafts, max(0, min(prefill, budget - rows)),
                         {key: token for key, token in hints.items() if key not in drafts})
 
+    def _drain_plan(self, chosen: list[_Option], drafts: dict[int, Draft], drain: Draining, n: int, row_s: float,
+                    plain: float, rows_left: int) -> tuple[dict[int, Draft], int]:
+        """The plan once no request waits: the bound gets ahead as far as the least of it, so plan
+        again on what it drafts, then weigh the bound drafting to one length (`Draining.level`)."""
+        for _ in range(len(drain.bound) + 1):
+            if not drain.together(chosen, {key: len(d.tokens) for key, d in drafts.items()}):
+                break
+            drafts, _ = self._allocate(chosen, n, row_s, plain, rows_left)
+        return drain.level(chosen, drafts, n, row_s, self._pays(n), rows_left, self.costs.seconds)
+
     def _draining(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
-                  plain: float) -> Draining | None:
+                  plain: float, promised: dict[int, float]) -> Draining | None:
         """What a kept token of each asking sequence is worth once no request waits
         (node/speculative/draining.py; None while one does: then every one is worth 1). The
         weights count in proportion to how often the last ENDINGS sequences ran to their
-        max_tokens (Laplace's rule: a half with no history)."""
+        max_tokens (Laplace's rule: a half with no history). `promised`: the tokens a step each
+        sequence's drafts promised when it last asked.
+
+        `plan` leaves out the promise of a sequence that the plan made on it gives no draft.
+        Its promise took it out of the bound (`Draining.lifted`), so its kept tokens were worth
+        their rows alone and no rows went to it: a pace nobody acts on. Counted anyway, four
+        requests started together, three with long matches, gave every row to the one taken for
+        the bound, then to the next, in turn, while the batch went at the pace of the fourth,
+        which had nothing to draft. So `plan` plans again without those promises."""
         paces = {ask.seq.key: own.pace(len(ask.context)) for ask in asks
                  for own in [self._seqs.get(ask.seq.key)] if own is not None}
-        promised = {key: own.promise for key, own in self._seqs.items() if own.promise > 0}
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
         return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
-                     proposals: list[tuple[DraftAsk, _SeqState, Draft]], worth: float = 1.0) -> _Option | None:
+                     proposals: list[tuple[DraftAsk, _SeqState, Draft]], worth: float = 1.0,
+                     bound_worth: float | None = None) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
         at plain decoding's rate (a probing source's draft whatever it is worth); each kept
-        token counts `worth` tokens of plain decoding (`_draining`). A source that
+        token counts `worth` tokens of plain decoding (`_draining`). A sequence whose promise
+        took it out of the bound keeps its option where it would pay at `bound_worth`, as the
+        plan may count it in the bound again (`_draining`'s `unkept`). A source that
         costs nothing to ask is asked for one token more than the room: the token after the
         draft's last becomes its hint (`Draft.after`). The first proposal's first token is the
         sequence's hint in `hints` should no draft of it be verified."""
@@ -307,9 +336,9 @@ class Controller:
                 j = min(len(draft.tokens), PROBE_TOKENS)
                 state.probing, state.after_probe = False, True
                 return _Option(ask.seq, state, draft.head(j), gains[:j], cost, j)
-            surplus, value = 0.0, 0.0
+            surplus, value, scale = 0.0, 0.0, max(worth, bound_worth or 0.0) / worth if worth > 0 else 1.0
             for g in gains:
-                surplus += g - plain * cost
+                surplus += g * scale - plain * cost
                 value = max(value, surplus)
             if value > 0:
                 worthy.add(state.source.name)  # it pays, whether or not another source's draft pays more
@@ -351,11 +380,13 @@ class Controller:
             reach[id(o)] = i + 1
             order.append((o, i))
         best, best_rate = 0, tokens / (self.costs.seconds(n + rows) + making)
+        pays, base = self._pays(n), self.costs.seconds(n)
         for m, (o, i) in enumerate(order, 1):
             tokens += o.gains[i]
             making += o.cost - row_s
-            rate = tokens / (self.costs.seconds(n + rows + m) + making)
-            if rate > best_rate:
+            seconds = self.costs.seconds(n + rows + m) + making
+            rate = tokens / seconds
+            if rate > best_rate and (rows > 0 or pays(tokens - n, seconds - base)):  # probes in: rate alone
                 best, best_rate = m, rate
         for o, i in order[:best]:
             taken[id(o)] = i + 1
@@ -363,9 +394,24 @@ class Controller:
         lengths = {o.seq.key: j for o in options if (j := taken[id(o)]) and (o.forced or j >= floor)}
         drafts = {o.seq.key: o.draft.head(lengths[o.seq.key]) for o in options if o.seq.key in lengths}
         if drafts and not any(o.forced for o in options) and \
-                expected_rate(options, lengths, n, row_s, self.costs.seconds) < plain * MARGIN:
+                not pays(*draft_return(options, lengths, n, row_s, self.costs.seconds)):
             return {}, 0
         return drafts, sum(lengths.values())
+
+    def _pays(self, n: int) -> Callable[[float, float], bool]:
+        """Whether drafts that keep `kept` tokens (plain tokens' worth) and add `extra` seconds
+        to a step of n decoding rows beat plain decoding: the step's rate by MARGIN, and the
+        drafts' own rate (kept tokens over their seconds) by ROW_MARGIN. The second bar is for
+        drafts that are worth little each, such as those of sequences ahead of the one that
+        bounds a draining batch: their estimates are the highest of many noisy ones (the plan
+        picks them for it), so a plan that only just beats plain decoding on them loses on the
+        run."""
+        base = self.costs.seconds(n)
+        plain = n / base
+
+        def pays(kept: float, extra: float) -> bool:
+            return (n + kept) / (base + extra) >= plain * MARGIN and kept >= plain * (1 + ROW_MARGIN) * extra
+        return pays
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         state = self._sources.get(draft.source)
@@ -581,3 +627,9 @@ class _Option:
     value: float = 0.0
     chances: list[float] | None = None  # each position's chance to be kept (node/speculative/draining.py)
     least: float | None = None          # the least kept by the bound its gains were last weighed for
+
+    def reweigh(self, worth: float, now: float) -> None:
+        """Its kept tokens, counted `worth` plain tokens each, are now worth `now`."""
+        chances = self.chances if self.chances is not None else [g / worth for g in self.gains]
+        self.gains, self.chances, self.least = [p * now for p in chances], None, None
+

@@ -44,13 +44,22 @@ def expected_rate(options: Sequence[Weighed], lengths: dict[int, int], n: int, r
     """A step's expected tokens a second where each sequence drafts `lengths` of its draft (by
     sequence key) beside n decoding rows: the rows priced on the cost curve as a whole
     (`seconds`: a step of so many rows), and each draft's making beyond its rows."""
-    tokens, rows, making = float(n), 0, 0.0
+    kept, extra = draft_return(options, lengths, n, row_s, seconds)
+    return (n + kept) / (seconds(n) + extra)
+
+
+def draft_return(options: Sequence[Weighed], lengths: dict[int, int], n: int, row_s: float,
+                 seconds: Callable[[int], float]) -> tuple[float, float]:
+    """What the drafts in `lengths` buy and cost beside n decoding rows: (their expected kept
+    tokens, in plain tokens' worth; the seconds they add to the step, rows on the cost curve and
+    making beyond the rows)."""
+    kept, rows, making = 0.0, 0, 0.0
     for o in options:
         j = lengths.get(o.seq.key, 0)
-        tokens += sum(o.gains[:j])
+        kept += sum(o.gains[:j])
         rows += j
         making += (o.cost - row_s) * j
-    return tokens / (seconds(n + rows) + making)
+    return kept, seconds(n + rows) - seconds(n) + making
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,8 @@ class Draining:
     row_share: float     # a row, per plain token
     binding: float       # how far the tokens sequences have left predict when they end
     kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
+    headroom: float = float("inf")  # tokens the bound may keep before the next sequence bounds the batch
+    lifted: frozenset[int] = frozenset()  # sequences in the bound at their past pace, out of it at their promise
 
     @classmethod
     def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,
@@ -89,16 +100,25 @@ class Draining:
             return None
         most = max(max(togo.values()), float(draining))
         bound = frozenset(key for key, steps in togo.items() if steps >= most - 1.0)
+        past = {key: ask.left / paces[key] for ask in asks for key in [ask.seq.key] if key in paces}
+        most_past = max(max(past.values()), float(draining))
+        lifted = frozenset(key for key, steps in past.items() if steps >= most_past - 1.0) - bound
+        runner_up = max([steps for key, steps in togo.items() if key not in bound] + [float(draining)])
+        headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)  # the slowest bound one's tokens
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
         return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding,
-                   {key: paces[key] - 1.0 for key in bound})
+                   {key: paces[key] - 1.0 for key in bound}, headroom, lifted)
 
     def worth(self, key: int, covered: float = 1.0) -> float:
         """A kept token of sequence `key`, where the rest of the bound gets as far with chance
         `covered`."""
         share = self.row_share + (self.fixed_share * covered if key in self.bound else 0.0)
         return 1.0 + self.binding * (share - 1.0)
+
+    def worth_bound(self) -> float:
+        """A kept token of a sequence that bounds the batch, the rest of the bound getting as far."""
+        return 1.0 + self.binding * (self.row_share + self.fixed_share - 1.0)
 
     def together(self, options: Sequence[Weighed], drafted: dict[int, int]) -> bool:
         """Reweigh the drafts of bounding sequences by how far the rest of the bound moves too
@@ -111,8 +131,12 @@ class Draining:
         the larger of its draft's expected kept tokens in this plan and what it kept a step so
         far: a sequence that drafts well but has no draft this step keeps pace over the run,
         while one that never drafts (prose, nothing to match) holds the others to their rows'
-        worth. Sequences that draft alike weigh as in an open batch."""
-        if len(self.bound) < 2:
+        worth. Sequences that draft alike weigh as in an open batch.
+
+        Nor does the batch get shorter than the sequence next behind the bound (or one that does
+        not draft) needs: kept tokens beyond that headroom count their rows alone, for a bound of
+        one as for several."""
+        if len(self.bound) < 2 and self.headroom == float("inf"):
             return False
         members = [o for o in options if o.seq.key in self.bound and o.gains]
         kept = {key: self.kept_so_far.get(key, 0.0) for key in self.bound}
@@ -122,7 +146,9 @@ class Draining:
                 whole = self.worth(o.seq.key)
                 chances = o.chances = [g / whole for g in o.gains]
             kept[o.seq.key] = max(kept[o.seq.key], sum(chances[:drafted.get(o.seq.key, 0)]))
-        least = min(kept.values())
+        least = min(min(kept.values()) if len(self.bound) > 1 else float("inf"), self.headroom)
+        if least == float("inf"):
+            return False
         rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
         changed = False
         for o in members:
@@ -137,11 +163,12 @@ class Draining:
             o.gains, o.least, changed = gains, least, True
         return changed
 
-    def level(self, options: Sequence[Weighed], drafts: dict[int, Draft], n: int, row_s: float, floor: float,
-              rows_left: int, seconds: Callable[[int], float]) -> tuple[dict[int, Draft], int]:
+    def level(self, options: Sequence[Weighed], drafts: dict[int, Draft], n: int, row_s: float,
+              pays: Callable[[float, float], bool], rows_left: int,
+              seconds: Callable[[int], float]) -> tuple[dict[int, Draft], int]:
         """The plan `drafts`, or one where every sequence of a tied bound drafts to the same
         length, if that gives the step more expected tokens a second (`seconds`: a step of so
-        many rows; `floor`: the rate a plan must beat). Ranking positions one by one cannot see
+        many rows; `pays(kept, extra seconds)`: whether drafts beat plain decoding). Ranking positions one by one cannot see
         that a draft which does not pay alone (the bound's weakest) is what lets the others'
         drafts shorten the batch. (drafts by sequence key, rows taken)."""
         members = [o for o in options if o.seq.key in self.bound]
@@ -150,10 +177,11 @@ class Draining:
 
         def rate(lengths: dict[int, int]) -> float:
             self.together(options, lengths)
-            return expected_rate(options, lengths, n, row_s, seconds)
+            kept, extra = draft_return(options, lengths, n, row_s, seconds)
+            return (n + kept) / (seconds(n) + extra) if pays(kept, extra) else 0.0
 
         now = {key: len(d.tokens) for key, d in drafts.items()}
-        best, best_rate = now, max(rate(now), floor)
+        best, best_rate = now, max(rate(now), n / seconds(n))
         others = {key: j for key, j in now.items() if key not in self.bound}
         last, falling = 0.0, 0
         for length in range(1, max(len(o.gains) for o in members) + 1):

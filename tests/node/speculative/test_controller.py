@@ -299,12 +299,14 @@ class Own:
 
 def planned(per_step: float, per_token: float, acceptance: list[float], *, budget: int = 256,
             prefill: int = 0, room: int = 16, left: list[int] | None = None,
-            draining: int | None = None, endings: list[tuple[int, int]] = ()) -> tuple[list[int], int]:
+            draining: int | None = None, endings: list[tuple[int, int]] = (),
+            promised: list[float] | None = None) -> tuple[list[int], int]:
     """(draft length per sequence, prompt tokens beside them) for sequences whose drafts are kept
     at these rates per position, on a host whose step costs per_step + per_token a row; `left`:
     the tokens each may still generate, `draining` as `Controller.plan` takes it; `endings`:
     earlier sequences, by the tokens they might still have generated when they last asked and
-    the tokens they generated from then on (as many: they ran to their max_tokens)."""
+    the tokens they generated from then on (as many: they ran to their max_tokens); `promised`:
+    the tokens a step each one's drafts promised at the step before."""
     costs = CostCurve({n: per_step + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
     controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
     for i, (left_then, generated) in enumerate(endings):
@@ -316,6 +318,8 @@ def planned(per_step: float, per_token: float, acceptance: list[float], *, budge
     for seq, p in zip(seqs, acceptance):
         controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
         controller.begin(seq)
+    for seq, promise in zip(seqs, promised or []):
+        controller._seqs[seq.key].promise = promise
     lefts = left or [0] * len(seqs)
     plan = controller.plan(len(seqs), [DraftAsk(s, [1], room, n) for s, n in zip(seqs, lefts)], prefill, budget,
                            draining)
@@ -347,7 +351,34 @@ def test_a_plan_that_does_not_beat_plain_decoding_verifies_nothing():
     # the first row buys a little more than plain decoding (0.34 tokens for 6 ms, against 1 token
     # for 18 ms) but the step's rate rises less than the margin: the step decodes plainly
     assert planned(0.012, 0.006, [0.34], prefill=8) == ([0], 8)
-    assert planned(0.012, 0.006, [0.40], prefill=8) == ([1], 8)
+    # 0.40 tokens for 6 ms: the step's rate rises by 4%, but the row buys tokens only 1.2x as fast
+    # as plain decoding, under ROW_MARGIN
+    assert planned(0.012, 0.006, [0.40], prefill=8) == ([0], 8)
+    assert planned(0.012, 0.006, [0.45], prefill=8) == ([1], 8)
+
+
+def test_a_promised_pace_counts_only_where_the_plan_drafts_for_it():
+    """Four requests started together; at the step before, three promised 3 tokens a step and
+    one (key 2) nothing. Counted as they stand, the promises take the three out of the bound and
+    every row goes to the fourth (8 rows, none to the others), then to the next one taken for
+    the bound, in turn. A promise the plan gives no draft is not a pace: planned again without
+    it, the four bound the batch alike, and where one of them cannot draft, nobody's drafts
+    shorten it."""
+    limits = [(8, 8)] * 16
+    promised = [3.0, 3.0, 1.0, 3.0]
+    assert planned(0.012, 0.003, [0.9] * 4, left=[24] * 4, draining=0, endings=limits, promised=promised) == \
+        planned(0.012, 0.003, [0.9] * 4, left=[24] * 4, draining=0, endings=limits) == ([3, 3, 3, 3], 0)
+    assert planned(0.012, 0.003, [0.9, 0.9, 0.9, 0.0], left=[24] * 4, draining=0, endings=limits,
+                   promised=promised) == ([0, 0, 0, 0], 0)
+
+
+def test_the_bound_drafts_as_far_as_the_sequence_next_behind_it():
+    """A bound of one shortens the batch only until the sequence next behind it bounds it: its
+    kept tokens beyond that count their rows alone."""
+    limits = [(8, 8)] * 16
+    lengths = [planned(0.012, 0.003, [0.9, 0.9], left=[40, behind], draining=0, endings=limits)[0][0]
+               for behind in (10, 36, 38)]
+    assert lengths[0] > lengths[1] > lengths[2] > 0
 
 
 def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
