@@ -82,6 +82,7 @@ class Draft:
     source: str
     dists: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
     match: int = 0  # context tokens the source matched to propose it (0: the source does not say)
+    echo: bool = False  # what it matched is the sequence's own output: the text repeats itself
     # The token the source expects after `tokens`: no row of its own, a hint for the row after
     # the last drafted token (a greedy choice keeps it at a near-tie, as it keeps a draft token).
     after: int | None = None
@@ -91,7 +92,7 @@ class Draft:
         if n >= len(self.tokens):
             return self
         return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None, self.match,
-                     int(self.tokens[n]))
+                     self.echo, int(self.tokens[n]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ agrees, so its acceptance is not greedy's) and by the class of the source's matc
 context tokens it matched, `Draft.match`: the Palimpsest's match length, the run prompt
 lookup's n-gram ends; a long match predicts a long kept run, as in suffix decoding, and a
 class of long matches no draft has been judged in yet starts from what the run says,
-`_run_prior`). The source's estimate
+`_run_prior`), and apart again where the match is the sequence's own output (`Draft.echo`: a
+text repeating a phrase of its own goes on as before far less often than a quote of its
+prompt, and estimates learned on quotes made prose draft rows that were not kept). The source's estimate
 is blended with the sequence's own counts of that source's drafts (its hit history); a draft
 kept whole also raises the estimate of the position after it, so lengths grow while drafts
 keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
@@ -92,6 +94,8 @@ ANY = -1              # the match class of the estimate over every match
 SHADOWS = 8           # unverified proposals followed at once, per source and sequence
 ENDINGS = 32          # sequences remembered for how often their max_tokens was their end
 RUN_CLASS = 3         # the first match class (8+ tokens) whose fresh estimates start from the run's (`_run_prior`)
+ECHO = 8              # added to the match class of a draft that matched the sequence's own output (`Draft.echo`)
+ANY_ECHO = -2         # the estimate over every echo
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,7 @@ class _Shadow:
     source: str
     tokens: tuple[int, ...]
     start: int
-    match: int
+    kind: int  # its estimates (`_kind`)
     checked: int = 0
     verified: int = 0  # its first positions went to verification: judged on from there once they were kept
 
@@ -312,7 +316,7 @@ class Controller:
             making = state.source.cost_per_token
             ask_k = room
             if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
-                ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, 0, room, worth),
+                ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, ANY, room, worth),
                                             row_s + making, n)
                 if ask_k == 0:
                     if state not in proposed:
@@ -328,7 +332,7 @@ class Controller:
             hints.setdefault(ask.seq.key, int(draft.tokens[0]))
             proposals.append((ask, own, draft))
             draft = draft.head(room)
-            gains = self._gains(state, own, ask.seq.sampled, draft.match, len(draft.tokens), worth)
+            gains = self._gains(state, own, ask.seq.sampled, _kind(draft), len(draft.tokens), worth)
             if worth > 0:
                 own.promise = max(own.promise, 1.0 + sum(gains) / worth)
             cost = row_s + making
@@ -422,18 +426,18 @@ class Controller:
         self._this_step.append((draft.source, drafted, accepted))
         own = self._seqs.get(seq.key)
         for i in range(min(drafted, accepted + 1)):
-            self._observe(state, own, seq.sampled, draft.match, i, i < accepted)
+            self._observe(state, own, seq.sampled, _kind(draft), i, i < accepted)
         if accepted == drafted:  # all kept: the next position is likely kept too
-            for match_class in _classes(draft.match):
+            for match_class in _classes(_kind(draft)):
                 p = self._table(state, seq.sampled, match_class)
                 if drafted < len(p):
                     p[drafted] += EMA * (1.0 - p[drafted])
 
-    def _observe(self, state: _SourceState, own: _SeqState | None, sampled: bool, match: int, i: int,
+    def _observe(self, state: _SourceState, own: _SeqState | None, sampled: bool, kind: int, i: int,
                  kept: bool) -> None:
         """Position i of one of the source's drafts was reached, and kept or not: the source's
-        estimates for this kind of sequence and match, and the sequence's own counts."""
-        for match_class in _classes(match):
+        estimates for this kind of sequence and match (`_kind`), and the sequence's own counts."""
+        for match_class in _classes(kind):
             p = self._table(state, sampled, match_class)
             if i < len(p):
                 p[i] += EMA * ((1.0 if kept else 0.0) - p[i])
@@ -447,7 +451,7 @@ class Controller:
         for the sequence): a draft cut short by the planner tells, once kept, whether its
         further positions would have been kept too."""
         if sum(1 for s in own.shadows if s.source == draft.source) < SHADOWS:
-            own.shadows.append(_Shadow(draft.source, tuple(draft.tokens), start, draft.match, verified, verified))
+            own.shadows.append(_Shadow(draft.source, tuple(draft.tokens), start, _kind(draft), verified, verified))
 
     def _follow(self, ask: DraftAsk, own: _SeqState) -> None:
         """Judge the sequence's shadows on the tokens it generated since they were proposed; a
@@ -472,7 +476,7 @@ class Controller:
         while shadow.checked < len(shadow.tokens) and shadow.start + shadow.checked < length:
             i = shadow.checked
             kept = int(context[shadow.start + i]) == shadow.tokens[i]
-            self._observe(state, own, ask.seq.sampled, shadow.match, i, kept)
+            self._observe(state, own, ask.seq.sampled, shadow.kind, i, kept)
             shadow.checked += 1
             if not kept:
                 return False
@@ -498,28 +502,29 @@ class Controller:
 
     def _table(self, state: _SourceState, sampled: bool, match_class: int) -> list[float]:
         """The source's per-position estimates for greedy or sampled sequences and a match class
-        (a class seen for the first time starts from the estimates over every match, raised for
+        (a class seen for the first time starts from the estimates over every match, or every
+        echo for an echo's class (quotes teach nothing of echoes), raised for
         a greedy sequence's long matches to what the matched run says (`_run_prior`); greedy or
         sampled seen for the first time from the other's, then each learns from its own)."""
         table = state.p.get((sampled, match_class))
         if table is None:
-            if match_class == ANY:  # no evidence for this kind yet: start from the other kind's, if any
-                other = state.p.get((not sampled, ANY))
+            if match_class in (ANY, ANY_ECHO):  # no evidence for this kind yet: start from the other kind's, if any
+                other = state.p.get((not sampled, match_class))
                 table = list(other) if other is not None else [state.prior] * self.config.max_draft
             else:
-                table = list(self._table(state, sampled, ANY))
-                if not sampled and match_class >= RUN_CLASS:
-                    table = [max(p, run) for p, run in zip(table, _run_prior(match_class, len(table)))]
+                table = list(self._table(state, sampled, ANY_ECHO if match_class >= ECHO else ANY))
+                if not sampled and match_class % ECHO >= RUN_CLASS:
+                    table = [max(p, run) for p, run in zip(table, _run_prior(match_class % ECHO, len(table)))]
             state.p[(sampled, match_class)] = table
         return table
 
-    def _gains(self, state: _SourceState, own: _SeqState, sampled: bool, match: int, j: int,
+    def _gains(self, state: _SourceState, own: _SeqState, sampled: bool, kind: int, j: int,
                worth: float = 1.0) -> list[float]:
         """Expected kept tokens of each of a draft's first j positions: the products p_1 .. p_i of
         the source's estimates for this kind of sequence and match, blended with the sequence's
         own counts; each counted as `worth` tokens of plain decoding (`_draining`)."""
         name = state.source.name
-        p = self._table(state, sampled, _match_class(match) if match > 0 else ANY)
+        p = self._table(state, sampled, kind)
         reached, kept = own.reached.get(name), own.kept.get(name)
         gains, chain = [], 1.0
         for i in range(min(j, len(p))):
@@ -581,9 +586,18 @@ def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
     return dataclasses.replace(draft.head(n_valid), after=None)
 
 
-def _classes(match: int) -> set[int]:
-    """The estimates a draft of this match length informs: over every match, and its own class."""
-    return {ANY, _match_class(match) if match > 0 else ANY}
+def _classes(kind: int) -> set[int]:
+    """The estimates a draft of this kind (`_kind`) informs: over every match, over every echo
+    for an echo, and its own class."""
+    return {ANY, kind, ANY_ECHO} if kind >= ECHO else {ANY, kind}
+
+
+def _kind(draft: Draft) -> int:
+    """The estimates a draft is judged by: its match class (ANY where the source does not say),
+    apart (ECHO more) where the match is the sequence's own output."""
+    if draft.match <= 0:
+        return ANY
+    return _match_class(draft.match) + (ECHO if draft.echo else 0)
 
 
 def _run_prior(match_class: int, n: int) -> list[float]:

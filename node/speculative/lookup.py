@@ -5,7 +5,10 @@ n-gram (MIN_N..MAX_N tokens) to where it last ended: the stream it is in and the
 of the token after it. Each new token adds MAX_N - MIN_N + 1 entries, so keeping the index
 current costs O(1) per token and a proposal is at most MAX_N dictionary probes, then at
 most MAX_RUN comparisons measuring how far back the context agrees with the occurrence
-found (the draft's `match`): never a scan of the context. The newest occurrence wins, so a
+found (the draft's `match`): never a scan of the context. A match inside the sequence's own
+output is an echo (`Draft.echo`): a text repeating itself, which goes on as the earlier
+occurrence did far less often than a quote of the prompt does, so the controller learns the
+two apart. The newest occurrence wins, so a
 sibling that is ahead on the same text (n > 1) drafts for the ones behind it.
 
 The context's own last n-grams are entered only after they are looked up (a suffix always
@@ -79,7 +82,8 @@ class PromptLookup:
                 continue
             tokens = tuple(stream[hit[1]:hit[1] + k])
             if tokens:
-                return Draft(tokens, self.name, match=agreeing_run(stream, hit[1], context, n, MAX_RUN))
+                return Draft(tokens, self.name, match=agreeing_run(stream, hit[1], context, n, MAX_RUN),
+                             echo=hit[0] == seq.key and hit[1] - n >= len(seq.prompt))
         return None
 
     def peek(self, seq: DraftSeq, tail: Sequence[int], k: int) -> tuple[int, ...]:

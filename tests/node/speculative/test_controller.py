@@ -28,12 +28,14 @@ class Fixed:
 
 
 class Matching(Fixed):
-    """A source always proposing the same tokens, saying it matched `match` context tokens."""
+    """A source always proposing the same tokens, saying it matched `match` context tokens (of
+    the sequence's own output where `echo`)."""
 
     match = 0
+    echo = False
 
     def propose(self, seq, context, k):
-        return Draft(self.tokens[:k], self.name, match=self.match)
+        return Draft(self.tokens[:k], self.name, match=self.match, echo=self.echo)
 
 
 def linear(per_step: float = 0.012, per_token: float = 0.0012) -> CostCurve:
@@ -512,6 +514,27 @@ def test_a_long_match_is_trusted_apart_from_a_short_one():
         plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
         lengths[match] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
     assert lengths == {24: 16, 2: 0}
+
+
+def test_an_echo_is_judged_apart_from_a_quote_of_the_same_length():
+    """Quotes of the prompt matched on 2 tokens were kept whole, echoes of the sequence's own
+    output matched on 2 tokens never: a quote drafts long, an echo nothing."""
+    source = Matching("src", tuple(range(16)))
+    source.match = 2
+    controller = Controller([source], ControllerConfig(max_draft=16), costs=linear(0.012, 0.003))
+    teacher = DraftSeq(9, 9, (), False)
+    controller.begin(teacher)
+    for _ in range(60):
+        controller.verified(teacher, Draft(tuple(range(16)), "src", match=2), 16)
+        controller.verified(teacher, Draft(tuple(range(16)), "src", match=2, echo=True), 0)
+    seq = DraftSeq(1, 1, (), False)
+    controller.begin(seq)
+    lengths = {}
+    for echo in (False, True):
+        source.echo = echo
+        plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
+        lengths[echo] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
+    assert lengths == {False: 16, True: 0}
 
 
 def test_a_fresh_node_drafts_a_long_match_long_at_once_and_a_short_one_short():

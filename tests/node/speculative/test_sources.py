@@ -25,6 +25,19 @@ def test_lookup_proposes_what_followed_the_longest_earlier_suffix():
     lookup.end(s, context)
 
 
+def test_lookup_tells_a_quote_of_the_prompt_from_an_echo_of_the_output():
+    lookup = PromptLookup()
+    prompt = [5, 1, 2, 3, 9, 9, 4]
+    s = seq(1, prompt)
+    lookup.begin(s)
+    quote = lookup.propose(s, [*prompt, 8, 1, 2], 3)  # "1 2" is in the prompt, followed by 3 9 9
+    assert quote is not None and quote.tokens == (3, 9, 9) and not quote.echo
+    output = [*prompt, 8, 1, 2, 6, 6, 0, 6, 6]  # "6 6" is in the output, followed by 0 6 6
+    echo = lookup.propose(s, output, 3)
+    assert echo is not None and echo.tokens == (0, 6, 6) and echo.echo
+    assert echo.head(2).echo  # a cut draft stays an echo
+
+
 def test_lookup_measures_the_run_its_ngram_ends():
     """The draft's match is how far back the context agrees with the occurrence found, not the
     n-gram's length: a copy under way has a long run, a recurring pair a short one."""
