@@ -10,6 +10,11 @@ The rules (the scheduler applies them each step, node/engine/scheduler.py):
   a live request arriving during a batch finds a slot at once;
 - a request whose prompt is identical to one being prefilled (same tenant) follows it: it
   reserves only its own max_tokens and is cloned from the leader when its prompt is complete;
+- a request whose prompt shares a long prefix with one being prefilled (same tenant: the same
+  document, another question) waits until the leader has computed it, at a block boundary the
+  prefix cache wants for it (`prefix_wait`), and restores it from there: the batch computes a
+  document sent four times at once once. Nobody overtakes it meanwhile; the wait is the
+  leader's prefill of that prefix, which it would otherwise have shared the steps with;
 - a fork joining a group that is already decoding (a Conclave's later candidate) goes before
   the queue's head when a member still holds its prompt but the last token: it clones that and
   draws its cells from the group's spare reservation first;
@@ -26,8 +31,9 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
+from typing import Sequence as Sequence_
 
-from node.engine.budget import KVBudget
+from node.engine.budget import KVBudget, common_prefix
 from node.engine.limits import SchedulerLimits
 from node.engine.sequence import Phase, Sequence
 from node.engine.types import INTERACTIVE
@@ -49,6 +55,16 @@ class AdmitFork:
     seq: Sequence
     own: int
     source: Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixWait:
+    """`seq` waits for `leader` to compute its prompt up to `boundary` (the leader's state is
+    stored there for it)."""
+
+    seq: Sequence
+    leader: Sequence
+    boundary: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,27 @@ def admission(queue: Iterable[Sequence], active: list[Sequence], budget: KVBudge
     if not budget.fits(prompt_cells, own + seq.spare):
         return None  # the head waits for room, nobody overtakes it
     return Admit(seq, own, leader)
+
+
+def prefix_wait(seq: Sequence, active: Iterable[Sequence], wanted: Callable[[Sequence], Sequence_[int]],
+                min_tokens: int) -> PrefixWait | None:
+    """Whether seq should wait for an active sequence prefilling a prompt that shares at least
+    `min_tokens` leading tokens with seq's (the same tenant), until that one has computed the
+    longest block boundary of the shared part the prefix cache wants for seq (`wanted`: seq's
+    boundaries the cache does not hold yet). None where no such leader is short of such a
+    boundary (nothing shared, or the leader is past it: seq prefills on its own)."""
+    best: Sequence | None = None
+    shared = 0
+    for other in active:
+        if other.phase is not Phase.PREFILL or other.request.cache_scope != seq.request.cache_scope:
+            continue
+        common = common_prefix(other.prompt, seq.prompt)
+        if common >= min_tokens and common > shared:
+            best, shared = other, common
+    if best is None:
+        return None
+    ahead = [b for b in wanted(seq) if best.n_past < b <= shared and b >= min_tokens]
+    return PrefixWait(seq, best, max(ahead)) if ahead else None
 
 
 def prefilling_leader(seq: Sequence, active: Iterable[Sequence]) -> Sequence | None:

@@ -16,3 +16,6 @@ class SchedulerLimits:
     group_slots: int = 0  # most slots the sequences of one request (one group) hold at once; 0: no bound
     resident: bool = True  # a free slot keeps its KV for the next prompt sharing its prefix
     shared_rows: bool = True  # identical siblings draw from one row of logits (riders.py)
+    # a prompt sharing this many leading tokens with one being prefilled waits for it to compute
+    # them (admission.py `prefix_wait`); 0: never
+    prefix_wait_tokens: int = 64

@@ -43,6 +43,7 @@ handling one sequence ends that sequence only.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import threading
@@ -74,7 +75,7 @@ BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a liv
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
-            "jumped_tokens", "shared_rows", "logit_rows")
+            "jumped_tokens", "shared_rows", "logit_rows", "prefix_waits")
 JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
@@ -122,6 +123,7 @@ class Scheduler:
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
+        self._prefix_waiting: set[int] = set()  # queued sequences that waited for a prefix (admission.py `prefix_wait`)
         self._drafting = Drafting(speculator, limits.max_draft)
         self.threads = threads
         self._threads_now = threads.current if threads is not None else 0
@@ -299,13 +301,33 @@ class Scheduler:
         while self._budget.free_slots:
             with self._lock:
                 decided = admission.admission(self._queue, self._active, self._budget, self._limits)
-                if decided is None:
+                if decided is None or self._waits_for_prefix(decided):
                     return
                 self._queue.remove(decided.seq)
+                self._prefix_waiting.discard(decided.seq.key)
             try:
                 self._start(decided.seq, decided.own, decided.leader)
             except Exception as exc:  # this request alone fails; what it took is given back
                 self._refuse(decided.seq, exc)
+
+    def _waits_for_prefix(self, decided: admission.Admit) -> bool:
+        """Whether the head waits for a sequence prefilling the same long prefix (admission.py
+        `prefix_wait`); the leader then stores its state at the boundary the head restores."""
+        hook = self._prefix_cache
+        if hook is None or decided.leader is not None or self._limits.prefix_wait_tokens <= 0:
+            return False
+        wait = admission.prefix_wait(decided.seq, self._active,
+                                     lambda seq: hook.boundaries_to_store(seq.prompt, seq.request.cache_scope),
+                                     self._limits.prefix_wait_tokens)
+        if wait is None:
+            return False
+        if wait.boundary not in wait.leader.store_at:
+            bisect.insort(wait.leader.store_at, wait.boundary)
+        if decided.seq.key not in self._prefix_waiting:
+            self._prefix_waiting.intersection_update(seq.key for seq in self._queue)  # those that left it
+            self._prefix_waiting.add(decided.seq.key)
+            self.counters["prefix_waits"] += 1
+        return True
 
     def _admit_forks(self) -> None:
         with self._lock:

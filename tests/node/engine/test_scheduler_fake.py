@@ -432,6 +432,34 @@ def test_prefix_states_are_stored_at_block_boundaries_and_restored_for_the_next_
     assert finished(other).cached_tokens == 0  # another tenant's states are not found
 
 
+def test_prompts_sharing_a_document_sent_at_once_compute_it_once():
+    """Three prompts share a 20-token document and differ after it, sent together: the first
+    prefills the document, the others wait (nobody overtakes them) until its state is stored at
+    the document's last block boundary, restore it and prefill only their own tail. Without
+    the wait each would prefill all of it, side by side."""
+    def serve(wait_tokens: int) -> tuple[Scheduler, list[Sequence]]:
+        cache = BlockCache()
+        model = FakeModel()
+        fake = FakeContext(model)
+        limits = SchedulerLimits(n_parallel=4, max_queue=8, step_token_budget=8, resident=False,
+                                 prefix_wait_tokens=wait_tokens)
+        sched = Scheduler(model, fake, limits, prefix_cache=cache)  # type: ignore[arg-type]
+        document = " ".join("abcdefghijklmnopqrst")  # 20 tokens, 21 with BOS
+        started = [s for tail in ("x", "y z", "z") for s in seqs(request(f"{document} {tail}", max_tokens=2))]
+        sched.enqueue(started)
+        run(sched, *started)
+        return sched, started
+
+    shared, (first, second, third) = serve(wait_tokens=8)
+    assert shared.counters["prefix_waits"] == 1  # the second asked the first to store at 20; the third found it
+    assert finished(first).cached_tokens == 0
+    assert finished(second).cached_tokens == finished(third).cached_tokens == 20
+    assert shared.counters["prefill_tokens"] == 22 + 3 + 2  # the document once, then each one's tail
+    apart, plain = serve(wait_tokens=0)
+    assert apart.counters["prefix_waits"] == 0 and apart.counters["prefill_tokens"] > 60
+    assert [text(s) for s in plain] == [text(first), text(second), text(third)]
+
+
 def test_a_new_prompt_takes_the_free_slot_whose_kv_holds_its_longest_prefix():
     sched, fake = make(SchedulerLimits(n_parallel=2, max_queue=8, step_token_budget=64))
     shared = " ".join("abcdefghijklmnopqrstuvwxyz"[i % 26] for i in range(40))  # 41 tokens with BOS
