@@ -347,12 +347,15 @@ def engine_costs(engine):
 
 def case_fleet(engine_a, args) -> list[str]:
     """Node A answers; node B (fresh controller and engine state, a remote ARCA) answers a different wording."""
+    import redis.asyncio
+
     from node.archive.client import RemoteArchive
     from node.archive.mirror import CorpusMirror
     from node.engine.engine import Engine, EngineConfig
     from node.speculative.controller import Controller, ControllerConfig
     from node.speculative.lookup import PromptLookup
     from node.speculative.palimpsest import Palimpsest
+    from shared.tokens import pack_tokens
     from tests.arca.arca_harness import start_server
 
     question_a = "Extract the total due and the payment account from this invoice.\n"
@@ -372,9 +375,13 @@ def case_fleet(engine_a, args) -> list[str]:
                 mirror = CorpusMirror(remote, ns, palimpsest.add)
                 fetched = await mirror.sync()
                 palimpsest.ingest(1 << 30)
-                # what asking ARCA for each draft (ARCA.DRAFT) would cost against the mirrored index
+                # what asking ARCA for each draft (ARCA.DRAFT, with redis-py as any client would)
+                # would cost against the mirrored index
                 tail = (*prompt[-64:], *outs[0][:40])[-16:]
-                timings["arca_draft"] = [await timed_async(remote.draft, ns, tail, 16) for _ in range(200)]
+                direct = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+                timings["arca_draft"] = [await timed_async(direct.execute_command, "ARCA.DRAFT", "NS", ns,
+                                                           pack_tokens(tail), 16) for _ in range(200)]
+                await direct.aclose()
                 timings["local"] = [timed_sync(palimpsest.continuation, tail, 16) for _ in range(200)]
                 await remote.close()
                 return fetched
