@@ -102,7 +102,7 @@ def option_fields(fields: Fields) -> Fields:
         if value is None or key in SAMPLING_OPTIONS or key in WINDOW_OPTIONS or key == "stop":
             continue
         if key in NEUTRAL_OPTIONS:
-            if value != NEUTRAL_OPTIONS[key]:
+            if isinstance(value, bool) or value != NEUTRAL_OPTIONS[key]:  # true == 1 in Python, not in JSON
                 raise UnsupportedFeature(f"'{options.name(key)}' is not supported by this node's sampler; only "
                                          f"its neutral value {NEUTRAL_OPTIONS[key]} is accepted",
                                          param=options.name(key))

@@ -35,6 +35,7 @@ def test_options_become_sampling_and_the_default_is_streamed():
     ({"bogus": 1}, "options.bogus"), ({"num_gpu": 0}, "options.num_gpu"), ({"mirostat": 1}, "options.mirostat"),
     ({"top_p": 0}, "options.top_p"), ({"stop": [""]}, "options.stop"), ({"num_predict": -3}, "options.num_predict"),
     ({"repeat_last_n": -2}, "options.repeat_last_n"),
+    ({"typical_p": True}, "options.typical_p"),  # a JSON true is not the neutral 1 (though Python says True == 1)
 ])
 def test_bad_options_name_the_option(options, param):
     with pytest.raises(InvalidRequest) as caught:
