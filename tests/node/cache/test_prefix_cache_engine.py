@@ -201,3 +201,37 @@ def test_four_interleaved_users_with_the_cache(gemma_path, tmp_path, engine):
         assert cache.stats()["tokens_restored"] >= 4 * shared
     finally:
         cache.close()
+
+
+def test_four_users_sending_one_document_at_once_compute_it_once(gemma_path, engine):
+    """Four questions over one document submitted together to a cold cache: the first prefills
+    the document, the other three wait for it to store the shared boundary and restore it
+    (node/engine/admission.py `prefix_wait`), so the batch computes the document once instead
+    of four times; the answers are what the same four get when the document is restored from
+    a cache that held it already, up to near-ties (the reference test above compares those to
+    prefilling from scratch)."""
+    ps = prompts(engine)
+    shared = shared_blocks(ps)
+    warm = use_cache(engine, new_cache(gemma_path, None))
+    generate(engine, ps[0][: shared + 1], max_tokens=1)  # stores the shared prefix
+    reference = together(engine, ps, logprobs=2)
+    warm.close()
+    cold = use_cache(engine, new_cache(gemma_path, None))
+    try:
+        before = engine.stats()
+        answers = together(engine, ps)
+        after = engine.stats()
+        assert after["prefix_waits"] - before["prefix_waits"] >= 1
+        prefilled = after["prefill_tokens"] - before["prefill_tokens"]
+        assert prefilled <= sum(len(p) for p in ps) - 3 * shared  # the document once, then each question
+        assert cold.stats()["tokens_restored"] >= 3 * shared
+        for (expected, expected_logprobs), (final, _) in zip(reference, answers):
+            a, b = expected.generated, final.generated
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if first is None:
+                assert a == b
+                continue
+            top = expected_logprobs[first].top
+            assert top[0][2] - top[1][2] < NEAR_TIE, f"diverged at token {first}"
+    finally:
+        cold.close()
