@@ -39,15 +39,6 @@ class Weighed(Protocol):
     least: float | None          # the least kept by the bound its gains were last weighed for
 
 
-def expected_rate(options: Sequence[Weighed], lengths: dict[int, int], n: int, row_s: float,
-                  seconds: Callable[[int], float]) -> float:
-    """A step's expected tokens a second where each sequence drafts `lengths` of its draft (by
-    sequence key) beside n decoding rows: the rows priced on the cost curve as a whole
-    (`seconds`: a step of so many rows), and each draft's making beyond its rows."""
-    kept, extra = draft_return(options, lengths, n, row_s, seconds)
-    return (n + kept) / (seconds(n) + extra)
-
-
 def draft_return(options: Sequence[Weighed], lengths: dict[int, int], n: int, row_s: float,
                  seconds: Callable[[int], float]) -> tuple[float, float]:
     """What the drafts in `lengths` buy and cost beside n decoding rows: (their expected kept
@@ -168,9 +159,10 @@ class Draining:
               seconds: Callable[[int], float]) -> tuple[dict[int, Draft], int]:
         """The plan `drafts`, or one where every sequence of a tied bound drafts to the same
         length, if that gives the step more expected tokens a second (`seconds`: a step of so
-        many rows; `pays(kept, extra seconds)`: whether drafts beat plain decoding). Ranking positions one by one cannot see
-        that a draft which does not pay alone (the bound's weakest) is what lets the others'
-        drafts shorten the batch. (drafts by sequence key, rows taken)."""
+        many rows; `pays(kept, extra seconds)`: whether drafts beat plain decoding). Ranking
+        positions one by one cannot see that a draft which does not pay alone (the bound's
+        weakest) is what lets the others' drafts shorten the batch. (drafts by sequence key,
+        rows taken)."""
         members = [o for o in options if o.seq.key in self.bound]
         if len(self.bound) < 2 or not members or any(o.forced for o in options):
             return drafts, sum(len(d.tokens) for d in drafts.values())
