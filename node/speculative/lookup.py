@@ -5,10 +5,11 @@ n-gram (MIN_N..MAX_N tokens) to where it last ended: the stream it is in and the
 of the token after it. Each new token adds MAX_N - MIN_N + 1 entries, so keeping the index
 current costs O(1) per token and a proposal is at most MAX_N dictionary probes, then at
 most MAX_RUN comparisons measuring how far back the context agrees with the occurrence
-found (the draft's `match`): never a scan of the context. A match inside the sequence's own
-output is an echo (`Draft.echo`): a text repeating itself, which goes on as the earlier
-occurrence did far less often than a quote of the prompt does, so the controller learns the
-two apart. The newest occurrence wins, so a
+found (the draft's `match`): never a scan of the context. A match whose n-gram occurs only
+in the sequence's own output, not in its prompt, is an echo (`Draft.echo`): a text repeating
+itself, which goes on as the earlier occurrence did far less often than a quote of the prompt
+does, so the controller learns the two apart. (The newest occurrence of a quoted n-gram is
+often the output's own copy of it; a copy under way is still a quote.) The newest occurrence wins, so a
 sibling that is ahead on the same text (n > 1) drafts for the ones behind it.
 
 The context's own last n-grams are entered only after they are looked up (a suffix always
@@ -41,6 +42,7 @@ class _Group:
     index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (key, next pos)
     streams: dict[int, Sequence[int]] = field(default_factory=dict)  # sequence key -> its context
     indexed: dict[int, int] = field(default_factory=dict)            # sequence key -> tokens entered
+    quoted: set[tuple[int, ...]] = field(default_factory=set)        # the n-grams of the members' prompts
 
 
 class PromptLookup:
@@ -58,12 +60,16 @@ class PromptLookup:
     def begin(self, seq: DraftSeq) -> None:
         self._table.begin(seq).indexed[seq.key] = 0
 
-    def _enter(self, group: _Group, key: int, context: Sequence[int], upto: int) -> None:
-        """Enter the n-grams ending before position `upto` that are not entered yet."""
+    def _enter(self, group: _Group, key: int, context: Sequence[int], upto: int, prompt: int) -> None:
+        """Enter the n-grams ending before position `upto` that are not entered yet (those of
+        the first `prompt` tokens also as quoted)."""
         index, lo, hi = group.index, self.min_n, self.max_n
         for end in range(group.indexed[key], upto):
             for n in range(lo, min(hi, end + 1) + 1):
-                index[tuple(context[end + 1 - n:end + 1])] = (key, end + 1)
+                gram = tuple(context[end + 1 - n:end + 1])
+                index[gram] = (key, end + 1)
+                if end < prompt:
+                    group.quoted.add(gram)
         group.indexed[key] = max(group.indexed[key], upto)
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
@@ -72,9 +78,10 @@ class PromptLookup:
             return None
         group.streams[seq.key] = context
         length = len(context)
-        self._enter(group, seq.key, context, length - 1)
+        self._enter(group, seq.key, context, length - 1, len(seq.prompt))
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            hit = group.index.get(tuple(context[length - n:]))
+            gram = tuple(context[length - n:])
+            hit = group.index.get(gram)
             if hit is None:
                 continue
             stream = group.streams.get(hit[0])
@@ -83,7 +90,7 @@ class PromptLookup:
             tokens = tuple(stream[hit[1]:hit[1] + k])
             if tokens:
                 return Draft(tokens, self.name, match=agreeing_run(stream, hit[1], context, n, MAX_RUN),
-                             echo=hit[0] == seq.key and hit[1] - n >= len(seq.prompt))
+                             echo=hit[0] == seq.key and gram not in group.quoted)
         return None
 
     def peek(self, seq: DraftSeq, tail: Sequence[int], k: int) -> tuple[int, ...]:

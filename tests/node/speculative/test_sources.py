@@ -36,6 +36,11 @@ def test_lookup_tells_a_quote_of_the_prompt_from_an_echo_of_the_output():
     echo = lookup.propose(s, output, 3)
     assert echo is not None and echo.tokens == (0, 6, 6) and echo.echo
     assert echo.head(2).echo  # a cut draft stays an echo
+    # a copy of the prompt under way: "1 2" last occurred in the output's own copy, yet it is a quote
+    t = seq(2, prompt)
+    lookup.begin(t)
+    copying = lookup.propose(t, [*prompt, 1, 2, 3, 9, 1, 2], 2)
+    assert copying is not None and copying.tokens == (3, 9) and not copying.echo
 
 
 def test_lookup_measures_the_run_its_ngram_ends():
