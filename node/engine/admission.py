@@ -121,15 +121,18 @@ def admission(queue: Iterable[Sequence], active: list[Sequence], budget: KVBudge
 def prefix_wait(seq: Sequence, active: Iterable[Sequence], wanted: Callable[[Sequence], Sequence_[int]],
                 min_tokens: int) -> PrefixWait | None:
     """Whether seq should wait for an active sequence prefilling a prompt that shares at least
-    `min_tokens` leading tokens with seq's (the same tenant), until that one has computed the
-    longest block boundary of the shared part the prefix cache wants for seq (`wanted`: seq's
-    boundaries the cache does not hold yet). None where no such leader is short of such a
-    boundary (nothing shared, or the leader is past it: seq prefills on its own)."""
+    `min_tokens` leading tokens with seq's (the same tenant, at least as urgent as seq), until
+    that one has computed the longest block boundary of the shared part the prefix cache wants
+    for seq (`wanted`: seq's boundaries the cache does not hold yet). None where no such leader
+    is short of such a boundary (nothing shared, or the leader is past it: seq prefills on its
+    own)."""
     best: Sequence | None = None
     shared = 0
     for other in active:
         if other.phase is not Phase.PREFILL or other.request.cache_scope != seq.request.cache_scope:
             continue
+        if other.request.priority > seq.request.priority:
+            continue  # a batch prompt pauses while live requests run: a live one does not wait for it
         common = common_prefix(other.prompt, seq.prompt)
         if common >= min_tokens and common > shared:
             best, shared = other, common

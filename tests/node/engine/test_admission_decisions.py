@@ -86,3 +86,21 @@ def test_a_freed_slot_keeps_what_its_kv_holds_unless_the_request_failed():
     assert prefix_state.resident_tokens(s, "error", True, pos_max=7) == 0
     assert prefix_state.resident_tokens(s, "stop", False, pos_max=7) == 0
     assert prefix_state.window_kept(4, pos_min=3, n_tokens=8) and not prefix_state.window_kept(4, pos_min=5, n_tokens=8)
+
+
+def test_a_prompt_waits_for_a_leader_prefilling_its_document_as_urgent_as_itself():
+    document = tuple(range(100, 200))
+    wanted = lambda s: (32, 64, 96)  # noqa: E731  (the block boundaries the cache does not hold yet)
+    leader = seq((*document, 1), priority=BATCH)
+    leader.phase, leader.n_past = Phase.PREFILL, 40
+    follower = seq((*document, 2), priority=BATCH)
+    wait = admission.prefix_wait(follower, [leader], wanted, 64)
+    assert wait is not None and wait.leader is leader and wait.boundary == 96
+    # a live prompt does not wait for a batch one (which pauses while live requests run)
+    assert admission.prefix_wait(seq((*document, 3)), [leader], wanted, 64) is None
+    # nor where the leader is past the boundary, shares too little, or is another tenant's
+    leader.n_past = 96
+    assert admission.prefix_wait(follower, [leader], wanted, 64) is None
+    leader.n_past = 40
+    assert admission.prefix_wait(seq((*document[:50], 9), priority=BATCH), [leader], wanted, 64) is None
+    assert admission.prefix_wait(seq((*document, 2), priority=BATCH, scope="t"), [leader], wanted, 64) is None
