@@ -229,7 +229,9 @@ def speculation_health(state: NodeState) -> dict:
             "step_cost_scale": round(controller.costs.scale, 3),
             "step_cost_line_ms": {**controller.costs.line().as_dict(), "measured": controller.costs.measured,
                                   "calibrations": controller.costs.calibrations,
-                                  "refits": controller.costs.refits}}
+                                  "refits": controller.costs.refits,
+                                  "sizes_off_the_line": {str(n): round(b, 3) for n, b in
+                                                         sorted(controller.costs.bends.items()) if b != 1.0}}}
 
 
 def cache_health(state: NodeState) -> dict:

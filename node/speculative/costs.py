@@ -161,7 +161,7 @@ class CostCurve:
         self._recent.clear()
         self._candidate = None
         log.info("verify cost curve: %s (medians of %d rounds: %s; %.1f s)",
-                 self.line().describe(), min(len(v) for v in samples.values()),
+                 self.describe(), min(len(v) for v in samples.values()),
                  ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())),
                  time.monotonic() - started)
 
