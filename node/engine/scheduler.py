@@ -123,7 +123,6 @@ class Scheduler:
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
-        self._prefix_waiting: set[int] = set()  # queued sequences that waited for a prefix (admission.py `prefix_wait`)
         self._drafting = Drafting(speculator, limits.max_draft)
         self.threads = threads
         self._threads_now = threads.current if threads is not None else 0
@@ -304,7 +303,6 @@ class Scheduler:
                 if decided is None or self._waits_for_prefix(decided):
                     return
                 self._queue.remove(decided.seq)
-                self._prefix_waiting.discard(decided.seq.key)
             try:
                 self._start(decided.seq, decided.own, decided.leader)
             except Exception as exc:  # this request alone fails; what it took is given back
@@ -323,9 +321,8 @@ class Scheduler:
             return False
         if wait.boundary not in wait.leader.store_at:
             bisect.insort(wait.leader.store_at, wait.boundary)
-        if decided.seq.key not in self._prefix_waiting:
-            self._prefix_waiting.intersection_update(seq.key for seq in self._queue)  # those that left it
-            self._prefix_waiting.add(decided.seq.key)
+        if not decided.seq.waited_for_prefix:
+            decided.seq.waited_for_prefix = True
             self.counters["prefix_waits"] += 1
         return True
 

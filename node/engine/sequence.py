@@ -114,7 +114,7 @@ class Sequence:
         "pending", "n_sampled", "n_steps", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs",
         "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "hint",
-        "spare", "fork",
+        "spare", "fork", "waited_for_prefix",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
@@ -155,6 +155,7 @@ class Sequence:
         self.hint: int | None = None            # undrafted: the token a source expects next (Draft.after)
         self.spare = spare  # KV cells to hold for later forks of this prompt (PromptShare.spare)
         self.fork = fork    # joins a running group: clone the prompt from a member still holding it
+        self.waited_for_prefix = False  # queued behind a leader prefilling its prefix (admission.py `prefix_wait`)
 
     def make_sampler(self, n_vocab: int) -> None:
         """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""
