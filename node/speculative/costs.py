@@ -78,6 +78,8 @@ class CostCurve:
         self.measured = False
         self.points: dict[int, float] = {}
         self.bends: dict[int, float] = {}  # calibrated size -> measured / shape
+        self._bend_at: dict[int, float] = {}   # every size asked, from `bends` (the planner asks the same few each step)
+        self._bend_of: dict[int, float] | None = None  # the bends `_bend_at` was worked out from
         if points:
             self.fit(points)
         self.fixed = fixed  # neither calibrated nor scaled (tests that must not depend on the host)
@@ -176,8 +178,17 @@ class CostCurve:
     def bend(self, n_tokens: int) -> float:
         """What a step of this many tokens costs against the shape: its calibrated bend, or its
         calibrated neighbours' on the same side of the tile, interpolated (the nearer one past
-        the sizes calibrated; 1 with none)."""
+        the sizes calibrated; 1 with none). Worked out once per size while the bends stand (a
+        new shape comes with new bends)."""
         n = max(1, n_tokens)
+        if self._bend_of is not self.bends:
+            self._bend_at, self._bend_of = {}, self.bends
+        known = self._bend_at.get(n)
+        if known is None:
+            known = self._bend_at[n] = self._interpolated_bend(n)
+        return known
+
+    def _interpolated_bend(self, n: int) -> float:
         exact = self.bends.get(n)
         if exact is not None:
             return exact
