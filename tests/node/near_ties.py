@@ -13,4 +13,23 @@ plain run's top-2 gap is under NEAR_TIE: 0.4 nats, above the largest move measur
 host. A divergence at a wider gap is a defect.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.engine.types import Finished
+
 NEAR_TIE = 0.4
+
+
+def assert_same_up_to_near_ties(reference: tuple[Finished, list], got: Finished) -> None:
+    """`got` generated what the reference run did (its Finished and its logprobs, top 2 at least),
+    or parted from it only where the reference's two best tokens were within NEAR_TIE."""
+    (expected, logprobs), a, b = reference, reference[0].generated, got.generated
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None:
+        assert a == b
+        return
+    gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]
+    assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"

@@ -15,7 +15,7 @@ import pytest
 from node.engine.budget import common_prefix
 from node.engine.engine import Engine, EngineConfig
 from node.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
-from tests.node.near_ties import NEAR_TIE
+from tests.node.near_ties import assert_same_up_to_near_ties
 
 pytestmark = [pytest.mark.model]
 
@@ -44,16 +44,6 @@ def run(engine: Engine, prompt, max_tokens: int = 10, logprobs: int | None = Non
     final = events[-1]
     assert isinstance(final, Finished) and final.reason in ("stop", "length"), final.error
     return final, [lp for e in events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
-
-
-def assert_same_up_to_near_ties(reference: tuple[Finished, list], got: Finished) -> None:
-    (expected, logprobs), a, b = reference, reference[0].generated, got.generated
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if first is None:
-        assert a == b
-        return
-    gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]
-    assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
 
 
 @pytest.fixture(scope="module")
