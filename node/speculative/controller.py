@@ -11,10 +11,10 @@ lookup's n-gram ends; a long match predicts a long kept run, as in suffix decodi
 class of long matches no draft has been judged in yet starts from what the run says,
 `_run_prior`), and apart again where the match is the sequence's own output (`Draft.echo`: a
 text repeating a phrase of its own goes on as before far less often than a quote of its
-prompt, and estimates learned on quotes made prose draft rows that were not kept). The source's estimate
-is blended with the sequence's own counts of that source's drafts (its hit history); a draft
-kept whole also raises the estimate of the position after it, so lengths grow while drafts
-keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
+prompt, and estimates learned on quotes made prose draft rows that were not kept). The
+source's estimate is blended with the sequence's own counts of that source's drafts (its hit
+history); a draft kept whole also raises the estimate of the position after it, so lengths
+grow while drafts keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
 tokens.
 
 The row budget. On a CPU a step costs a fixed part and a part per row with logits (the cost
@@ -37,9 +37,9 @@ batch and the others draft only where a row is nearly free. Where several bound 
 count as far as the weakest's, and a plan where each of them drafts to the same length is
 weighed beside the ranked one.
 A plan that does not beat plain decoding by MARGIN, or whose drafts do not buy their kept
-tokens ROW_MARGIN faster than plain decoding makes tokens, verifies nothing. Drafts never take the
-share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the prefill
-gets what the drafts leave.
+tokens ROW_MARGIN faster than plain decoding makes tokens, verifies nothing. Drafts never
+take the share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the
+prefill gets what the drafts leave.
 
 Under a grammar, every source's draft is cut where the grammar stops admitting it (a token
 the grammar forbids can never be kept, so verifying it would only cost a row).

@@ -78,7 +78,7 @@ class CostCurve:
         self.measured = False
         self.points: dict[int, float] = {}
         self.bends: dict[int, float] = {}  # calibrated size -> measured / shape
-        self._bend_at: dict[int, float] = {}   # every size asked, from `bends` (the planner asks the same few each step)
+        self._bend_at: dict[int, float] = {}   # each size asked so far, worked out from `bends`
         self._bend_of: dict[int, float] | None = None  # the bends `_bend_at` was worked out from
         if points:
             self.fit(points)

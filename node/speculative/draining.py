@@ -95,7 +95,8 @@ class Draining:
         most_past = max(max(past.values()), float(draining))
         lifted = frozenset(key for key, steps in past.items() if steps >= most_past - 1.0) - bound
         runner_up = max([steps for key, steps in togo.items() if key not in bound] + [float(draining)])
-        headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)  # the slowest bound one's tokens
+        # in the tokens of the slowest bound one
+        headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
         return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding,
@@ -104,12 +105,16 @@ class Draining:
     def worth(self, key: int, covered: float = 1.0) -> float:
         """A kept token of sequence `key`, where the rest of the bound gets as far with chance
         `covered`."""
-        share = self.row_share + (self.fixed_share * covered if key in self.bound else 0.0)
-        return 1.0 + self.binding * (share - 1.0)
+        return self._counted(self.row_share + (self.fixed_share * covered if key in self.bound else 0.0))
 
     def worth_bound(self) -> float:
         """A kept token of a sequence that bounds the batch, the rest of the bound getting as far."""
-        return 1.0 + self.binding * (self.row_share + self.fixed_share - 1.0)
+        return self._counted(self.row_share + self.fixed_share)
+
+    def _counted(self, share: float) -> float:
+        """A kept token worth `share` of a plain token where sequences run to their limit, in
+        proportion to how often they do (`binding`), and a plain token where they do not."""
+        return 1.0 + self.binding * (share - 1.0)
 
     def together(self, options: Sequence[Weighed], drafted: dict[int, int]) -> bool:
         """Reweigh the drafts of bounding sequences by how far the rest of the bound moves too
@@ -140,7 +145,7 @@ class Draining:
         least = min(min(kept.values()) if len(self.bound) > 1 else float("inf"), self.headroom)
         if least == float("inf"):
             return False
-        rows_only, fixed = 1.0 + self.binding * (self.row_share - 1.0), self.binding * self.fixed_share
+        rows_only, fixed = self._counted(self.row_share), self.binding * self.fixed_share
         changed = False
         for o in members:
             chances = o.chances or []

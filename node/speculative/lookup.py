@@ -9,8 +9,8 @@ found (the draft's `match`): never a scan of the context. A match whose n-gram o
 in the sequence's own output, not in its prompt, is an echo (`Draft.echo`): a text repeating
 itself, which goes on as the earlier occurrence did far less often than a quote of the prompt
 does, so the controller learns the two apart. (The newest occurrence of a quoted n-gram is
-often the output's own copy of it; a copy under way is still a quote.) The newest occurrence wins, so a
-sibling that is ahead on the same text (n > 1) drafts for the ones behind it.
+often the output's own copy of it; a copy under way is still a quote.) The newest occurrence
+wins, so a sibling that is ahead on the same text (n > 1) drafts for the ones behind it.
 
 The context's own last n-grams are entered only after they are looked up (a suffix always
 matches itself), so a match is always an earlier occurrence.
