@@ -239,8 +239,9 @@ class Controller:
             if option is not None:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
-        drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
-        if drain is not None:
+        # most steps of new text have nothing worth a row: then nothing is allocated
+        drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left) if chosen else ({}, 0)
+        if chosen and drain is not None:
             drafts, rows = self._drain_plan(chosen, drafts, drain, n, row_s, plain, rows_left)
             unkept = drain.lifted - set(drafts)  # promises the plan does not act on
             again = self._draining(n, asks, draining, row_s, plain,

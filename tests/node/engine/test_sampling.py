@@ -383,3 +383,39 @@ def test_the_row_after_a_draft_keeps_the_sources_next_token_at_a_near_tie():
     assert run(31) == ([7, 31], 1, 2)   # the hint stands at the near-tie; it is no kept draft token
     rows[1, 31] = 9.0 - 2 * DRAFT_TIE_NATS
     assert run(31) == ([7, 30], 1, 2)   # a clear margin: the argmax, as plain decoding
+
+
+class Refusing(OnlyEven):
+    """A grammar that fails on accept, as one does on a token it cannot take."""
+
+    def accept(self, token: int) -> None:
+        raise InvalidRequest("refused")
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, logit_bias={3: 4.0, 7: float("-inf")}, repeat_penalty=1.3),
+    SamplingParams(temperature=0.8, seed=5, logit_bias={3: 4.0}, frequency_penalty=0.7, presence_penalty=0.2,
+                   repeat_last_n=-1),
+])
+def test_bias_and_penalties_applied_in_place_choose_as_on_a_copy_and_leave_the_row_as_it_was(params):
+    """Bias and penalties go into the logits buffer itself and are put back after the choice:
+    every choice (plain, against a draft distribution, with logprobs) equals the one made on a
+    read-only copy of the row (where they work on a copy), and the buffer is bit for bit as
+    before, also when the choice fails."""
+    rng = np.random.default_rng(7)
+    for i in range(50):
+        source = rng.normal(0.0, 2.0, 64).astype(np.float32)
+        before = source.copy()
+        frozen = source.copy()
+        frozen.flags.writeable = False
+        history = [int(t) for t in rng.integers(0, 64, 20)]
+        a, b = (TokenSampler(params, 64, logprobs=3) for _ in range(2))
+        assert a.choose(source, history) == b.choose(frozen, history)
+        dist = (np.array([3, 5, 9]), np.array([0.5, 0.3, 0.2]))
+        assert a.choose_against(source, history, 5, dist) == b.choose_against(frozen, history, 5, dist)
+        if not params.greedy:  # a draft model's distribution is a sampled request's
+            assert a.draft_distribution(source, history)[0].tolist() == b.draft_distribution(frozen, history)[0].tolist()
+        assert a.coupled_draw(source, history) == b.coupled_draw(frozen, history)
+        with pytest.raises(InvalidRequest):
+            TokenSampler(params, 64, constraint=Refusing()).choose(source, history)
+        np.testing.assert_array_equal(source, before)
