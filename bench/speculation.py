@@ -238,10 +238,17 @@ def case_conclave(engine, args) -> list[str]:
     without, in the same run. Each side's engine counters are printed (steps, rows, decode and
     the time outside it, drafts, rows shared), and two ceilings from the cost line: 5 rows
     against 1 (lockstep, no drafts), and 5 times the one answer's rows per step against them
-    (5 candidates that share nothing and draft as well as the one answer)."""
+    (5 candidates that share nothing and draft as well as the one answer).
+
+    That request is the same every round, so from the second round on the one answer (the
+    request's own seed) replays the answer the Palimpsest stored in a few steps, while the
+    explorers' draws at 0.7 part from what they drew before at near-ties and write new text:
+    the Conclave waits for its slowest explorer. So each side also answers new requests of the
+    same shape (`fresh_invoice`, nothing stored for them): one answer to one, the Conclave over
+    another, alternating which goes first, summed over the rounds."""
     lines = []
     for shared in (True, False):
-        t1, t5, s1, s5, line = _conclave_run(engine.config.model_path, shared, args)
+        t1, t5, s1, s5, line, fresh = _conclave_run(engine.config.model_path, shared, args)
         r1 = s1["batch_tokens"] / max(1, s1["steps"])
         lockstep = line.seconds(5) / line.seconds(1)
         drafting = line.seconds(round(5 * r1)) / line.seconds(round(r1))
@@ -253,8 +260,24 @@ def case_conclave(engine, args) -> list[str]:
                   f"{label:34s} one {t1:6.2f} s  conclave {t5:6.2f} s  {t5 / t1:5.2f}x one answer  (target <= 2.0x; "
                   f"ceilings sharing nothing: 5 rows cost {lockstep:.2f} steps, 5 x the one answer's {r1:.1f} rows a "
                   f"step {drafting:.2f}x, each drafting its best length at the kept share {kept:.2f} "
-                  f"{best:.2f}x)  load {os.getloadavg()[0]:.1f}"]
+                  f"{best:.2f}x)  load {os.getloadavg()[0]:.1f}",
+                  f"{label + ', new requests':34s} one {fresh[0]:6.2f} s  conclave {fresh[1]:6.2f} s  "
+                  f"{fresh[1] / fresh[0]:5.2f}x one answer  (target <= 2.0x; {args.rounds} new requests each side, "
+                  f"summed; 5 rows cost {lockstep:.2f} steps)  load {os.getloadavg()[0]:.1f}"]
     return lines
+
+
+def fresh_invoice(i: int) -> str:
+    """The Conclave case's request with an invoice nobody asked about before (numbers, names and
+    amounts differ with i; the length and shape do not)."""
+    customers = ("Harlow Bakery, 12 Mill Lane, Ashby", "Pryor Dairy, 4 Kiln Road, Wembury",
+                 "Tansley Mill, 88 Quay Street, Orford", "Brook Farm Shop, 2 Elm Row, Dunsop")
+    document = (f"Invoice {4471 + 37 * i} from Dunmore Supplies Ltd, dated {3 + i % 25} March 2025, to "
+                f"{customers[i % len(customers)]}. Items: {40 + i} kg of wholemeal flour at 1.{20 + i % 70} per kg, "
+                f"{12 + i % 9} boxes of dried yeast at 3.50 per box, {6 + i % 5} sacks of rye flour at 18.00 per sack. "
+                f"Delivery charge 15.00. Payable within 30 days to account 20-44-18 {1000 + 13 * i:04d} 1122. "
+                "Contact: Maria Keane, accounts department, telephone 01632 960 118.")
+    return f"Invoice text:\n{document}\nCopy the invoice text exactly:\n"
 
 
 def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
@@ -264,7 +287,7 @@ def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
                for k in range(longest + 1))
 
 
-def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, object]:
+def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, object, tuple[float, float]]:
     from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
     from node.speculative.controller import Controller, ControllerConfig
@@ -283,16 +306,16 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
         text = f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n"
         request = greedy(own, text, 48, True, temperature=0.8)
 
-        async def one() -> float:
+        async def one(asked=request) -> float:
             start = time.perf_counter()
-            await own.submit(request, asyncio.get_running_loop()).collect()
+            await own.submit(asked, asyncio.get_running_loop()).collect()
             return time.perf_counter() - start
 
-        async def conclave() -> float:
+        async def conclave(asked=request) -> float:
             loop = asyncio.get_running_loop()
             start = time.perf_counter()
             run = ConclaveRun(lambda reqs, spare, group: own.submit_group(reqs, loop, spare=spare, group=group),
-                              request, 5, ConclavePolicy(adaptive=False))
+                              asked, 5, ConclavePolicy(adaptive=False))
             run.start()
             await run.decide()
             return time.perf_counter() - start
@@ -317,8 +340,19 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
                     all_stats = _delta(mid, after)
             return min(ones), min(alls), one_stats, all_stats
 
+        async def fresh() -> tuple[float, float]:
+            """New requests each round: one answer to one, the Conclave over another."""
+            spent = [0.0, 0.0]
+            for r in range(args.rounds):
+                pair = (greedy(own, fresh_invoice(2 * r), 48, True, temperature=0.8),
+                        greedy(own, fresh_invoice(2 * r + 1), 48, True, temperature=0.8))
+                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
+            return spent[0], spent[1]
+
         t1, t5, s1, s5 = asyncio.run(rounds())
-        return t1, t5, s1, s5, engine_costs(own)
+        new = asyncio.run(fresh())
+        return t1, t5, s1, s5, engine_costs(own), new
     finally:
         own.close()
 
