@@ -35,12 +35,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
+
+if TYPE_CHECKING:
+    from node.speculative.costs import CostCurve
 
 PARAGRAPH = (
     "The harbour of Vellmar was built in the last years of the old kingdom, when the river still carried "
@@ -287,7 +291,7 @@ def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
                for k in range(longest + 1))
 
 
-def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, object, tuple[float, float]]:
+def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, CostCurve, tuple[float, float]]:
     from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
     from node.speculative.controller import Controller, ControllerConfig
