@@ -194,13 +194,25 @@ def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool 
 def sandwiched(engine, texts: list[str], tokens: int, finals: tuple[list, list]) -> tuple[float, float, str]:
     """Concurrent requests run once with speculation, between two plain runs (after one more,
     unmeasured, that leaves the prompts resident): (the plain runs' mean tokens/s, speculation's,
-    outputs compared). For requests speculation may see only once (the Palimpsest learns their
-    answers), where `versus` would repeat them: the plain runs teach it nothing."""
+    outputs compared, with what each mode's steps spent outside llama_decode). For requests
+    speculation may see only once (the Palimpsest learns their answers), where `versus` would
+    repeat them: the plain runs teach it nothing."""
     timed(engine, texts, tokens, False, True)
+    s0 = engine.stats()
     before, plain = timed(engine, texts, tokens, False, True, finals=finals[0])
+    s1 = engine.stats()
     on, spec = timed(engine, texts, tokens, True, True, finals=finals[1])
+    s2 = engine.stats()
     after, _ = timed(engine, texts, tokens, False, True)
-    return (before + after) / 2, on, compare(plain, spec)
+    return ((before + after) / 2, on, f"{compare(plain, spec)}; outside llama_decode off {_outside_ms(s0, s1):.2f} "
+            f"on {_outside_ms(s1, s2):.2f} ms a step")
+
+
+def _outside_ms(before: dict, after: dict) -> float:
+    """What the engine's steps between two stats() spent outside llama_decode, a step on average:
+    planning, sampling, bookkeeping, events."""
+    d = _delta(before, after)
+    return (d["step_ms"] - d["decode_ms"]) / max(1, d["steps"])
 
 
 def row(name: str, off: float, on: float, verdict: str, target: str) -> str:
