@@ -239,7 +239,7 @@ class Controller:
             if option is not None:
                 chosen.append(option)
                 hints[ask.seq.key] = int(option.draft.tokens[0])
-        # most steps of new text have nothing worth a row: then nothing is allocated
+        # a step where no sequence has a draft worth a row allocates nothing
         drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left) if chosen else ({}, 0)
         if chosen and drain is not None:
             drafts, rows = self._drain_plan(chosen, drafts, drain, n, row_s, plain, rows_left)
