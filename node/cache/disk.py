@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".kvs"
 STALE_TEMP_S = 600.0
+# A blob goes to its file in writes of this size. One write() of a 15.5 MB state cost 160-280 ms
+# of system time on an ext4 volume of a KVM guest (1 MiB writes: 6 ms for the lot), a core
+# taken from llama.cpp's threads while they decode: a 28-token step beside it ran 3x slower.
+WRITE_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +112,9 @@ class DiskTier:
             try:
                 with open(temp, "wb") as stream:
                     stream.write(header)
-                    stream.write(payload)
+                    view = memoryview(payload)
+                    for start in range(0, len(view), WRITE_CHUNK):
+                        stream.write(view[start:start + WRITE_CHUNK])
                 published = _publish(temp, path)
             finally:
                 _unlink_quietly(temp)
