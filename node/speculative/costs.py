@@ -78,10 +78,9 @@ class CostCurve:
         self.measured = False
         self.points: dict[int, float] = {}
         self.bends: dict[int, float] = {}  # calibrated size -> measured / shape
-        self._bend_at: dict[int, float] = {}   # each size asked so far, worked out from `bends`
-        self._bend_of: dict[int, float] | None = None  # the bends `_bend_at` was worked out from
         self._bent_at: dict[int, float] = {}   # each size's shape seconds times its bend, unscaled
-        self._shape_of: CostLine | None = None  # the shape `_bent_at` was worked out from
+        self._bent_of: dict[int, float] | None = None  # the bends `_bent_at` was worked out from
+        self._shape_of: CostLine | None = None  # and the shape
         if points:
             self.fit(points)
         self.fixed = fixed  # neither calibrated nor scaled (tests that must not depend on the host)
@@ -175,8 +174,12 @@ class CostCurve:
         return self._start_rate
 
     def seconds(self, n_tokens: int) -> float:
+        """The shape's seconds for a step of this many tokens times its bend, worked out once per
+        size while the shape and the bends stand (the planner asks a few hundred times a step),
+        times the scale."""
         n = max(1, n_tokens)
-        self._keep_memos()
+        if self._bent_of is not self.bends or self._shape_of is not self.shape:
+            self._bent_at, self._bent_of, self._shape_of = {}, self.bends, self.shape
         bent = self._bent_at.get(n)
         if bent is None:
             bent = self._bent_at[n] = self.shape.seconds(n) * self.bend(n)
@@ -185,22 +188,8 @@ class CostCurve:
     def bend(self, n_tokens: int) -> float:
         """What a step of this many tokens costs against the shape: its calibrated bend, or its
         calibrated neighbours' on the same side of the tile, interpolated (the nearer one past
-        the sizes calibrated; 1 with none). Worked out once per size while the bends and the
-        shape stand, as is the bent shape's figure `seconds` scales (the planner asks it a few
-        hundred times a step)."""
+        the sizes calibrated; 1 with none)."""
         n = max(1, n_tokens)
-        self._keep_memos()
-        known = self._bend_at.get(n)
-        if known is None:
-            known = self._bend_at[n] = self._interpolated_bend(n)
-        return known
-
-    def _keep_memos(self) -> None:
-        """Forget the sizes worked out once the bends or the shape they came from changed."""
-        if self._bend_of is not self.bends or self._shape_of is not self.shape:
-            self._bend_at, self._bent_at, self._bend_of, self._shape_of = {}, {}, self.bends, self.shape
-
-    def _interpolated_bend(self, n: int) -> float:
         exact = self.bends.get(n)
         if exact is not None:
             return exact
