@@ -15,6 +15,9 @@ The rules (the scheduler applies them each step, node/engine/scheduler.py):
   prefix cache wants for it (`prefix_wait`), and restores it from there: the batch computes a
   document sent four times at once once. Nobody overtakes it meanwhile; the wait is the
   leader's prefill of that prefix, which it would otherwise have shared the steps with;
+- a request whose prompt shares at least `prefix_copy_tokens` leading tokens with an active
+  sequence's KV (same tenant) starts from a copy of it (`prefix_copy`), and waits for one still
+  prefilling them (`prefix_wait`) as above: four prompts over one instruction compute it once;
 - a fork joining a group that is already decoding (a Conclave's later candidate) goes before
   the queue's head when a member still holds its prompt but the last token: it clones that and
   draws its cells from the group's spare reservation first;
@@ -59,12 +62,21 @@ class AdmitFork:
 
 @dataclass(frozen=True, slots=True)
 class PrefixWait:
-    """`seq` waits for `leader` to compute its prompt up to `boundary` (the leader's state is
-    stored there for it)."""
+    """`seq` waits for `leader` to compute its prompt up to `boundary`: the leader's state is
+    stored there for it (`store`), or seq copies the leader's KV up to there at admission."""
 
     seq: Sequence
     leader: Sequence
     boundary: int
+    store: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCopy:
+    """`seq` starts from `source`'s KV: its first `n_tokens` prompt tokens are there already."""
+
+    source: Sequence
+    n_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +131,18 @@ def admission(queue: Iterable[Sequence], active: list[Sequence], budget: KVBudge
 
 
 def prefix_wait(seq: Sequence, active: Iterable[Sequence], wanted: Callable[[Sequence], Sequence_[int]],
-                min_tokens: int) -> PrefixWait | None:
-    """Whether seq should wait for an active sequence prefilling a prompt that shares at least
-    `min_tokens` leading tokens with seq's (the same tenant, at least as urgent as seq), until
-    that one has computed the longest block boundary of the shared part the prefix cache wants
-    for seq (`wanted`: seq's boundaries the cache does not hold yet). None where no such leader
-    is short of such a boundary (nothing shared, or the leader is past it: seq prefills on its
-    own)."""
+                min_tokens: int, copy_tokens: int = 0) -> PrefixWait | None:
+    """Whether seq should wait for an active sequence prefilling a prompt that shares leading
+    tokens with seq's (the same tenant, at least as urgent as seq). It waits when they share at
+    least `copy_tokens` (0: never) and the leader is short of them: seq copies the leader's KV at
+    admission (`prefix_copy`). Without copying, when they share at least `min_tokens` and the
+    leader is short of the longest block boundary of the shared part the prefix cache wants
+    for seq (`wanted`: seq's boundaries the cache does not hold yet): the leader's state is
+    stored there, and seq restores it. None where no such leader is short of such a point (seq
+    prefills on its own)."""
+    floor = min(n for n in (min_tokens, copy_tokens) if n > 0) if min_tokens > 0 or copy_tokens > 0 else 0
+    if floor <= 0:
+        return None
     best: Sequence | None = None
     shared = 0
     for other in active:
@@ -134,12 +151,36 @@ def prefix_wait(seq: Sequence, active: Iterable[Sequence], wanted: Callable[[Seq
         if other.request.priority > seq.request.priority:
             continue  # a batch prompt pauses while live requests run: a live one does not wait for it
         common = common_prefix(other.prompt, seq.prompt)
-        if common >= min_tokens and common > shared:
+        if common >= floor and common > shared:
             best, shared = other, common
     if best is None:
         return None
-    ahead = [b for b in wanted(seq) if best.n_past < b <= shared and b >= min_tokens]
-    return PrefixWait(seq, best, max(ahead)) if ahead else None
+    target = min(shared, len(seq.prompt) - 1)  # seq decodes its last prompt token itself, for its logits
+    if 0 < copy_tokens <= target and best.n_past < target:
+        return PrefixWait(seq, best, target, store=False)  # a copy takes more than a boundary's state
+    if min_tokens > 0 and shared >= min_tokens:
+        ahead = [b for b in wanted(seq) if best.n_past < b <= shared and b >= min_tokens]
+        if ahead:
+            return PrefixWait(seq, best, max(ahead))
+    return None
+
+
+def prefix_copy(seq: Sequence, active: Iterable[Sequence], kept: int, usable: Callable[[int, int], bool],
+                min_tokens: int) -> PrefixCopy | None:
+    """The active sequence whose KV holds the longest leading part of seq's prompt (the same
+    tenant; at least `min_tokens`, more than the `kept` tokens seq's slot holds already, and at
+    most all but the prompt's last token), when `usable` says its KV cut there is whole. A
+    sequence's KV holds its first `n_past` tokens, prompt then answer."""
+    best: PrefixCopy | None = None
+    limit = len(seq.prompt) - 1
+    for other in active:
+        if other is seq or other.slot < 0 or other.phase not in (Phase.PREFILL, Phase.DECODE) \
+                or other.request.cache_scope != seq.request.cache_scope:
+            continue
+        n = min(common_prefix(other.tokens[:other.n_past], seq.prompt), limit)
+        if n >= min_tokens and n > kept and (best is None or n > best.n_tokens) and usable(other.slot, n):
+            best = PrefixCopy(other, n)
+    return best
 
 
 def prefilling_leader(seq: Sequence, active: Iterable[Sequence]) -> Sequence | None:

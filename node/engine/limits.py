@@ -19,3 +19,7 @@ class SchedulerLimits:
     # a prompt sharing this many leading tokens with one being prefilled waits for it to compute
     # them (admission.py `prefix_wait`); 0: never
     prefix_wait_tokens: int = 64
+    # a prompt sharing this many leading tokens with an active sequence's KV starts from a copy of
+    # those cells, and waits for one prefilling them (admission.py `prefix_copy`); 0: never.
+    # Only with `resident` (slots lend their KV to other prompts at all)
+    prefix_copy_tokens: int = 32

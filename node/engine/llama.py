@@ -332,6 +332,15 @@ class LlamaContext:
         written = ll.llama_state_seq_get_data(self._ptr, buf, size, seq)
         return bytes(memoryview(buf)[:written])
 
+    def state_copy(self, src: int, dst: int) -> bool:
+        """Make dst's KV a copy of src's in cells of its own (`seq_cp` shares the cells instead,
+        and llama.cpp never reuses a sliding-window cell two sequences hold, even once it is
+        outside both windows: shared windows of long sequences fill the SWA cache)."""
+        size = ll.llama_state_seq_get_size(self._ptr, src)
+        buf = (ctypes.c_uint8 * size)()
+        written = ll.llama_state_seq_get_data(self._ptr, buf, size, src)
+        return written > 0 and ll.llama_state_seq_set_data(self._ptr, buf, written, dst) > 0
+
     def state_set(self, seq: int, state: bytes) -> bool:
         # llama.cpp reads the bytes object's own buffer (it only reads, and `state` outlives the
         # call): a copy into a ctypes array first cost as much as the restore itself.

@@ -75,7 +75,7 @@ BATCH_PREFILL_CHUNK = 64  # prompt tokens of a batch line per step: bounds a liv
 COUNTERS = ("steps", "batch_tokens", "decode_ms", "step_ms", "prefill_tokens", "generated_tokens", "shared_prefills",
             "draft_tokens", "draft_accepted", "draft_rejected", "prefix_tokens_restored", "prefix_states_stored",
             "final_states_stored", "forked_late", "resident_hits", "resident_tokens", "resident_evicted",
-            "jumped_tokens", "shared_rows", "logit_rows", "prefix_waits")
+            "jumped_tokens", "shared_rows", "logit_rows", "prefix_waits", "prefix_copies", "prefix_copied_tokens")
 JUMP_MAX = 16  # grammar-forced tokens taken after one sampled token (each a row in the next step)
 
 
@@ -309,22 +309,33 @@ class Scheduler:
                 self._refuse(decided.seq, exc)
 
     def _waits_for_prefix(self, decided: admission.Admit) -> bool:
-        """Whether the head waits for a sequence prefilling the same long prefix (admission.py
-        `prefix_wait`); the leader then stores its state at the boundary the head restores."""
+        """Whether the head waits for a sequence prefilling the same prefix (admission.py
+        `prefix_wait`); the leader's prefill then stops where the head takes it over: a state is
+        stored at the block boundary the head restores, or the head copies the leader's KV."""
         hook = self._prefix_cache
-        if hook is None or decided.leader is not None or self._limits.prefix_wait_tokens <= 0:
+        copy_tokens = self._copy_tokens
+        wait_tokens = self._limits.prefix_wait_tokens if hook is not None else 0
+        if decided.leader is not None or (wait_tokens <= 0 and copy_tokens <= 0):
             return False
-        wait = admission.prefix_wait(decided.seq, self._active,
-                                     lambda seq: hook.boundaries_to_store(seq.prompt, seq.request.cache_scope),
-                                     self._limits.prefix_wait_tokens)
+        wait = admission.prefix_wait(
+            decided.seq, self._active,
+            (lambda seq: hook.boundaries_to_store(seq.prompt, seq.request.cache_scope)) if hook is not None
+            else (lambda seq: ()), wait_tokens, copy_tokens)
         if wait is None:
             return False
-        if wait.boundary not in wait.leader.store_at:
-            bisect.insort(wait.leader.store_at, wait.boundary)
+        stops = wait.leader.store_at if wait.store else wait.leader.copy_at
+        if wait.boundary not in stops:
+            bisect.insort(stops, wait.boundary)
         if not decided.seq.waited_for_prefix:
             decided.seq.waited_for_prefix = True
             self.counters["prefix_waits"] += 1
         return True
+
+    @property
+    def _copy_tokens(self) -> int:
+        """The fewest leading prompt tokens worth copying from another slot's KV (0: never; only
+        where slots keep their KV for other prompts at all)."""
+        return self._limits.prefix_copy_tokens if self._limits.resident else 0
 
     def _admit_forks(self) -> None:
         with self._lock:
@@ -374,11 +385,34 @@ class Scheduler:
             self.counters["shared_prefills"] += 1
         else:
             seq.phase = Phase.PREFILL
-            if kept:
+            if self._copy_prefix(seq, kept) == kept > 0:  # the slot's own KV, unless another holds more
                 seq.n_past = seq.n_cached = kept
                 self.counters["resident_hits"] += 1
                 self.counters["resident_tokens"] += kept
             self._restore_prefix(seq)
+
+    def _copy_prefix(self, seq: Sequence, kept: int) -> int:
+        """Start seq from a copy of the KV of an active sequence holding more of its prompt than
+        the `kept` tokens its slot holds (admission.py `prefix_copy`): the copy is of the cells'
+        contents (`state_copy`), cut after the shared tokens, not computed again. The prompt
+        tokens the slot's KV holds after: `kept` where no sequence holds more, 0 if the copy
+        failed (the slot's KV is gone then)."""
+        if self._copy_tokens <= 0:
+            return kept
+        found = admission.prefix_copy(seq, self._active, kept, self._window_kept, self._copy_tokens)
+        if found is None:
+            return kept
+        n = found.n_tokens
+        self._ctx.seq_rm(seq.slot)
+        if not (self._ctx.state_copy(found.source.slot, seq.slot) and self._ctx.seq_rm(seq.slot, n, -1)
+                and self._ctx.seq_pos_max(seq.slot) == n - 1 and self._window_kept(seq.slot, n)):
+            log.warning("copying %d prompt tokens from another slot failed; prefilling them", n)
+            self._ctx.seq_rm(seq.slot)
+            return 0
+        seq.n_past = seq.n_cached = n
+        self.counters["prefix_copies"] += 1
+        self.counters["prefix_copied_tokens"] += n
+        return n
 
     def _claim(self, prompt: tuple[int, ...] | None, scope: str = "") -> tuple[int, int]:
         """The free slot a sequence takes and the tokens of `prompt` its resident KV keeps
@@ -491,9 +525,7 @@ class Scheduler:
             if seq.phase is not Phase.PREFILL or (live and batch):
                 continue  # a batch prompt waits while live requests run: its chunks would slow their steps
             # a batch prompt goes in small chunks: a live request arriving waits for one of them at most
-            n = min(seq.prefill_left, budget, BATCH_PREFILL_CHUNK if batch else budget)
-            if seq.store_at:
-                n = min(n, seq.store_at[0] - seq.n_past)
+            n = seq.chunk_end(min(seq.prefill_left, budget, BATCH_PREFILL_CHUNK if batch else budget))
             entries.append(_Entry(seq, list(seq.prompt[seq.n_past:seq.n_past + n]), seq.n_past, False))
             budget -= n
         return entries
@@ -577,6 +609,7 @@ class Scheduler:
             self.counters["prefill_tokens"] += len(e.tokens)
             if seq.store_at and seq.store_at[0] == seq.n_past:
                 self._store_prefix(seq, seq.store_at.pop(0))
+            seq.copy_at = [at for at in seq.copy_at if at > seq.n_past]
             if e.first_row >= 0:
                 assert logits is not None
                 self._prompt_done(seq, logits[e.first_row])

@@ -114,7 +114,7 @@ class Sequence:
         "pending", "n_sampled", "n_steps", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs",
         "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "hint",
-        "spare", "fork", "waited_for_prefix",
+        "spare", "fork", "waited_for_prefix", "copy_at",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
@@ -138,7 +138,8 @@ class Sequence:
         self.followers: list[Sequence] = []
         self.share: PromptShare | None = None
         self.own_cells = 0
-        self.store_at: list[int] = []
+        self.store_at: list[int] = []  # prompt positions where the prefix cache wants a state saved
+        self.copy_at: list[int] = []   # prompt positions where a waiting prompt copies this KV (admission.py)
         self._detok = IncrementalDetokenizer()
         self._stops = StopMatcher(request.stop)
         self._unsent_tokens: list[int] = []
@@ -165,6 +166,12 @@ class Sequence:
     @property
     def prefill_left(self) -> int:
         return len(self.prompt) - self.n_past
+
+    def chunk_end(self, n: int) -> int:
+        """How many of the next `n` prompt tokens its prefill chunk takes: it ends at the next
+        position where a state is saved or another prompt copies the KV."""
+        stops = [at for at in (*self.store_at[:1], *self.copy_at) if at > self.n_past]
+        return min(n, min(stops) - self.n_past) if stops else n
 
     @property
     def tokens_left(self) -> int:

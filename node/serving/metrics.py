@@ -44,6 +44,8 @@ class LiveStats(Collector):
             ("reame_prefix_resident_tokens", "resident_tokens", "Prompt tokens a resident slot's KV held already"),
             ("reame_prefix_resident_evicted", "resident_evicted", "Resident slot KV cleared for the cells"),
             ("reame_shared_row_tokens", "shared_rows", "Tokens a sequence drew from an identical sibling's rows"),
+            ("reame_prefix_copied_tokens", "prefix_copied_tokens",
+             "Prompt tokens a new request took from another active request's KV instead of computing them"),
             ("reame_prefix_waits", "prefix_waits",
              "Prompts that waited for one being prefilled to compute the prefix they share"),
         ):

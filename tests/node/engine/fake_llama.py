@@ -165,6 +165,10 @@ class FakeContext:
         cells = self.kv[seq]
         return json.dumps([cells[p] for p in sorted(cells)]).encode()
 
+    def state_copy(self, src: int, dst: int) -> bool:
+        self.kv[dst] = dict(self.kv[src])
+        return True
+
     def state_set(self, seq: int, state: bytes) -> bool:
         tokens = json.loads(state)
         self.kv[seq] = dict(enumerate(tokens))

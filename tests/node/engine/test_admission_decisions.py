@@ -104,3 +104,55 @@ def test_a_prompt_waits_for_a_leader_prefilling_its_document_as_urgent_as_itself
     leader.n_past = 40
     assert admission.prefix_wait(seq((*document[:50], 9), priority=BATCH), [leader], wanted, 64) is None
     assert admission.prefix_wait(seq((*document, 2), priority=BATCH, scope="t"), [leader], wanted, 64) is None
+
+
+def test_a_prompt_sharing_a_short_prefix_waits_to_copy_it_where_the_cache_wants_no_boundary():
+    instruction = tuple(range(100, 140))  # 40 tokens: no block boundary of the cache's inside
+    leader = seq((*instruction, 1, 2))
+    leader.phase, leader.n_past = Phase.PREFILL, 0
+    follower = seq((*instruction, 3, 4))
+    none = lambda s: ()  # noqa: E731
+    wait = admission.prefix_wait(follower, [leader], none, 64, copy_tokens=32)
+    assert wait is not None and wait.leader is leader and wait.boundary == 40 and not wait.store
+    assert admission.prefix_wait(follower, [leader], none, 64, copy_tokens=0) is None  # copying off
+    assert admission.prefix_wait(follower, [leader], none, 64, copy_tokens=41) is None  # shares too little
+    # the copy leaves the prompt's last token to decode: a prompt that is all instruction waits for all but it
+    whole = seq(instruction)
+    assert admission.prefix_wait(whole, [leader], none, 64, copy_tokens=32).boundary == 39
+    leader.n_past = 40  # the leader holds it: no wait, the follower copies at admission
+    assert admission.prefix_wait(follower, [leader], none, 64, copy_tokens=32) is None
+    # with a cache boundary inside the shared part, the copy takes it all (the boundary's state
+    # only without copying)
+    document = tuple(range(100, 200))
+    cached = seq((*document, 1))
+    cached.phase, cached.n_past = Phase.PREFILL, 10
+    reader = seq((*document, 2))
+    wait = admission.prefix_wait(reader, [cached], lambda s: (32, 64, 96), 64, copy_tokens=32)
+    assert wait is not None and wait.boundary == 100 and not wait.store
+    wait = admission.prefix_wait(reader, [cached], lambda s: (32, 64, 96), 64, copy_tokens=0)
+    assert wait is not None and wait.boundary == 96 and wait.store
+
+
+def test_a_new_prompt_copies_the_longest_prefix_an_active_kv_holds():
+    instruction = tuple(range(100, 140))
+    prefilling = seq((*instruction, 1, 2))
+    prefilling.phase, prefilling.slot, prefilling.n_past = Phase.PREFILL, 0, 20  # holds 20 of the 40 so far
+    decoding = seq((*instruction, 5))
+    decoding.phase, decoding.slot = Phase.DECODE, 1
+    decoding.tokens += [6, 7, 8]  # its answer: 6 and 7 are in its KV, 8 is sampled, not yet decoded
+    decoding.n_past = 43
+    usable = lambda slot, n: True  # noqa: E731
+    # a turn that continues the decoding one's prompt and answer copies all of its KV
+    turn = seq((*instruction, 5, 6, 7, 8, 9))
+    got = admission.prefix_copy(turn, [prefilling, decoding], 0, usable, 32)
+    assert got is not None and got.source is decoding and got.n_tokens == 43
+    # another prompt over the instruction: the 40 tokens the decoding one holds, not the 20 of the other
+    other = seq((*instruction, 9, 9))
+    assert admission.prefix_copy(other, [prefilling, decoding], 0, usable, 32).n_tokens == 40
+    # none where the slot keeps as much already, below the minimum, another tenant's, or the KV is cut
+    assert admission.prefix_copy(other, [prefilling, decoding], 40, usable, 32) is None
+    assert admission.prefix_copy(other, [prefilling, decoding], 0, usable, 41) is None
+    assert admission.prefix_copy(seq((*instruction, 9), scope="t"), [prefilling, decoding], 0, usable, 32) is None
+    assert admission.prefix_copy(other, [prefilling, decoding], 0, lambda slot, n: slot != 1, 32) is None
+    # the prompt's last token is never copied: it is decoded for the prompt's own logits
+    assert admission.prefix_copy(seq(instruction), [decoding], 0, usable, 32).n_tokens == 39

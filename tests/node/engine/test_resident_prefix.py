@@ -136,3 +136,36 @@ def test_resident_kv_gives_way_to_reservations(gemma_path):
         assert stats["resident_evicted"] == 1 and stats["slots_resident"] == 1  # the new one's KV stays
     finally:
         small.close()
+
+
+def test_questions_sent_together_copy_the_page_from_the_first(engines):
+    """Two questions over the page sent at once, nothing resident for them: the first prefills
+    the page (in chunks of the step budget, the model's sliding window over it), the second
+    waits for it and starts from a copy of its KV (scheduler.py `_copy_prefix`), prefilling
+    only its question. A third, sent while both decode, waits for a slot and continues from
+    the KV the first to finish leaves resident. The answers are what an engine without resident
+    prefixes gives, up to near-ties."""
+    resident, plain = engines
+    prompts = [resident.tokenize("Log. " + PAGE + q) for q in QUESTIONS]
+    shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    references = [run(plain, p, logprobs=2) for p in prompts]
+    before = resident.stats()
+
+    def submit(prompt):
+        return resident.submit(GenerationRequest(tuple(prompt), max_tokens=10, sampling=never_end(resident)))
+
+    first, second = submit(prompts[0]), submit(prompts[1])
+    events = [first.iter_sync(timeout=300), second.iter_sync(timeout=300)]
+    next(e for e in events[0] if isinstance(e, TextDelta))  # both decoding (the second is admitted first)
+    third = submit(prompts[2])
+    finals = [list(stream)[-1] for stream in events] + [list(third.iter_sync(timeout=300))[-1]]
+    after = resident.stats()
+    assert after["prefix_waits"] - before["prefix_waits"] == 1
+    assert after["prefix_copies"] - before["prefix_copies"] == 1
+    assert finals[0].cached_tokens == 0 and finals[1].cached_tokens >= shared and finals[2].cached_tokens >= shared
+    copied = after["prefix_copied_tokens"] - before["prefix_copied_tokens"]
+    assert after["prefill_tokens"] - before["prefill_tokens"] == sum(map(len, prompts)) - copied - (
+        after["resident_tokens"] - before["resident_tokens"])
+    for reference, final in zip(references, finals):
+        assert isinstance(final, Finished) and final.reason == "length"
+        assert_same_up_to_near_ties(reference, final)

@@ -497,3 +497,35 @@ def test_the_prompt_tokens_beside_decoding_are_what_the_planner_grants():
     chunks = [sum(1 for r in rows if r.seq == slot and r.pos < len(second.prompt)) for rows in fake.decodes]
     assert max(chunks) == 3 and sum(chunks) == len(second.prompt)  # never more prompt tokens than granted
     assert text(second) == " u v" and text(first) == letters("a", 12)
+
+
+def test_prompts_sharing_an_instruction_sent_at_once_copy_it_from_the_first():
+    """Three prompts share a 20-token instruction and differ after it, sent together, with no
+    prefix cache: the first prefills the instruction, the others wait for it (admission.py
+    `prefix_wait`, a copy wait), then start from a copy of its KV and prefill only their own
+    tail. A fourth, sent while the others decode, copies from one of them. Without copying
+    each prefills all of it; the outputs are the same."""
+    instruction = " ".join("abcdefghijklmnopqrst")  # 20 tokens, 21 with BOS
+
+    def serve(copy_tokens: int) -> tuple[Scheduler, list[Sequence]]:
+        limits = SchedulerLimits(n_parallel=4, max_queue=8, step_token_budget=64, prefix_copy_tokens=copy_tokens)
+        sched, fake = make(limits)
+        started = [s for tail in ("x", "y z", "z") for s in seqs(request(f"{instruction} {tail}", max_tokens=6))]
+        sched.enqueue(started)
+        for _ in range(4):
+            sched.step()
+        assert all(s.phase is Phase.DECODE for s in started)
+        late, = seqs(request(f"{instruction} w", max_tokens=2))
+        sched.enqueue([late])
+        run(sched, *started, late)
+        return sched, [*started, late]
+
+    shared, copied = serve(copy_tokens=8)
+    assert shared.counters["prefix_waits"] == 1  # the second waited; the third, behind it, found it held
+    assert shared.counters["prefix_copies"] == 3 and shared.counters["prefix_copied_tokens"] == 3 * 21
+    assert [finished(s).cached_tokens for s in copied] == [0, 21, 21, 21]
+    assert shared.counters["prefill_tokens"] == 22 + 2 + 1 + 1  # the instruction once, then each one's tail
+    apart, plain = serve(copy_tokens=0)
+    assert apart.counters["prefix_copies"] == apart.counters["prefix_waits"] == 0
+    assert apart.counters["prefill_tokens"] == 22 + 23 + 22 + 22
+    assert [text(s) for s in plain] == [text(s) for s in copied]
