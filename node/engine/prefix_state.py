@@ -89,3 +89,14 @@ def window_kept(n_swa: int, pos_min: int, n_tokens: int) -> bool:
     """Whether a KV whose smallest position is `pos_min` holds every position the token at
     `n_tokens` attends to (n_swa: the model's sliding window, 0: none)."""
     return n_swa == 0 or pos_min <= max(0, n_tokens - n_swa)
+
+
+def window_copied(n_swa: int, pos_min: int, pos_max: int, n_tokens: int) -> bool:
+    """Whether a copy of a KV holding positions pos_min..pos_max (`state_copy`), cut at
+    `n_tokens`, holds every position the token at `n_tokens` attends to. llama.cpp writes a
+    sequence's state without the cells its own sliding window has left behind (those at or
+    before pos_max - n_swa), so the copy holds the window before n only where the source has
+    not moved past it (n_swa: the model's sliding window, 0: none)."""
+    if n_swa == 0:
+        return True
+    return max(pos_min, pos_max - n_swa + 1) <= max(0, n_tokens - n_swa)

@@ -399,14 +399,14 @@ class Scheduler:
         failed (the slot's KV is gone then)."""
         if self._copy_tokens <= 0:
             return kept
-        found = admission.prefix_copy(seq, self._active, kept, self._window_kept, self._copy_tokens)
+        found = admission.prefix_copy(seq, self._active, kept, self._window_copied, self._copy_tokens)
         if found is None:
             return kept
         n = found.n_tokens
         self._ctx.seq_rm(seq.slot)
         if not (self._ctx.state_copy(found.source.slot, seq.slot) and self._ctx.seq_rm(seq.slot, n, -1)
                 and self._ctx.seq_pos_max(seq.slot) == n - 1 and self._window_kept(seq.slot, n)):
-            log.warning("copying %d prompt tokens from another slot failed; prefilling them", n)
+            log.warning("copying %d prompt tokens from another slot failed; the prefix cache or a prefill gives them", n)
             self._ctx.seq_rm(seq.slot)
             return 0
         seq.n_past = seq.n_cached = n
@@ -750,6 +750,13 @@ class Scheduler:
             self.counters["final_states_stored"] += 1
         except Exception:
             log.exception("prefix cache store of a finished sequence failed at %d tokens", n_kv)
+
+    def _window_copied(self, slot: int, n_tokens: int) -> bool:
+        """Whether a copy of the slot's KV cut at `n_tokens` holds every position the token at
+        `n_tokens` attends to (prefix_state.py `window_copied`)."""
+        n_swa = self._model.n_swa
+        return n_swa == 0 or prefix_state.window_copied(n_swa, self._ctx.seq_pos_min(slot),
+                                                        self._ctx.seq_pos_max(slot), n_tokens)
 
     def _window_kept(self, slot: int, n_tokens: int) -> bool:
         """Whether the KV still holds every position the token at `n_tokens` attends to."""

@@ -88,6 +88,16 @@ def test_a_freed_slot_keeps_what_its_kv_holds_unless_the_request_failed():
     assert prefix_state.window_kept(4, pos_min=3, n_tokens=8) and not prefix_state.window_kept(4, pos_min=5, n_tokens=8)
 
 
+def test_a_copy_of_a_kv_holds_the_window_only_where_the_source_has_not_moved_past_it():
+    # a state leaves out the cells the source's own window left behind (at or before pos_max - n_swa)
+    assert prefix_state.window_copied(0, pos_min=0, pos_max=900, n_tokens=10)  # no sliding window
+    assert prefix_state.window_copied(512, pos_min=0, pos_max=64, n_tokens=44)  # all within one window
+    assert prefix_state.window_copied(512, pos_min=0, pos_max=595, n_tokens=596)  # cut where the source ends
+    assert not prefix_state.window_copied(512, pos_min=0, pos_max=620, n_tokens=596)  # moved past it
+    assert not prefix_state.window_copied(512, pos_min=0, pos_max=600, n_tokens=44)
+    assert not prefix_state.window_copied(512, pos_min=200, pos_max=700, n_tokens=701)  # cells reused already
+
+
 def test_a_prompt_waits_for_a_leader_prefilling_its_document_as_urgent_as_itself():
     document = tuple(range(100, 200))
     wanted = lambda s: (32, 64, 96)  # noqa: E731  (the block boundaries the cache does not hold yet)
