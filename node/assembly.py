@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -58,6 +59,7 @@ from node.serving.service import CompletionService
 from node.sessions.archived import ArchivedSessionStore
 from node.sessions.store import SessionLimits, Sessions, SessionStore
 from node.speculative.controller import Controller
+from node.speculative.cost_store import CostStore
 from node.speculative.palimpsest import Palimpsest
 
 if TYPE_CHECKING:  # the engine is imported when one is opened
@@ -65,6 +67,8 @@ if TYPE_CHECKING:  # the engine is imported when one is opened
     from node.speculative.source import DraftSource
 
 log = logging.getLogger(__name__)
+
+CALIBRATION_WAIT_S = 60.0  # the most a node waits for its first measure of the step costs before serving
 
 STEP_TOKEN_BUDGET = 256  # prefill tokens per step while others decode: bounds their stall
 
@@ -100,6 +104,7 @@ class Node:
             opened: EngineClient = await loop.run_in_executor(None, partial(open_engine, settings,
                                                                             on_progress=on_progress))
             engine = opened
+            await wait_for_costs(engine)
         hook = engine.config.prefix_cache  # the node's prefix cache, when the engine was built with one
         cache = hook if isinstance(hook, PrefixCache) else None
         fleet: FleetTier | None = None
@@ -162,6 +167,23 @@ def service_options(settings: NodeSettings) -> ServiceOptions:
         l1_ttl_s=settings.arca.l1_ttl_s or None, conclave=ConclavePolicy.from_settings(settings.conclave),
         embeddings=EmbeddingLimits(settings.embeddings.max_inputs, settings.embeddings.max_request_tokens),
         max_queue_wait_s=settings.server.max_queue_wait_s)
+
+
+async def wait_for_costs(engine: EngineClient) -> None:
+    """Before the node serves, the engine's first calibration of the step costs, where no earlier
+    start kept one (node/speculative/cost_store.py): it gives way to requests, and a node under
+    load from its first second would plan every step on a default line without this host's
+    staircase, never idle to measure it."""
+    speculator = engine.config.speculator
+    wait = getattr(engine, "wait_calibrated", None)
+    if wait is None or not isinstance(speculator, Controller) or speculator.costs.measured:
+        return
+    started = time.monotonic()
+    log.info("measuring this host's step costs before serving (once: kept for the next start)")
+    if not await asyncio.get_running_loop().run_in_executor(None, wait, CALIBRATION_WAIT_S):
+        log.warning("step costs not measured after %.0f s; serving on the default line", CALIBRATION_WAIT_S)
+    elif speculator.costs.measured:
+        log.info("step costs measured in %.1f s: %s", time.monotonic() - started, speculator.costs.describe())
 
 
 async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
@@ -252,7 +274,19 @@ def build_speculator(settings: NodeSettings, plan: EnginePlan) -> Controller | N
     if not sources:
         return None
     return Controller(sources, ControllerConfig(max_draft=max_draft, min_draft=spec.min_draft,
-                                                n_parallel=plan.n_parallel))
+                                                n_parallel=plan.n_parallel),
+                      store=CostStore(cost_curve_path(settings, plan, max_draft)))
+
+
+def cost_curve_path(settings: NodeSettings, plan: EnginePlan, max_draft: int) -> Path:
+    """Where the calibrated verify cost curve is kept (node/speculative/cost_store.py): one file per
+    model file, llama.cpp build, CPU, threads (the kernel verdict's key), kernel setting, slots
+    and draft length, beside the kernel verdicts."""
+    from node.engine.kernels import verdict_key
+
+    threads = plan.n_threads or os.cpu_count() or 1
+    text = f"{verdict_key(plan.model.path, threads)}:{settings.model.extra_buffers}:{plan.n_parallel}:{max_draft}"
+    return settings.home / "kernels" / f"costs-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
 def open_draft_model(path: Path, plan: EnginePlan) -> DraftSource:

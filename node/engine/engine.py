@@ -147,6 +147,12 @@ class Engine:
     def n_ctx(self) -> int:
         return self._ctx.n_ctx
 
+    def wait_calibrated(self, timeout_s: float) -> bool:
+        """Wait until the engine thread has made its first calibration of the step costs (the
+        speculator's, before any step; it gives way to requests already waiting); False when
+        `timeout_s` passed first."""
+        return self._scheduler.first_calibration.wait(timeout_s)
+
     def kernel_report(self) -> dict:
         """The kernel path: llama.cpp's CPU features, extra buffer types in use and why, the
         buffer types the weights went to (node/engine/kernels.py)."""

@@ -137,6 +137,7 @@ class Scheduler:
         self._budget = KVBudget(limits.n_parallel, ctx.n_ctx)
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self.first_calibration = threading.Event()  # set once `run` has made its first calibration (or given way)
         self._batch_turn = 0  # which waiting batch sequence decodes beside live work
         # forced tokens per sequence and step: its pending tokens and drafts fit its share of a batch
         self._jump_max = max(0, min(JUMP_MAX, ctx.n_batch // limits.n_parallel - 1 - limits.max_draft))
@@ -189,7 +190,10 @@ class Scheduler:
 
     def run(self) -> None:
         """The engine thread's loop: a step while there is work, asleep otherwise, until `stop`."""
-        self._calibrate()
+        try:
+            self._calibrate()
+        finally:
+            self.first_calibration.set()
         while True:
             with self._lock:
                 idle = not self._closing and not self._queue and not self._active and not self.embed_waiting()

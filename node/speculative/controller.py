@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
+from node.speculative.cost_store import CostStore
 from node.speculative.costs import CostCurve
 from node.speculative.draining import Draining, draft_return
 from node.speculative.palimpsest import Palimpsest
@@ -152,9 +153,14 @@ class Controller:
     """Implements node.engine.hooks.Speculator over a list of draft sources."""
 
     def __init__(self, sources: Sequence[DraftSource], config: ControllerConfig = ControllerConfig(), *,
-                 costs: CostCurve | None = None) -> None:
+                 costs: CostCurve | None = None, store: CostStore | None = None) -> None:
         self.config = config
         self.costs = costs or CostCurve()
+        self._store = store  # the curve measured at an earlier start, and where this one's goes
+        kept = store.load() if store is not None and not self.costs.measured else None
+        if kept:
+            self.costs.restore(kept)
+            log.info("verify cost curve as measured at an earlier start: %s", self.costs.describe())
         self._sources = {s.name: _SourceState(s, float(getattr(s, "prior", PRIOR))) for s in sources}
         self.stats = SpeculationStats(list(self._sources), config.max_draft)
         self._seqs: dict[int, _SeqState] = {}
@@ -180,10 +186,15 @@ class Controller:
     # -- Speculator -------------------------------------------------------------------------
 
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
+        done = self.costs.calibrations
         self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft)
+        if self._store is not None and self.costs.calibrations > done:
+            self._store.save(self.costs.points)
 
     def calibration_due(self) -> bool:
-        return self.costs.drifted
+        """The host's speed moved, or the curve was never measured (the first calibration gave
+        way to requests, and no earlier start kept one)."""
+        return self.costs.due
 
     def begin(self, seq: DraftSeq) -> None:
         self._seqs[seq.key] = _SeqState()

@@ -32,7 +32,8 @@ did on a quiet host. So the curve follows the host three ways:
   - when the scale has stayed outside [1/DRIFT, DRIFT] for DRIFT_STEPS steps, `drifted` asks
     for a fresh calibration, which the engine runs the next time it is idle; successive
     drift calibrations back off (RECALIBRATE_MIN_S, doubling up to RECALIBRATE_MAX_S), so an
-    idle node on a busy host does not spend its cores measuring.
+    idle node on a busy host does not spend its cores measuring. A curve never measured (the
+    first calibration gave way to requests) is measured the same way (`due`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ class CostCurve:
     def tail(self) -> float:
         return self.shape.tail
 
+    def restore(self, points: dict[int, float]) -> None:
+        """Take a curve calibrated at an earlier start (cost_store.py) as this run's first."""
+        self.fit(points)
+        if self._start_rate is None and self.measured:
+            self._start_rate = 1.0 / (self.intercept + self.slope)
+
     def fit(self, points: dict[int, float]) -> None:
         """The line or staircase through these points (node/engine/cost_line.py: robust,
         physically bounded)."""
@@ -134,7 +141,7 @@ class CostCurve:
         if self.fixed:
             return
         started = time.monotonic()
-        drifting = self.calibrations > 0 and self._drift_steps >= DRIFT_STEPS
+        retrying = (self.calibrations > 0 and self._drift_steps >= DRIFT_STEPS) or not self.measured
         shapes = _shapes(n_parallel, max_draft)
         samples: dict[int, list[float]] = {}
         if all(measure(n_seqs, k) is not None for n_seqs, k in shapes.values()):  # warm-up, unmeasured
@@ -149,7 +156,7 @@ class CostCurve:
                         continue
                 break
         self._calibrated_at = time.monotonic()
-        self._recalibrate_after = (min(self._recalibrate_after * 2, RECALIBRATE_MAX_S) if drifting
+        self._recalibrate_after = (min(self._recalibrate_after * 2, RECALIBRATE_MAX_S) if retrying
                                    else RECALIBRATE_MIN_S)
         points = {size: statistics.median(values) for size, values in samples.items()}
         if len(points) < MIN_CALIBRATED_SIZES:
@@ -270,6 +277,14 @@ class CostCurve:
         (backing off while it keeps drifting)."""
         return (not self.fixed and self._drift_steps >= DRIFT_STEPS
                 and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
+
+    @property
+    def due(self) -> bool:
+        """Measure when next idle: the host drifted, or the curve was never measured (a
+        calibration gave way to requests), backing off alike while attempts keep failing."""
+        unmeasured = (not self.fixed and not self.measured
+                      and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
+        return self.drifted or unmeasured
 
     def describe(self) -> str:
         """The line as it stands, and the calibrated sizes off it."""

@@ -9,6 +9,8 @@ import pytest
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
 from node.speculative.controller import (ANY, BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig,
                                          _match_class)
+from node.speculative import costs as costs_module
+from node.speculative.cost_store import CostStore
 from node.speculative.costs import BEND_LIMITS, CostCurve
 
 
@@ -627,3 +629,39 @@ def test_a_draft_cut_by_the_grammar_carries_no_hint():
     controller._sources["src"].p[(False, ANY)] = [1.0] * 16
     plan = controller.plan(1, [DraftAsk(seq, [1], 8)], 0, 256)
     assert plan.drafts[1].tokens == (100, 101, 102) and plan.drafts[1].after is None
+
+
+def test_the_calibrated_curve_is_kept_for_the_next_start_and_a_bad_file_is_measured_again(tmp_path, caplog):
+    path = tmp_path / "kernels" / "costs-x.json"
+    store = CostStore(path)
+    staircase = lambda n_seqs, k: 0.018 + 0.0034 * n_seqs * (k + 1) + (0.012 if n_seqs * (k + 1) % 4 and n_seqs * (k + 1) > 4 else 0)  # noqa: E731
+    first = Controller([], ControllerConfig(max_draft=16, n_parallel=4), store=store)
+    assert not first.costs.measured and first.calibration_due()  # nothing kept: measure when idle
+    first.calibrate(staircase)
+    assert first.costs.measured and path.exists() and not first.calibration_due()
+    again = Controller([], ControllerConfig(max_draft=16, n_parallel=4), store=store)
+    assert again.costs.measured and again.costs.plain_rate() is not None and not again.calibration_due()
+    for n in (1, 4, 5, 8, 9, 12):  # the staircase as measured, from the first plan on
+        assert abs(again.costs.seconds(n) - first.costs.seconds(n)) < 1e-9
+    assert again.costs.seconds(5) > again.costs.seconds(8)
+    for damage in (b"{not json", b'{"layout": 1, "points": {"4": -1}}', b'{"layout": 99, "points": {"4": 0.03}}'):
+        path.write_bytes(damage)
+        assert not Controller([], store=store).costs.measured  # measured again, not trusted
+    blocked = tmp_path / "home-file"
+    blocked.write_text("a file where the home's directory should be")  # a home that cannot be written
+    unwritable = CostStore(blocked / "kernels" / "costs-x.json")
+    with caplog.at_level("WARNING"):
+        Controller([], ControllerConfig(max_draft=16, n_parallel=4), store=unwritable).calibrate(staircase)
+    assert "could not keep it" in caplog.text  # and the node measures again at its next start
+    assert not Controller([], store=unwritable).costs.measured
+
+
+def test_a_curve_never_measured_is_due_when_idle_and_backs_off_while_calibrations_give_way():
+    curve = CostCurve()
+    controller = Controller([], costs=curve)
+    assert controller.calibration_due()
+    curve.calibrate(lambda n_seqs, k: None, n_parallel=4, max_draft=16)  # a request was waiting
+    assert not curve.measured and not controller.calibration_due()  # not again at once
+    curve._calibrated_at -= costs_module.RECALIBRATE_MIN_S * 2 + 1  # the backoff (doubled) has passed
+    assert controller.calibration_due()
+    assert not Controller([], costs=CostCurve(fixed=True)).calibration_due()
