@@ -104,7 +104,8 @@ class Node:
             opened: EngineClient = await loop.run_in_executor(None, partial(open_engine, settings,
                                                                             on_progress=on_progress))
             engine = opened
-            await wait_for_costs(engine)
+            if settings.speculative.measure_first:
+                await wait_for_costs(engine)
         hook = engine.config.prefix_cache  # the node's prefix cache, when the engine was built with one
         cache = hook if isinstance(hook, PrefixCache) else None
         fleet: FleetTier | None = None

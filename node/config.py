@@ -88,6 +88,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("speculative", "max_draft", int, 16, "Longest draft verified per sequence and step, in tokens."),
     _opt("speculative", "archive_tokens", int, 1_000_000,
          "Past-generation tokens the archive source keeps in RAM (about 100 bytes each)."),
+    _opt("speculative", "measure_first", bool, True,
+         "Measure what a decode step costs by its size before serving, where no earlier start kept it "
+         "(about 6 s on 2 cores); false serves at once and measures when idle."),
     _opt("batch", "enabled", bool, True,
          "Serve the Batch API (/v1/files, /v1/batches) and run its batches in the background."),
     _opt("batch", "directory", str, "", "Batch API files and progress (SQLite); empty = <home>/batches."),
@@ -227,6 +230,7 @@ class SpeculativeSettings:
     min_draft: int
     max_draft: int
     archive_tokens: int
+    measure_first: bool
 
 
 @dataclass(frozen=True, slots=True)

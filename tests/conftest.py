@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+# Nodes the tests start serve at once instead of measuring the step costs first (about 6 s
+# each): the planner's calibration is not what they test. Subprocess nodes inherit this;
+# tests/node/speculative/test_startup_costs.py tests the default.
+os.environ.setdefault("REAME_SPECULATIVE_MEASURE_FIRST", "false")
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""

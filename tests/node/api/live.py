@@ -24,9 +24,10 @@ from node.config import load_settings
 
 def node_settings(model: Path, home: Path, **flags: Any) -> Any:
     """Settings of a small test node: 4096-token context, 4 slots (1024 tokens per sequence: a
-    test document of 500 tokens and its answer fit one), no prefix cache."""
+    test document of 500 tokens and its answer fit one), no prefix cache, serving without
+    measuring the step costs first."""
     base = {"model.path": str(model), "model.context_length": 4096, "server.parallel": 4,
-            "cache.enabled": False}
+            "cache.enabled": False, "speculative.measure_first": False}  # serve at once (tests/conftest.py)
     return load_settings(None, {**base, **flags}, env={"REAME_HOME": str(home)})
 
 

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.model]
 
 def test_a_node_serves_once_its_step_costs_are_measured_and_the_next_start_reuses_them(gemma_path, tmp_path,
                                                                                        caplog):
-    settings = node_settings(gemma_path, tmp_path)
+    settings = node_settings(gemma_path, tmp_path, **{"speculative.measure_first": True})  # the default
     with caplog.at_level(logging.INFO):
         with LiveNode(settings) as node:
             controller = node.state.speculation
@@ -32,3 +32,10 @@ def test_a_node_serves_once_its_step_costs_are_measured_and_the_next_start_reuse
             pass
         assert "as measured at an earlier start" in caplog.text
         assert "measuring this host's step costs before serving" not in caplog.text
+
+
+def test_a_node_told_not_to_measure_first_serves_at_once(gemma_path, tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        with LiveNode(node_settings(gemma_path, tmp_path)) as node:  # measure_first off (the tests' nodes)
+            assert node.state.speculation is not None
+    assert "measuring this host's step costs before serving" not in caplog.text
