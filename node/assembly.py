@@ -185,6 +185,8 @@ async def wait_for_costs(engine: EngineClient) -> None:
         log.warning("step costs not measured after %.0f s; serving on the default line", CALIBRATION_WAIT_S)
     elif speculator.costs.measured:
         log.info("step costs measured in %.1f s: %s", time.monotonic() - started, speculator.costs.describe())
+    else:
+        log.info("step costs not measured before serving (work was already waiting); measured when next idle")
 
 
 async def open_sessions(settings: NodeSettings, archive: ArchiveClient) -> Sessions:
