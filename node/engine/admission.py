@@ -140,8 +140,8 @@ def prefix_wait(seq: Sequence, active: Iterable[Sequence], wanted: Callable[[Seq
     for seq (`wanted`: seq's boundaries the cache does not hold yet): the leader's state is
     stored there, and seq restores it. None where no such leader is short of such a point (seq
     prefills on its own)."""
-    floor = min(n for n in (min_tokens, copy_tokens) if n > 0) if min_tokens > 0 or copy_tokens > 0 else 0
-    if floor <= 0:
+    floor = min((n for n in (min_tokens, copy_tokens) if n > 0), default=0)
+    if floor == 0:
         return None
     best: Sequence | None = None
     shared = 0

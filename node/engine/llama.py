@@ -326,19 +326,21 @@ class LlamaContext:
 
     # -- per-sequence state ---------------------------------------------------------------
 
-    def state_get(self, seq: int) -> bytes:
+    def _state_data(self, seq: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        """seq's state written into a buffer of its own, and the bytes written."""
         size = ll.llama_state_seq_get_size(self._ptr, seq)
         buf = (ctypes.c_uint8 * size)()
-        written = ll.llama_state_seq_get_data(self._ptr, buf, size, seq)
+        return buf, ll.llama_state_seq_get_data(self._ptr, buf, size, seq)
+
+    def state_get(self, seq: int) -> bytes:
+        buf, written = self._state_data(seq)
         return bytes(memoryview(buf)[:written])
 
     def state_copy(self, src: int, dst: int) -> bool:
         """Make dst's KV a copy of src's in cells of its own (`seq_cp` shares the cells instead,
         and llama.cpp never reuses a sliding-window cell two sequences hold, even once it is
         outside both windows: shared windows of long sequences fill the SWA cache)."""
-        size = ll.llama_state_seq_get_size(self._ptr, src)
-        buf = (ctypes.c_uint8 * size)()
-        written = ll.llama_state_seq_get_data(self._ptr, buf, size, src)
+        buf, written = self._state_data(src)
         return written > 0 and ll.llama_state_seq_set_data(self._ptr, buf, written, dst) > 0
 
     def state_set(self, seq: int, state: bytes) -> bool:

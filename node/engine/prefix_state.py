@@ -97,6 +97,4 @@ def window_copied(n_swa: int, pos_min: int, pos_max: int, n_tokens: int) -> bool
     sequence's state without the cells its own sliding window has left behind (those at or
     before pos_max - n_swa), so the copy holds the window before n only where the source has
     not moved past it (n_swa: the model's sliding window, 0: none)."""
-    if n_swa == 0:
-        return True
-    return max(pos_min, pos_max - n_swa + 1) <= max(0, n_tokens - n_swa)
+    return window_kept(n_swa, max(pos_min, pos_max - n_swa + 1), n_tokens)

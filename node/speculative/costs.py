@@ -275,16 +275,17 @@ class CostCurve:
     def drifted(self) -> bool:
         """The host's speed has moved away from the calibrated line for a while: re-measure
         (backing off while it keeps drifting)."""
-        return (not self.fixed and self._drift_steps >= DRIFT_STEPS
-                and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
+        return self._calibration_wanted(self._drift_steps >= DRIFT_STEPS)
 
     @property
     def due(self) -> bool:
         """Measure when next idle: the host drifted, or the curve was never measured (a
         calibration gave way to requests), backing off alike while attempts keep failing."""
-        unmeasured = (not self.fixed and not self.measured
-                      and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
-        return self.drifted or unmeasured
+        return self._calibration_wanted(self._drift_steps >= DRIFT_STEPS or not self.measured)
+
+    def _calibration_wanted(self, reason: bool) -> bool:
+        return (not self.fixed and reason
+                and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
 
     def describe(self) -> str:
         """The line as it stands, and the calibrated sizes off it."""
