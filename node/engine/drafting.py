@@ -34,7 +34,7 @@ class NoSpeculator:
         pass
 
     def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int,
-             draining: int | None = None) -> StepPlan:
+             draining: int | None = None, refill: float = 0.0) -> StepPlan:
         return StepPlan({}, prefill)
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
@@ -82,13 +82,13 @@ class Drafting:
         return DraftAsk(seq.draft_seq, seq.tokens, room, seq.tokens_left) if room > 0 else None
 
     def plan(self, n_decoding: int, asks: list[DraftAsk], offered: int, room: int,
-             draining: int | None = None) -> DraftPlan:
+             draining: int | None = None, refill: float = 0.0) -> DraftPlan:
         """The speculator's plan for the step (all the prompt tokens offered when nothing drafts);
-        `draining` as `Speculator.plan` has it."""
+        `draining` and `refill` as `Speculator.plan` has them."""
         if not self.enabled or not n_decoding:
             return DraftPlan({}, offered)
         try:
-            plan = self.speculator.plan(n_decoding, asks, offered, room, draining)
+            plan = self.speculator.plan(n_decoding, asks, offered, room, draining, refill)
         except Exception:
             log.exception("speculator plan() failed; decoding without drafts")
             return DraftPlan({}, offered)

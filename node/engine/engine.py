@@ -299,7 +299,7 @@ class Engine:
         if need > self._ctx.n_ctx:
             raise PromptTooLong(len(req.prompt_tokens), n * req.max_tokens, self._ctx.n_ctx)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         return {**self._scheduler.stats(), **self._embedder.stats(), **self.grammars.stats()}
 
     def close(self) -> None:

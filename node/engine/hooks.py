@@ -136,13 +136,15 @@ class Speculator(Protocol):
         """A sequence starts decoding."""
 
     def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int,
-             draining: int | None = None) -> StepPlan:
+             draining: int | None = None, refill: float = 0.0) -> StepPlan:
         """The step as a whole: n_decoding sequences decode one token each (`asks` are those
         that may carry drafts); `prefill` prompt tokens wait to go in beside them; `budget` is
         the most tokens the step may hold beyond the decoding tokens. Drafts (each at most
         its ask's room) and prefill together stay within the budget. `draining` is None while
         requests wait to join the batch; once none does, the most tokens a decoding sequence
-        without an ask may still generate (0: every one asks)."""
+        without an ask may still generate (0: every one asks). `refill`: how often a slot freed
+        while the batch went on was lately taken again at once (node/engine/refill.py), the
+        chance that the batch's end is not the end of its work."""
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         """The target kept `accepted` of the draft's tokens (a prefix of them)."""

@@ -60,6 +60,7 @@ from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.drafting import Drafting
 from node.engine.hooks import PrefixCacheHook, Speculator
 from node.engine.limits import SchedulerLimits
+from node.engine.refill import Refill
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 from node.engine.riders import riders
@@ -134,6 +135,7 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self._queue: collections.deque[Sequence] = collections.deque()
         self._active: list[Sequence] = []
+        self._refill = Refill()  # how often a slot freed mid-batch is taken again at once (refill.py)
         self._budget = KVBudget(limits.n_parallel, ctx.n_ctx)
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
@@ -152,6 +154,7 @@ class Scheduler:
                 raise EngineOverloaded(f"{len(self._queue)} requests already waiting (max_queue "
                                        f"{self._limits.max_queue}); retry later")
             self._queue.extend(seqs)
+            self._refill.arrived(time.perf_counter())
             self._wake.notify()
 
     def embed_waiting(self) -> bool:
@@ -161,7 +164,7 @@ class Scheduler:
         with self._lock:
             self._wake.notify()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """Gauges now, and counters since start (step_ms: whole steps, decode_ms: inside llama_decode)."""
         active = list(self._active)
         return {
@@ -176,6 +179,7 @@ class Scheduler:
             "slots_resident": len(self._budget.resident),
             "threads": self.threads.current if self.threads is not None else self._ctx_threads,
             "threads_tuned": int(self.threads is not None),
+            "slot_refill": round(self._refill.share, 3),
             **{k: round(v) if k.endswith("_ms") else int(v) for k, v in self.counters.items()},
         }
 
@@ -507,7 +511,8 @@ class Scheduler:
         room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         room = min(room, self._batch.capacity - used)
         chunks = self._prefill_entries(live, room)
-        plan = self._drafting.plan(len(decoding), asks, sum(len(e.tokens) for e in chunks), room, draining)
+        plan = self._drafting.plan(len(decoding), asks, sum(len(e.tokens) for e in chunks), room, draining,
+                                   self._refill.share if draining is not None else 0.0)
         self.counters["draft_tokens"] += plan.rows
         for seq in decoding:
             seq.draft = plan.drafts.get(seq.key)
@@ -786,6 +791,10 @@ class Scheduler:
                 seq.leader.followers.remove(seq)
             if seq in self._active:
                 self._active.remove(seq)
+                if not self._active:
+                    self._refill.emptied()
+                elif not self._queue:
+                    self._refill.freed(time.perf_counter())
             if (reason in COMPLETED and seq.request.store_final_state and self._prefix_cache is not None
                     and seq.phase is Phase.DECODE):
                 self._store_final(seq)

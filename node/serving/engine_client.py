@@ -54,7 +54,7 @@ class EngineClient(Protocol):
     def embed(self, inputs: Sequence[Sequence[int]]) -> concurrent.futures.Future[np.ndarray]:
         """Pooled (not normalised) vectors of token-id inputs, one row each, batched by the engine."""
 
-    def stats(self) -> Mapping[str, int]: ...
+    def stats(self) -> Mapping[str, int | float]: ...
 
     def kernel_report(self) -> Mapping[str, Any]:
         """The CPU kernels the engine runs and why (node/engine/kernels.py's report)."""

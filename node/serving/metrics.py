@@ -36,6 +36,8 @@ class LiveStats(Collector):
             ("reame_active_sequences", "active", "Sequences being prefilled or decoded"),
             ("reame_kv_cells_used", "kv_cells_used", "KV cache cells in use"),
             ("reame_engine_threads", "threads", "llama.cpp threads the engine decodes with"),
+            ("reame_slot_refill_ratio", "slot_refill",
+             "Part of the slots lately freed mid-batch that an arriving request took again at once"),
         ):
             if isinstance(stats.get(key), (int, float)):
                 yield GaugeMetricFamily(name, doc, value=stats[key])

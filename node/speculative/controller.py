@@ -209,7 +209,7 @@ class Controller:
             state.source.end(seq, tokens)
 
     def plan(self, n_decoding: int, asks: Sequence[DraftAsk], prefill: int, budget: int,
-             draining: int | None = None) -> StepPlan:
+             draining: int | None = None, refill: float = 0.0) -> StepPlan:
         self._step += 1
         self._this_step.clear()
         for state in self._sources.values():
@@ -234,7 +234,7 @@ class Controller:
                 own.asked += 1
                 own.left, own.context = ask.left, len(ask.context)
         promised = {key: own.promise for key, own in self._seqs.items() if own.promise > 0}  # at the step before
-        drain = self._draining(n, asks, draining, row_s, plain, promised)
+        drain = self._draining(n, asks, draining, row_s, plain, promised, refill)
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             if own is None:
@@ -256,7 +256,8 @@ class Controller:
             drafts, rows = self._drain_plan(chosen, drafts, drain, n, row_s, plain, rows_left)
             unkept = drain.lifted - set(drafts)  # promises the plan does not act on
             again = self._draining(n, asks, draining, row_s, plain,
-                                   {key: v for key, v in promised.items() if key not in unkept}) if unkept else None
+                                   {key: v for key, v in promised.items() if key not in unkept},
+                                   refill) if unkept else None
             if again is not None and again.bound != drain.bound:
                 for o in chosen:
                     o.reweigh(drain.worth(o.seq.key), again.worth(o.seq.key))
@@ -290,12 +291,15 @@ class Controller:
         return drain.level(chosen, drafts, n, row_s, self._pays(n), rows_left, self.costs.seconds)
 
     def _draining(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
-                  plain: float, promised: dict[int, float]) -> Draining | None:
+                  plain: float, promised: dict[int, float], refill: float = 0.0) -> Draining | None:
         """What a kept token of each asking sequence is worth once no request waits
         (node/speculative/draining.py; None while one does: then every one is worth 1). The
         weights count in proportion to how often the last ENDINGS sequences ran to their
-        max_tokens (Laplace's rule: a half with no history). `promised`: the tokens a step each
-        sequence's drafts promised when it last asked.
+        max_tokens (Laplace's rule: a half with no history), and to the chance that the batch's
+        end is the end of its work, 1 - `refill` (node/engine/refill.py: where clients send
+        their next request as each answer comes, a token kept anywhere brings one in sooner, as
+        while requests wait). `promised`: the tokens a step each sequence's drafts promised
+        when it last asked.
 
         `plan` leaves out the promise of a sequence that the plan made on it gives no draft.
         Its promise took it out of the bound (`Draining.lifted`), so its kept tokens were worth
@@ -305,7 +309,7 @@ class Controller:
         which had nothing to draft. So `plan` plans again without those promises."""
         paces = {ask.seq.key: own.pace(len(ask.context)) for ask in asks
                  for own in [self._seqs.get(ask.seq.key)] if own is not None}
-        binding = (sum(self._endings) + 1) / (len(self._endings) + 2)
+        binding = (sum(self._endings) + 1) / (len(self._endings) + 2) * (1.0 - refill)
         return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,

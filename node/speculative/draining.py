@@ -14,7 +14,10 @@ nearly free (a tile's spare rows) or kept almost surely.
 The tokens a sequence may still generate bound its steps only if it runs to max_tokens; one
 that stops at its end of text may finish first whatever it has left (a chat asking for 512
 tokens and ending after 50). So the weights count in proportion to `binding`, how often recent
-sequences ran to their limit (the controller keeps that count).
+sequences ran to their limit (the controller keeps that count), and in proportion to the chance
+that the batch's end is the end of its work: where each freed slot is taken again at once
+(clients that send their next request as each answer comes, node/engine/refill.py), a token
+kept by any sequence brings a request in sooner and is worth a plain token, as while one waits.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class Draining:
     bound: frozenset[int]
     fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
     row_share: float     # a row, per plain token
-    binding: float       # how far the tokens sequences have left predict when they end
+    binding: float       # how far the tokens sequences have left predict when the batch's work ends
     kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
     headroom: float = float("inf")  # tokens the bound may keep before the next sequence bounds the batch
     lifted: frozenset[int] = frozenset()  # sequences in the bound at their past pace, out of it at their promise

@@ -40,7 +40,7 @@ class ScriptedDrafts:
     def end(self, seq: DraftSeq, tokens) -> None:
         self.begun.discard(seq.key)
 
-    def plan(self, n_decoding: int, asks, prefill: int, budget: int, draining=None) -> StepPlan:
+    def plan(self, n_decoding: int, asks, prefill: int, budget: int, draining=None, refill=0.0) -> StepPlan:
         drafts = {}
         for ask in asks:
             draft = self.propose(ask.seq, ask.context, ask.room)

@@ -293,6 +293,7 @@ class ScriptedSpeculator:
     ended: list[int] = field(default_factory=list)
     steps: int = 0
     plans: list[tuple[int | None, tuple[int, ...]]] = field(default_factory=list)  # (draining, asks' left)
+    refills: list[float] = field(default_factory=list)
 
     def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
         pass
@@ -303,8 +304,9 @@ class ScriptedSpeculator:
     def begin(self, seq: DraftSeq) -> None:
         self.begun.append(seq.key)
 
-    def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None) -> StepPlan:
+    def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None, refill=0.0) -> StepPlan:
         self.plans.append((draining, tuple(ask.left for ask in asks)))
+        self.refills.append(refill)
         drafts = {}
         for ask in asks:
             tokens, last = [], ask.context[-1]
@@ -480,7 +482,7 @@ def test_a_new_prompt_takes_the_free_slot_whose_kv_holds_its_longest_prefix():
 def test_the_prompt_tokens_beside_decoding_are_what_the_planner_grants():
     @dataclass
     class Stingy(ScriptedSpeculator):
-        def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None) -> StepPlan:
+        def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None, refill=0.0) -> StepPlan:
             return StepPlan({}, min(prefill, 3))
 
     limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
@@ -529,3 +531,26 @@ def test_prompts_sharing_an_instruction_sent_at_once_copy_it_from_the_first():
     assert apart.counters["prefix_copies"] == apart.counters["prefix_waits"] == 0
     assert apart.counters["prefill_tokens"] == 22 + 23 + 22 + 22
     assert [text(s) for s in plain] == [text(s) for s in copied]
+
+
+def test_the_scheduler_learns_whether_freed_slots_are_taken_again_at_once():
+    """Clients that send their next request as each answer comes (a closed loop) fill each slot
+    that frees while the batch goes on; requests sent in rounds leave the slots the first answers
+    free to the next round. The planner is told which (`Speculator.plan`'s `refill`)."""
+    spec = ScriptedSpeculator(k=1, right=1)
+    sched, _ = make(SchedulerLimits(n_parallel=4, max_queue=16, step_token_budget=16, max_draft=1), speculator=spec)
+    for _ in range(3):  # requests in rounds: all four at once, the next four after the last answer
+        batch = [seqs(request("a b", max_tokens=2 + i))[0] for i in range(4)]
+        sched.enqueue(batch)
+        run(sched, *batch)
+    assert sched.stats()["slot_refill"] == 0.0  # nine slots freed mid-batch, none taken
+    assert set(spec.refills) == {0.0}
+    clients = [seqs(request("a c", max_tokens=2 + i))[0] for i in range(3)]
+    sched.enqueue(clients)
+    for _ in range(30):  # each answer brings its client's next request, the batch never empties
+        sched.step()
+        for i, seq in enumerate(clients):
+            if finished(seq) is not None:
+                clients[i] = seqs(request("a c", max_tokens=2 + i))[0]
+                sched.enqueue([clients[i]])
+    assert sched.stats()["slot_refill"] > 0.5 and spec.refills[-1] > 0.5

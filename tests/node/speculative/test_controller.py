@@ -304,13 +304,14 @@ class Own:
 def planned(per_step: float, per_token: float, acceptance: list[float], *, budget: int = 256,
             prefill: int = 0, room: int = 16, left: list[int] | None = None,
             draining: int | None = None, endings: list[tuple[int, int]] = (),
-            promised: list[float] | None = None) -> tuple[list[int], int]:
+            promised: list[float] | None = None, refill: float = 0.0) -> tuple[list[int], int]:
     """(draft length per sequence, prompt tokens beside them) for sequences whose drafts are kept
     at these rates per position, on a host whose step costs per_step + per_token a row; `left`:
     the tokens each may still generate, `draining` as `Controller.plan` takes it; `endings`:
     earlier sequences, by the tokens they might still have generated when they last asked and
     the tokens they generated from then on (as many: they ran to their max_tokens); `promised`:
-    the tokens a step each one's drafts promised at the step before."""
+    the tokens a step each one's drafts promised at the step before; `refill` as `Controller.plan`
+    takes it."""
     costs = CostCurve({n: per_step + per_token * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
     controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=costs)
     for i, (left_then, generated) in enumerate(endings):
@@ -326,7 +327,7 @@ def planned(per_step: float, per_token: float, acceptance: list[float], *, budge
         controller._seqs[seq.key].promise = promise
     lefts = left or [0] * len(seqs)
     plan = controller.plan(len(seqs), [DraftAsk(s, [1], room, n) for s, n in zip(seqs, lefts)], prefill, budget,
-                           draining)
+                           draining, refill)
     return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs], plan.prefill
 
 
@@ -414,6 +415,18 @@ def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     assert planned(0.012, 0.003, [0.9, 0.9], left=[20, 20], draining=60, endings=limits) == ([0, 0], 0)
     # a lone sequence is its own bound
     assert planned(0.012, 0.003, [0.9], left=[5], draining=0, endings=limits) == planned(0.012, 0.003, [0.9])
+
+
+def test_where_freed_slots_are_taken_again_at_once_a_draining_batch_drafts_as_an_open_one():
+    """Clients that send their next request as each answer comes fill a slot the moment it frees:
+    a token kept by the sequence ahead brings its client's next request in sooner, so its drafts
+    pay as while requests wait. Where most freed slots were taken, it drafts between."""
+    limits = [(8, 8)] * 16
+    open_batch = planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], endings=limits)
+    assert planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], draining=0, endings=limits, refill=1.0) == open_batch
+    ahead = [planned(0.012, 0.003, [0.9, 0.9], left=[10, 40], draining=0, endings=limits, refill=r)[0][0]
+             for r in (0.0, 0.75, 1.0)]
+    assert ahead[0] == 0 < ahead[1] < ahead[2] == open_batch[0][0]
 
 
 def ran_to_their_limit(controller: Controller, n: int = 16) -> None:
