@@ -13,7 +13,10 @@ often the output's own copy of it; a copy under way is still a quote.) The newes
 wins, so a sibling that is ahead on the same text (n > 1) drafts for the ones behind it.
 
 The context's own last n-grams are entered only after they are looked up (a suffix always
-matches itself), so a match is always an earlier occurrence.
+matches itself), so a match is always an earlier occurrence. Where that occurrence is so
+recent that what followed it runs into the context's end (a run of one digit, a phrase of a few
+tokens said again and again), the text since it is a loop, and the draft goes on around it: the
+newest occurrence of a run's n-gram ends one token back, and would draft one token a step.
 
 A group whose members have all ended is kept (the last RETAINED_GROUPS of them): a member
 joining it later (a Conclave's candidate started once the first ones disagreed, usually
@@ -88,6 +91,8 @@ class PromptLookup:
             if stream is None:
                 continue
             tokens = tuple(stream[hit[1]:hit[1] + k])
+            if hit[0] == seq.key and hit[1] < length < hit[1] + k:  # it runs into the context's end: a loop
+                tokens = _looped(context, hit[1], k)
             if tokens:
                 return Draft(tokens, self.name, match=agreeing_run(stream, hit[1], context, n, MAX_RUN),
                              echo=hit[0] == seq.key and gram not in group.quoted)
@@ -114,3 +119,10 @@ class PromptLookup:
             group.streams[seq.key] = tuple(tokens)  # its whole text, for members joining later
         self._table.end(seq)
 
+
+def _looped(context: Sequence[int], start: int, k: int) -> tuple[int, ...]:
+    """k tokens on from `start`, where the context goes on as it went from `start`: the text
+    since then is a loop of that period (a run of zeros, a repeated short phrase), and goes on
+    past the context's end as it did."""
+    period = len(context) - start
+    return tuple(context[start + i % period] for i in range(k))

@@ -207,3 +207,22 @@ def test_palimpsest_takes_a_finished_sequence_with_its_prompt_tail():
     pal.end(s, [*range(100), 500, 501, 502])
     pal.ingest()
     assert pal.continuation([97, 98, 99], 3) == (500, 501, 502)
+
+
+def test_lookup_drafts_a_loop_past_the_end_of_the_context():
+    """The newest occurrence of a run's n-gram ends a token back: what followed it is one token.
+    A text in a loop goes on around it, a whole draft long."""
+    lookup = PromptLookup()
+    s = seq(1, [5, 6])
+    lookup.begin(s)
+    zeros = [5, 6, 1, 0, 0, 0, 0, 0, 0, 0]
+    draft = lookup.propose(s, zeros, 8)
+    assert draft is not None and draft.tokens == (0,) * 8 and draft.echo
+    phrase = [5, 6, 7, 8, 9, 7, 8, 9, 7, 8]  # 7 8 9 said again and again: the next is 9
+    t = seq(2, [5, 6])
+    lookup.begin(t)
+    assert lookup.propose(t, phrase, 5).tokens == (9, 7, 8, 9, 7)
+    # an occurrence far enough back drafts what followed it, as before
+    u = seq(3, [5, 6])
+    lookup.begin(u)
+    assert lookup.propose(u, [5, 6, 7, 8, 1, 2, 3, 4, 7, 8], 3).tokens == (1, 2, 3)
