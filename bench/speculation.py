@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
+from bench.text_oracle import text_ceiling  # noqa: E402
 
 if TYPE_CHECKING:
     from node.speculative.costs import CostCurve
@@ -106,15 +107,18 @@ def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: 
     """(tokens per second, outputs) for the texts, one after another or all at once; each
     request's last event (`Finished`) is added to `finals` when given."""
     start = time.perf_counter()
-    ends = []
+    ends, requests = [], []
     if concurrent:
-        handles = [engine.submit(greedy(engine, t, tokens, speculation, temperature)) for t in texts]
+        requests = [greedy(engine, t, tokens, speculation, temperature) for t in texts]
+        handles = [engine.submit(request) for request in requests]
         ends = [list(h.iter_sync(timeout=1800))[-1] for h in handles]
     else:
         for t in texts:
-            request = greedy(engine, t, tokens, speculation, temperature)
-            ends.append(list(engine.submit(request).iter_sync(timeout=1800))[-1])
+            requests.append(greedy(engine, t, tokens, speculation, temperature))
+            ends.append(list(engine.submit(requests[-1]).iter_sync(timeout=1800))[-1])
     wall = time.perf_counter() - start
+    if speculation:  # what the Palimpsest learned: the prompts and answers of speculative requests
+        LEARNED.extend((*r.prompt_tokens, *end.generated) for r, end in zip(requests, ends))
     if finals is not None:
         finals.extend(ends)
     outs = [end.generated for end in ends]
@@ -141,6 +145,16 @@ def fewest_seconds(line, steps: int, rows: int) -> float:
     return float(best)
 
 
+LEARNED: list[tuple[int, ...]] = []  # prompt and answer of every speculative request so far (`timed`)
+
+
+def plain_seconds(line, plain: list) -> float:
+    """The plain run of concurrent requests on the line: all in one batch, a step per token
+    after the first, rows as many as requests still going."""
+    lengths = [len(end.generated) - 1 for end in plain]
+    return sum(line.seconds(sum(1 for n in lengths if n > j)) for j in range(max(lengths)))
+
+
 def concurrent_ceiling(line, plain: list, spec: list) -> str:
     """What the cost line allows the speculative run of concurrent requests, against the plain run.
 
@@ -151,7 +165,7 @@ def concurrent_ceiling(line, plain: list, spec: list) -> str:
     `fewest_seconds` over those. A request that drafts nothing holds the whole run to as many
     steps as plain decoding, so the ceiling is then near 1.0x whatever the others keep."""
     lengths = [len(end.generated) - 1 for end in plain]
-    plain_s = sum(line.seconds(sum(1 for n in lengths if n > j)) for j in range(max(lengths)))
+    plain_s = plain_seconds(line, plain)
     steps = max(end.steps for end in spec)
     rows = sum(len(end.generated) - 1 for end in spec)
     floor = fewest_seconds(line, steps, rows)
@@ -521,11 +535,16 @@ def case_users4(engine, args) -> list[str]:
     ratios = []
     for r, texts in enumerate((PROSE, *MORE_PROSE)[:max(1, args.rounds)]):
         finals = ([], [])
+        learned = list(LEARNED)
         off, on, verdict = sandwiched(engine, list(texts), args.tokens, finals)
         ratios.append(on / off)
+        line = engine_costs(engine)
+        text, steps = text_ceiling(line, fewest_seconds, plain_seconds(line, finals[0]),
+                                   [engine.tokenize(t) for t in texts], [end.generated for end in finals[0]], learned)
         lines.append(row(f"4 users, non-repetitive mix, round {r + 1}", off, on,
-                         f"{verdict}; {saved(finals[1])}; "
-                         f"{concurrent_ceiling(engine_costs(engine), *finals)}", ">= 1.2x, never < 1.0x"))
+                         f"{verdict}; {saved(finals[1])}; {concurrent_ceiling(line, *finals)}; "
+                         f"what the text allows {text:.2f}x (bench/text_oracle.py: the slowest answer in "
+                         f"{steps} steps)", ">= 1.2x, never < 1.0x"))
     lines.append(f"{'4 users, non-repetitive, all rounds':34s} geometric mean {statistics.geometric_mean(ratios):.2f}x "
                  f"(rounds {min(ratios):.2f}x-{max(ratios):.2f}x)")
     return lines

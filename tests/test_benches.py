@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench import llama_server, structure, versus_llama_server as versus  # noqa: E402
+from bench.text_oracle import oracle_steps  # noqa: E402
 
 
 def test_second_pass_repeats_as_many_requests_as_the_docs_say():
@@ -89,3 +90,18 @@ def test_the_peers_grammar_admits_compact_json_only():
     rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines() if " ::= " in line)
     assert rules["space"] == '""'
     assert not re.search(r'" "|\\n|\[ \\t\]', "".join(v for k, v in rules.items() if k != "char"))
+
+
+def test_the_text_oracle_counts_the_steps_text_seen_allows():
+    """bench/text_oracle.py: new text a token a step; a quote of the prompt 16 tokens a step and
+    one more; a loop around itself; an answer learned before as a quote of it."""
+    new = list(range(100, 148))
+    assert oracle_steps([1, 2, 3], new, []) == 47  # nothing to draft from: a step per token after the first
+    quote = list(range(200, 248))
+    assert oracle_steps([7, *quote, 8], quote, []) == 3  # 47 tokens after the first at 17 a step
+    assert oracle_steps([7], quote, [(5, *quote)]) == 3  # learned before
+    assert oracle_steps([7], [9] * 48, []) == 4  # a run drafts around itself once it has begun (its second token)
+    # a draft is at most max_draft tokens, and only earlier occurrences count (never the context's own end)
+    assert oracle_steps([7, *quote, 8], quote, [], max_draft=4) == 10
+    assert oracle_steps([7], [7, 8] * 24, [], min_match=3) > oracle_steps([7], [7, 8] * 24, [])
+
