@@ -46,10 +46,11 @@ def wait_healthy(url: str, process: subprocess.Popen, log_path: Path, timeout_s:
 
 @contextlib.contextmanager
 def node_server(model: str, *extra: str, ctx: int = 2048, parallel: int = 4,
-                env: dict[str, str] | None = None,
-                home: Path | None = None) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+                env: dict[str, str] | None = None, home: Path | None = None,
+                module: str = "node.cli") -> Iterator[tuple[str, subprocess.Popen, Path]]:
     """(url, process, home) of a node serving `model`; `env` overrides the benchmark defaults
-    (no prefix cache); `home` keeps REAME_HOME where the caller wants it."""
+    (no prefix cache); `home` keeps REAME_HOME where the caller wants it; `module` is what
+    `python -m` runs (the `reame` command, or a bench's launcher of it)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="reame-bench-") as scratch:
         home = Path(scratch) if home is None else home
@@ -58,7 +59,7 @@ def node_server(model: str, *extra: str, ctx: int = 2048, parallel: int = 4,
         log_path = home / "node.log"
         log = open(log_path, "wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "run", model, "--serve", "--port", str(port), "--ctx", str(ctx),
+            [sys.executable, "-m", module, "run", model, "--serve", "--port", str(port), "--ctx", str(ctx),
              "--parallel", str(parallel), *extra], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:

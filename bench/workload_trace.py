@@ -1,0 +1,100 @@
+"""Where bench/versus_llama_server.py's workload spends a node's steps, against what its text allows.
+
+    .venv/bin/python bench/workload_trace.py [--tokens 48] [--clients 4]
+
+A node with its defaults (as the comparison runs it: prefix cache, speculation, embedded
+archive, a fresh home) serves the workload's two passes from `--clients` clients, each sending
+its next request when it has its answer; the node runs under bench/traced_node.py, which writes
+down every decode call. Printed: the decode calls (those carrying prompt tokens and the
+decode-only ones, with their seconds), the draft tokens verified and kept, and the steps each
+answer decoded in against the fewest a source drafting from text seen could take
+(bench/text_oracle.py: its prompt, its own answer so far, and every answer the node finished
+before it began, which the Palimpsest holds). Answers replayed whole from L1 take no step and
+are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench.host import print_header  # noqa: E402
+from bench.node_process import node_server  # noqa: E402
+from bench.offline_model import default_model  # noqa: E402
+from bench.text_oracle import oracle_steps  # noqa: E402
+from bench.versus_llama_server import run_pass, workload  # noqa: E402
+
+
+def summarize(events: list[dict]) -> list[str]:
+    steps = [e for e in events if "step" in e]
+    ends = {e["end"]: (i, e) for i, e in enumerate(events) if "end" in e}
+    begun: dict[int, int] = {}
+    taken: collections.Counter[int] = collections.Counter()
+    for i, e in enumerate(events):
+        for s in e.get("seqs", ()):
+            if s["decoding"]:
+                begun.setdefault(s["key"], i)
+                taken[s["key"]] += 1
+    prompt_steps = [e for e in steps if not all(s["decoding"] for s in e["seqs"])]
+    decode_only = [e for e in steps if all(s["decoding"] for s in e["seqs"])]
+    drafted = sum(s["drafted"] for e in steps for s in e["seqs"])
+    kept = sum(max(0, s["after"] - s["before"] - 1) for e in steps for s in e["seqs"] if s["drafted"])
+    lines = [f"decode calls {len(steps)}, {sum(e['step'] for e in steps):.2f} s: {len(prompt_steps)} with prompt "
+             f"tokens ({sum(s['tokens'] for e in prompt_steps for s in e['seqs'] if not s['decoding'])} of them, "
+             f"{sum(e['step'] for e in prompt_steps):.2f} s), {len(decode_only)} decode-only "
+             f"({sum(e['step'] for e in decode_only):.2f} s)",
+             f"draft tokens verified {drafted}, kept {kept}"]
+    run_total = oracle_total = 0
+    rows = []
+    for key, start in sorted(begun.items(), key=lambda item: item[1]):
+        if key not in ends:
+            continue
+        learned = [e["prompt"] + e["generated"] for i, e in ends.values() if i < start]
+        _, end = ends[key]
+        oracle = oracle_steps(end["prompt"], end["generated"], learned)
+        run_total += taken[key]
+        oracle_total += oracle
+        rows.append(f"  answer {len(rows) + 1:2d}: {taken[key]:3d} steps, the text's fewest {oracle:3d}")
+    lines.append(f"sequence-steps {run_total}; the fewest the text allows {oracle_total} "
+                 f"({run_total / max(1, oracle_total):.2f}x as many)")
+    return lines + rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+    print_header(args.model, threads=None)
+    from node.engine.kernels import choose_kernels
+
+    model = args.model or str(default_model())
+    extra_buffers = choose_kernels(Path(model)).extra_buffers
+    with tempfile.TemporaryDirectory(prefix="reame-trace-") as scratch:
+        trace = Path(scratch) / "steps.jsonl"
+        env = {"REAME_CACHE_ENABLED": "true", "REAME_MODEL_EXTRA_BUFFERS": "on" if extra_buffers else "off",
+               "REAME_TRACE": str(trace)}
+        with node_server(model, ctx=8192, parallel=4, env=env, module="bench.traced_node") as (url, _, _):
+            first = asyncio.run(run_pass(url, workload(False), args.tokens, args.clients))
+            second = asyncio.run(run_pass(url, workload(True), args.tokens, args.clients))
+        events = [json.loads(line) for line in trace.read_text().splitlines() if line]
+    print(f"two passes: {first.seconds:.2f} s + {second.seconds:.2f} s = {first.seconds + second.seconds:.2f} s, "
+          f"load {os.getloadavg()[0]:.1f}")
+    for line in summarize(events):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
