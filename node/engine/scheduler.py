@@ -12,8 +12,10 @@ Each step (all on the one thread that owns the llama context):
 3. the batch gets every decoding sequence's next token plus its draft tokens (logits on
    each), then prefill chunks of newcomers (interactive ones first) under
    `step_token_budget`; the speculator plans the step as a whole (drafting.py; `Speculator.plan`: the
-   decoding sequences' room for drafts, the prompt tokens on offer and the budget in, the
-   drafts and the prompt tokens the step carries out), so a long prompt
+   decoding sequences' room for drafts, the prompt tokens on offer and the budget in, and
+   whether the batch drains: nothing queued, and how often a slot freed mid-batch was lately
+   taken again at once, refill.py; the drafts and the prompt tokens the step carries out), so
+   a long prompt
    delays the others by one chunk per step at most (with nobody decoding, prefill takes
    the whole batch). Chunks also end on the prefix cache's block boundaries, whose
    per-sequence state is saved right after the step. While an interactive request is
