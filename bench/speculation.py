@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.host import print_header  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
-from bench.text_oracle import text_ceiling  # noqa: E402
+from bench.text_oracle import oracle_steps  # noqa: E402
 
 if TYPE_CHECKING:
     from node.speculative.costs import CostCurve
@@ -153,6 +153,16 @@ def plain_seconds(line, plain: list) -> float:
     after the first, rows as many as requests still going."""
     lengths = [len(end.generated) - 1 for end in plain]
     return sum(line.seconds(sum(1 for n in lengths if n > j)) for j in range(max(lengths)))
+
+
+def text_ceiling(line, plain: list, prompts: list, learned: list) -> tuple[float, int]:
+    """What the text allows concurrent requests against their plain run, on the line: the
+    fewest steps a source drafting from text seen takes over each answer plain decoding wrote
+    (bench/text_oracle.py; `learned`: what the Palimpsest held before), the run as many as the
+    answer needing most, a row for every token after each first; (the ratio, those steps)."""
+    steps = max(oracle_steps(p, end.generated, learned) for p, end in zip(prompts, plain))
+    rows = sum(len(end.generated) - 1 for end in plain)
+    return plain_seconds(line, plain) / fewest_seconds(line, steps, rows), steps
 
 
 def concurrent_ceiling(line, plain: list, spec: list) -> str:
@@ -539,8 +549,7 @@ def case_users4(engine, args) -> list[str]:
         off, on, verdict = sandwiched(engine, list(texts), args.tokens, finals)
         ratios.append(on / off)
         line = engine_costs(engine)
-        text, steps = text_ceiling(line, fewest_seconds, plain_seconds(line, finals[0]),
-                                   [engine.tokenize(t) for t in texts], [end.generated for end in finals[0]], learned)
+        text, steps = text_ceiling(line, finals[0], [engine.tokenize(t) for t in texts], learned)
         lines.append(row(f"4 users, non-repetitive mix, round {r + 1}", off, on,
                          f"{verdict}; {saved(finals[1])}; {concurrent_ceiling(line, *finals)}; "
                          f"what the text allows {text:.2f}x (bench/text_oracle.py: the slowest answer in "

@@ -9,9 +9,7 @@ step takes, of every earlier occurrence of the context's last `min_match` tokens
 one whose continuation agrees with the answer longest (at most `max_draft` tokens): no source
 that drafts from that text keeps more a step, and none verifies fewer rows (the oracle drafts
 exactly what is kept). A draft model, which writes text no source holds, is not bounded by it.
-
-`text_ceiling` puts those steps on the cost line as bench/speculation.py's `concurrent_ceiling`
-puts the measured ones: requests started together take as many steps as the one needing most.
+bench/speculation.py's `text_ceiling` puts those steps on the cost line.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ def oracle_steps(prompt: Sequence[int], generated: Sequence[int], learned: Seque
         end = base + t  # the context is own[:end]; the step writes generated[t] and what the draft keeps
         for p in range(indexed, end - 1):  # the answer so far, bar the context's last token itself
             where[own[p]].append((-1, p))
-        indexed = max(indexed, end - 1)
+        indexed = end - 1
         best = 0
         for s, p in where.get(own[end - 1], ()):
             text = own if s < 0 else streams[s]
@@ -55,13 +53,3 @@ def oracle_steps(prompt: Sequence[int], generated: Sequence[int], learned: Seque
         steps += 1
     return steps
 
-
-def text_ceiling(line, fewest_seconds, plain_s: float, prompts: Sequence[Sequence[int]],
-                 answers: Sequence[Sequence[int]], learned: Sequence[Sequence[int]]) -> tuple[float, int]:
-    """(plain decoding's seconds over the fewest the text allows, the steps of the request that
-    needs most) for requests started together: `answers` as plain decoding wrote them, `learned`
-    the text the node's sources held before (`fewest_seconds(line, steps, rows)` as in
-    bench/speculation.py)."""
-    steps = max(oracle_steps(p, a, learned) for p, a in zip(prompts, answers))
-    rows = sum(len(a) - 1 for a in answers)
-    return plain_s / fewest_seconds(line, steps, rows), steps

@@ -90,9 +90,10 @@ class PromptLookup:
             stream = group.streams.get(hit[0])
             if stream is None:
                 continue
-            tokens = tuple(stream[hit[1]:hit[1] + k])
             if hit[0] == seq.key and hit[1] < length < hit[1] + k:  # it runs into the context's end: a loop
                 tokens = _looped(context, hit[1], k)
+            else:
+                tokens = tuple(stream[hit[1]:hit[1] + k])
             if tokens:
                 return Draft(tokens, self.name, match=agreeing_run(stream, hit[1], context, n, MAX_RUN),
                              echo=hit[0] == seq.key and gram not in group.quoted)
