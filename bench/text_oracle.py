@@ -10,12 +10,22 @@ one whose continuation agrees with the answer longest (at most `max_draft` token
 that drafts from that text keeps more a step, and none verifies fewer rows (the oracle drafts
 exactly what is kept). A draft model, which writes text no source holds, is not bounded by it.
 bench/speculation.py's `text_ceiling` puts those steps on the cost line.
+
+With `min_match` 1 the oracle may pick, among every earlier occurrence of a single token, the
+one the answer goes on from: a loose bound. With SOURCES_MIN_MATCH it bounds the node's own
+sources, none of which drafts from an occurrence matching fewer context tokens (prompt lookup's
+shortest n-gram, the Palimpsest's index key).
 """
 
 from __future__ import annotations
 
 import collections
 from typing import Sequence
+
+from node.speculative.lookup import MIN_N as LOOKUP_MIN_N
+from node.speculative.palimpsest import KEY_N as PALIMPSEST_KEY_N
+
+SOURCES_MIN_MATCH = min(LOOKUP_MIN_N, PALIMPSEST_KEY_N)
 
 
 def oracle_steps(prompt: Sequence[int], generated: Sequence[int], learned: Sequence[Sequence[int]],

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench.host import print_header  # noqa: E402
 from bench.node_process import node_server  # noqa: E402
 from bench.offline_model import default_model  # noqa: E402
-from bench.text_oracle import oracle_steps  # noqa: E402
+from bench.text_oracle import SOURCES_MIN_MATCH, oracle_steps  # noqa: E402
 from bench.versus_llama_server import run_pass, workload  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def summarize(events: list[dict]) -> list[str]:
              f"{sum(e['step'] for e in prompt_steps):.2f} s), {len(decode_only)} decode-only "
              f"({sum(e['step'] for e in decode_only):.2f} s)",
              f"draft tokens verified {drafted}, kept {kept}"]
-    run_total = oracle_total = 0
+    run_total = oracle_total = paired_total = 0
     rows = []
     for key, start in sorted(begun.items(), key=lambda item: item[1]):
         if key not in ends:
@@ -62,11 +62,15 @@ def summarize(events: list[dict]) -> list[str]:
         learned = [e["prompt"] + e["generated"] for i, e in ends.values() if i < start]
         _, end = ends[key]
         oracle = oracle_steps(end["prompt"], end["generated"], learned)
+        paired = oracle_steps(end["prompt"], end["generated"], learned, min_match=SOURCES_MIN_MATCH)
         run_total += taken[key]
         oracle_total += oracle
-        rows.append(f"  answer {len(rows) + 1:2d}: {taken[key]:3d} steps, the text's fewest {oracle:3d}")
+        paired_total += paired
+        rows.append(f"  answer {len(rows) + 1:2d}: {taken[key]:3d} steps, the text's fewest {oracle:3d}, "
+                    f"from {SOURCES_MIN_MATCH}+ matched tokens {paired:3d}")
     lines.append(f"sequence-steps {run_total}; the fewest the text allows {oracle_total} "
-                 f"({run_total / max(1, oracle_total):.2f}x as many)")
+                 f"({run_total / max(1, oracle_total):.2f}x as many); drafting only from occurrences matching "
+                 f"{SOURCES_MIN_MATCH}+ tokens, as the node's sources need, {paired_total} ({run_total / max(1, paired_total):.2f}x)")
     return lines + rows
 
 
@@ -75,6 +79,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="write the decode calls' trace (JSON lines) here too")
     args = parser.parse_args()
     print_header(args.model, threads=None)
     from node.engine.kernels import choose_kernels
@@ -89,6 +94,8 @@ def main() -> int:
             first = asyncio.run(run_pass(url, workload(False), args.tokens, args.clients))
             second = asyncio.run(run_pass(url, workload(True), args.tokens, args.clients))
         events = [json.loads(line) for line in trace.read_text().splitlines() if line]
+        if args.keep is not None:
+            args.keep.write_text(trace.read_text())
     print(f"two passes: {first.seconds:.2f} s + {second.seconds:.2f} s = {first.seconds + second.seconds:.2f} s, "
           f"load {os.getloadavg()[0]:.1f}")
     for line in summarize(events):
