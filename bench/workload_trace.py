@@ -1,6 +1,6 @@
 """Where bench/versus_llama_server.py's workload spends a node's steps, against what its text allows.
 
-    .venv/bin/python bench/workload_trace.py [--tokens 48] [--clients 4]
+    .venv/bin/python bench/workload_trace.py [--tokens 48] [--clients 4] [--keep FILE]
 
 A node with its defaults (as the comparison runs it: prefix cache, speculation, embedded
 archive, a fresh home) serves the workload's two passes from `--clients` clients, each sending
