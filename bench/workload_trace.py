@@ -45,8 +45,10 @@ def summarize(events: list[dict]) -> list[str]:
             if s["decoding"]:
                 begun.setdefault(s["key"], i)
                 taken[s["key"]] += 1
-    prompt_steps = [e for e in steps if not all(s["decoding"] for s in e["seqs"])]
-    decode_only = [e for e in steps if all(s["decoding"] for s in e["seqs"])]
+    prompt_steps: list[dict] = []
+    decode_only: list[dict] = []
+    for e in steps:
+        (decode_only if all(s["decoding"] for s in e["seqs"]) else prompt_steps).append(e)
     drafted = sum(s["drafted"] for e in steps for s in e["seqs"])
     kept = sum(max(0, s["after"] - s["before"] - 1) for e in steps for s in e["seqs"] if s["drafted"])
     lines = [f"decode calls {len(steps)}, {sum(e['step'] for e in steps):.2f} s: {len(prompt_steps)} with prompt "
@@ -93,9 +95,10 @@ def main() -> int:
         with node_server(model, ctx=8192, parallel=4, env=env, module="bench.traced_node") as (url, _, _):
             first = asyncio.run(run_pass(url, workload(False), args.tokens, args.clients))
             second = asyncio.run(run_pass(url, workload(True), args.tokens, args.clients))
-        events = [json.loads(line) for line in trace.read_text().splitlines() if line]
+        written = trace.read_text()
         if args.keep is not None:
-            args.keep.write_text(trace.read_text())
+            args.keep.write_text(written)
+    events = [json.loads(line) for line in written.splitlines() if line]
     print(f"two passes: {first.seconds:.2f} s + {second.seconds:.2f} s = {first.seconds + second.seconds:.2f} s, "
           f"load {os.getloadavg()[0]:.1f}")
     for line in summarize(events):
