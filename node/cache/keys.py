@@ -17,6 +17,10 @@ A tenant (node/serving/tenants.py) gets a root of its own: for a non-empty `scop
 starts at sha256(h_0 || b"reame-kv-tenant" || scope) instead of h_0, so two tenants sharing a
 prompt share no key in any tier (RAM, disk, ARCA's L3), and the open tenant ("") keeps h_0.
 
+A state that ends inside a block (a prompt's exact fork from an earlier one, node/cache/
+prefix_cache.py) is named after the block boundary before it and the tokens past it:
+sha256(h_i || b"reame-kv-exact" || those tokens), a name no block boundary can have.
+
 The context size is deliberately not part of the identity: a sequence state does not depend
 on it, and a snapshot that does not fit a smaller context fails to restore and falls back to
 prefill.
@@ -139,6 +143,11 @@ class BlockChain:
             previous = digest.digest()
             out.append(Boundary(start + size, previous))
         return out
+
+    def exact_key(self, boundary_key: bytes, tail: Sequence[int]) -> bytes:
+        """The name of the state `tail` tokens past the boundary named `boundary_key` (fewer
+        than a block: a state at a block boundary has the boundary's key)."""
+        return hashlib.sha256(boundary_key + b"reame-kv-exact\0" + pack_tokens(tail)).digest()
 
     def restorable(self, prompt_tokens: Sequence[int], scope: str = "") -> list[Boundary]:
         """Boundaries that may be restored for this prompt: at least one token must remain to

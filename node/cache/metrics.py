@@ -29,6 +29,8 @@ class CacheCounters:
     fleet_pushes: int = 0
     fleet_bytes_pushed: int = 0
     fleet_pushes_dropped: int = 0
+    exact_hits: int = 0  # restores of an exact fork state (node/cache/forks.py), counted in ram_hits too
+    exact_stores: int = 0  # exact fork states stored (RAM only), counted in stores too
     tokens_restored: int = 0
     tokens_prefilled: int = 0
     restore_seconds: float = 0.0

@@ -21,6 +21,11 @@ and of those only the ones at least `min_gain_tokens` beyond the longest prefix 
 stored (a question's own tail a few tokens past a stored document is not worth a snapshot).
 Every other boundary only has its key computed. A state saved at n tokens holds the whole
 prefix (per-sequence state), so snapshots are not stacked per block.
+
+Besides, the exact fork point: where P stops agreeing with an earlier prompt past the deepest
+boundary they share (node/cache/forks.py), at least `exact_min_gain_tokens` beyond what is
+stored for P. It is the point every later prompt sharing that part restores to the token; its
+state lives in RAM only.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -37,9 +41,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from node.cache import blob
 from node.cache.blob import StateBlob
 from node.cache.disk import DiskTier
+from node.cache.forks import ForkIndex
 from node.cache.keys import DEFAULT_BLOCK_TOKENS, BlockChain, Boundary, CacheIdentity
 from node.cache.metrics import CacheMetrics
 from node.cache.ram import RamTier
+from shared.tokens import pack_tokens
 
 if TYPE_CHECKING:
     from node.config import CacheSettings
@@ -64,6 +70,7 @@ class PrefixCacheConfig:
     min_gain_tokens: int = 64  # a snapshot must save at least this much prefill
     write_queue: int = 16  # states waiting for the disk writer; beyond it, RAM only
     seen_keys: int = 16384  # boundary keys remembered to find fork points
+    exact_min_gain_tokens: int = 16  # an exact fork state must save this much prefill (0: none stored)
 
     @classmethod
     def from_settings(cls, cache: CacheSettings, **overrides: Any) -> "PrefixCacheConfig":
@@ -90,7 +97,7 @@ class PrefixCache:
         self.metrics = CacheMetrics()
         self.ram = RamTier(config.ram_bytes)
         self.disk = DiskTier(config.directory, config.disk_bytes) if config.directory else None
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self.forks = ForkIndex(config.block_tokens, config.seen_keys)
         self._pending: set[bytes] = set()
         self._lock = threading.Lock()
         self._sinks: list[StoredSink] = []
@@ -103,24 +110,26 @@ class PrefixCache:
 
     def lookup(self, prompt_tokens: Sequence[int], scope: str = "", beyond: int = 0) -> tuple[int, bytes] | None:
         started = time.perf_counter()
-        found = self._find([b for b in self.chain.restorable(prompt_tokens, scope) if b.n_tokens > beyond])
-        restored = found[0].n_tokens if found else 0
+        boundaries = self.chain.restorable(prompt_tokens, scope)
+        found = self._find([b for b in boundaries if b.n_tokens > beyond])
+        exact = self._find_exact(prompt_tokens, boundaries, max(beyond, found[0].n_tokens if found else 0))
+        restored = exact.n_tokens if exact is not None else found[0].n_tokens if found else 0
         deltas: dict[str, float] = dict(
             lookups=1, tokens_restored=restored, tokens_prefilled=len(prompt_tokens) - max(restored, beyond)
         )
-        if found is None:
+        if exact is not None:
+            deltas.update(ram_hits=1, exact_hits=1)
+        elif found is None:
             deltas.update(ram_misses=1, disk_misses=1 if self.disk else 0)
         elif found[1] == "ram":
             deltas.update(ram_hits=1)
         else:
             deltas.update(ram_misses=1, disk_hits=1)
-        if found is not None:
+        if exact is not None or found is not None:
             deltas["restore_seconds"] = time.perf_counter() - started
         self.metrics.add(**deltas)
-        if found is None:
-            return None
-        boundary, _, entry = found
-        return boundary.n_tokens, entry.state
+        entry = exact if exact is not None else found[2] if found is not None else None
+        return (entry.n_tokens, entry.state) if entry is not None else None
 
     def boundaries_to_store(self, prompt_tokens: Sequence[int], scope: str = "") -> list[int]:
         boundaries = self.chain.restorable(prompt_tokens, scope)
@@ -134,16 +143,10 @@ class PrefixCache:
             for boundary in boundaries:
                 if boundary.n_tokens % every == 0:
                     chosen[boundary.key] = boundary
-        with self._lock:
-            for boundary in reversed(boundaries):
-                if boundary.key in self._seen:
-                    chosen[boundary.key] = boundary
-                    break
-            for boundary in boundaries:
-                self._seen[boundary.key] = None
-                self._seen.move_to_end(boundary.key)
-            while len(self._seen) > self.config.seen_keys:
-                self._seen.popitem(last=False)
+        packed = pack_tokens(prompt_tokens)
+        fork, exact = self.forks.observe(packed, boundaries, len(prompt_tokens) - 1)
+        if fork is not None:
+            chosen[fork.key] = fork
         # Each snapshot must save at least `min_gain_tokens` of prefill over the longest
         # prefix of this prompt already stored (or chosen below it): re-prefilling a few
         # tokens is cheaper than saving and writing megabytes that are rarely reused.
@@ -153,15 +156,33 @@ class PrefixCache:
             if boundary.n_tokens - base >= max(self.config.min_gain_tokens, 1):
                 wanted.append(boundary.n_tokens)
                 base = boundary.n_tokens
+        # the exact fork: a later prompt sharing this part restores it to the token, so the bar
+        # is lower (`exact_min_gain_tokens`), over what is stored or chosen for this prompt
+        gain = self.config.exact_min_gain_tokens
+        if exact and gain > 0:
+            below = [b for b in boundaries if b.n_tokens < exact]
+            held = self.forks.find(packed, below, 0, exact, self.ram.contains)
+            have = max([n for n in wanted if n < exact] + [self.longest_local(below), held[0] if held else 0])
+            if exact - have >= gain:
+                wanted = sorted([*wanted, exact])
         return wanted
 
     def store(self, prompt_tokens: Sequence[int], n_tokens: int, state: bytes, scope: str = "") -> None:
         """Keep the state in RAM at once; the disk write and fleet push happen later."""
-        if n_tokens <= 0 or n_tokens % self.chain.block_tokens or n_tokens > len(prompt_tokens):
-            log.warning("prefix cache: ignoring a state at %d tokens (not a block boundary)", n_tokens)
+        block = self.chain.block_tokens
+        if n_tokens < block or n_tokens > len(prompt_tokens):
+            log.warning("prefix cache: ignoring a state at %d tokens (not past a block boundary)", n_tokens)
             return
-        key = self.chain.boundaries(prompt_tokens, limit=n_tokens, scope=scope)[-1].key
-        self.adopt(key, StateBlob(n_tokens, bytes(state)), publish=True)
+        boundary = self.chain.boundaries(prompt_tokens, limit=n_tokens, scope=scope)[-1]
+        if boundary.n_tokens == n_tokens:
+            self.adopt(boundary.key, StateBlob(n_tokens, bytes(state)), publish=True)
+            return
+        tail = prompt_tokens[boundary.n_tokens:n_tokens]  # an exact fork: RAM only (node/cache/forks.py)
+        key = self.chain.exact_key(boundary.key, tail)
+        entry = StateBlob(n_tokens, bytes(state))
+        if self.ram.put(key, entry):
+            self.forks.add(boundary.key, pack_tokens(tail), key)
+            self.metrics.add(stores=1, exact_stores=1, bytes_stored_ram=len(entry.state))
 
     # ----------------------------------------------------------------- other tiers
 
@@ -260,6 +281,14 @@ class PrefixCache:
                     self.ram.put(boundary.key, entry)
                     return boundary, "disk", entry
         return None
+
+    def _find_exact(self, prompt_tokens: Sequence[int], boundaries: Sequence[Boundary],
+                    floor: int) -> StateBlob | None:
+        """The longest exact fork state (RAM) holding more than `floor` tokens of the prompt."""
+        found = self.forks.find(pack_tokens(prompt_tokens), boundaries, floor, len(prompt_tokens) - 1,
+                                self.ram.contains)
+        entry = self.ram.get(found[1]) if found is not None else None
+        return entry if entry is not None and found is not None and entry.n_tokens == found[0] else None
 
     def _is_stored(self, key: bytes) -> bool:
         if self.ram.contains(key) or key in self._pending:

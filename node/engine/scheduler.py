@@ -478,6 +478,10 @@ class Scheduler:
                 else:
                     self._ctx.seq_rm(seq.slot)
             seq.store_at = decided.store_at(seq.n_past)
+            if seq.n_past and seq.n_past in decided.boundaries:
+                # the slot holds the prompt up to a point the cache wants (an exact fork a resident
+                # prefix ends at): its state is stored now, as no prefill chunk will end there
+                self._store_prefix(seq, seq.n_past)
         except Exception:
             log.exception("prefix cache lookup failed; prefilling from scratch")
             self._ctx.seq_rm(seq.slot)

@@ -101,6 +101,8 @@ CACHE_COUNTERS: dict[str, tuple[str, dict[str, str], str]] = {
     "ram_misses": ("reame_prefix_cache_misses", {"tier": "ram"}, "Lookups a tier could not serve"),
     "disk_misses": ("reame_prefix_cache_misses", {"tier": "disk"}, ""),
     "fleet_misses": ("reame_prefix_cache_misses", {"tier": "fleet"}, ""),
+    "exact_hits": ("reame_prefix_cache_exact_hits", {}, "Restores of a state stored at a prompt's exact fork point"),
+    "exact_stores": ("reame_prefix_cache_exact_stores", {}, "States stored at a prompt's exact fork point (RAM only)"),
     "tokens_restored": ("reame_prefix_cache_tokens_restored", {}, "Prompt tokens restored instead of prefilled"),
     "tokens_prefilled": ("reame_prefix_cache_tokens_prefilled", {}, "Prompt tokens prefilled after the lookup"),
     "restore_seconds": ("reame_prefix_cache_restore_seconds", {}, "Time to find, read and verify restored states"),

@@ -222,3 +222,32 @@ def test_four_users_sending_one_document_at_once_compute_it_once(gemma_path, eng
             assert_same_up_to_near_ties(expected, final)
     finally:
         cold.close()
+
+
+def test_questions_on_one_document_restore_it_to_the_token(gemma_path, engine):
+    """Questions on one document, one after another (resident slots off): the second departs
+    from the first a few tokens past the last block boundary they share, its prefill stores the
+    state there (node/cache/forks.py), and the third restores everything it shares with them,
+    to the token, not only to the block boundary; its answer is a fresh prefill's, up to
+    near-ties (the prefill chunks end elsewhere)."""
+    ps = prompts(engine)
+    fork = next(i for i, (a, b) in enumerate(zip(ps[0], ps[1])) if a != b)
+    assert fork % BLOCK and all(p[:fork] == ps[0][:fork] for p in ps)  # the document and "Question:"
+    fresh = use_cache(engine, new_cache(gemma_path, None))
+    fresh.lookup = lambda prompt_tokens, scope="", beyond=0: None
+    reference = together(engine, [ps[2]], logprobs=2)
+    fresh.close()
+    identity = engine_identity(model_fingerprint(gemma_path), CTX["kv_type"])
+    cache = use_cache(engine, PrefixCache(identity, PrefixCacheConfig(
+        block_tokens=BLOCK, checkpoint_tokens=0, min_gain_tokens=0, exact_min_gain_tokens=1)))
+    try:
+        generate(engine, ps[0], max_tokens=2)
+        generate(engine, ps[1], max_tokens=2)
+        assert cache.stats()["exact_stores"] == 1
+        before = cache.stats()["tokens_restored"]
+        (final, _), = together(engine, [ps[2]])
+        assert cache.stats()["tokens_restored"] - before == fork
+        assert cache.stats()["exact_hits"] == 1
+        assert_same_up_to_near_ties(reference[0], final)
+    finally:
+        cache.close()

@@ -206,3 +206,60 @@ def test_a_tenants_states_are_found_only_under_its_scope(cache):
     open_keys = {b.key for b in cache.chain.boundaries(prompt)}
     assert open_keys.isdisjoint(b.key for b in cache.chain.boundaries(prompt, scope="tenant-a"))
     assert cache.chain.root_of("") == cache.chain.root == IDENTITY.root()
+
+
+# -- exact fork points (node/cache/forks.py) ---------------------------------------------------
+
+def test_a_prompt_departing_inside_a_block_is_restored_to_the_token_by_later_ones(tmp_path):
+    cache = make(tmp_path, exact_min_gain_tokens=2)
+    try:
+        first = DOC + [1, 2, 3, 4, 5, 6]
+        assert run_prompt(cache, first) == (0, [40])
+        second = DOC + [1, 2, 3, 9, 9, 9, 9, 9]  # agrees with the first 3 tokens past boundary 40
+        assert run_prompt(cache, second) == (40, [43])
+        assert cache.stats()["exact_stores"] == 1
+        third = DOC + [1, 2, 3, 7, 7]
+        assert run_prompt(cache, third) == (43, [])  # the fork state, to the token
+        assert run_prompt(cache, DOC + [1, 8, 8, 8]) == (40, [])  # not its tokens past 40: the block
+        stats = cache.stats()
+        assert stats["exact_hits"] == 1 and stats["tokens_restored"] == 40 + 43 + 40
+    finally:
+        cache.close()
+
+
+def test_a_prompt_never_forks_from_itself(cache):
+    prompt = DOC + [1, 2, 3, 4, 5, 6]
+    for _ in range(3):  # the engine asks again while a request waits for another's prefill
+        assert all(n % 8 == 0 for n in cache.boundaries_to_store(prompt))
+
+
+def test_exact_fork_states_must_save_enough_and_stay_in_ram(tmp_path):
+    cache = make(tmp_path, exact_min_gain_tokens=4)
+    try:
+        run_prompt(cache, DOC + [1, 2, 3, 4, 5, 6])
+        assert run_prompt(cache, DOC + [1, 2, 3, 9, 9]) == (40, [])  # 3 tokens past the block: too few
+        assert run_prompt(cache, DOC + [1, 2, 3, 4, 5, 9]) == (40, [45])
+        assert cache.flush()
+    finally:
+        cache.close()
+    restarted = make(tmp_path, exact_min_gain_tokens=4)
+    try:  # the disk holds the block states only: the fork index was this process's
+        assert restarted.lookup(DOC + [1, 2, 3, 4, 5, 7, 7])[0] == 40
+    finally:
+        restarted.close()
+
+
+def test_exact_fork_states_are_per_tenant():
+    cache = make(None, exact_min_gain_tokens=2)
+    try:
+        first, second = DOC + [1, 2, 3, 4, 5, 6], DOC + [1, 2, 3, 9, 9, 9]
+        for prompt in (first, second):
+            hit = cache.lookup(prompt, "acme")
+            restored = hit[0] if hit else 0
+            for n in cache.boundaries_to_store(prompt, "acme"):
+                if n > restored:
+                    cache.store(prompt, n, fake_state(prompt, n), "acme")
+        assert cache.lookup(DOC + [1, 2, 3, 7, 7], "acme")[0] == 43
+        assert cache.lookup(DOC + [1, 2, 3, 7, 7]) is None  # the open tenant finds none of it
+    finally:
+        cache.close()

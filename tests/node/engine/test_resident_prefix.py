@@ -169,3 +169,33 @@ def test_questions_sent_together_copy_the_page_from_the_first(engines):
     for reference, final in zip(references, finals):
         assert isinstance(final, Finished) and final.reason == "length"
         assert_same_up_to_near_ties(reference, final)
+
+
+def test_the_exact_fork_a_resident_slot_holds_is_stored_for_later_prompts(gemma_path, engines):
+    """A question that continues from another's resident slot holds the page up to the token
+    where the two depart, and no prefill chunk ends there; the prefix cache wants that exact
+    fork (node/cache/forks.py), so the slot's state is stored as it stands. Once other prompts
+    have taken both slots, a third question restores the page from the cache to the token."""
+    from node.cache import PrefixCache, PrefixCacheConfig, engine_identity
+    from node.models.fingerprint import model_fingerprint
+
+    _, plain = engines
+    identity = engine_identity(model_fingerprint(gemma_path), "f16")
+    cache = PrefixCache(identity, PrefixCacheConfig(checkpoint_tokens=0, exact_min_gain_tokens=1))
+    engine = Engine(EngineConfig(model_path=gemma_path, prefix_cache=cache, **CFG))
+    try:
+        first, second, third = (engine.tokenize(PAGE + q) for q in QUESTIONS)
+        fork = common_prefix(first, second)
+        assert fork % cache.chain.block_tokens and common_prefix(first, third) == fork
+        run(engine, first, max_tokens=2)
+        held, _ = run(engine, second, max_tokens=2)
+        assert held.cached_tokens == fork and cache.stats()["exact_stores"] == 1
+        for other in ("The weather in the hills was", "A list of rivers:"):  # both slots go to others
+            run(engine, engine.tokenize(other), max_tokens=2)
+        reference = run(plain, third, logprobs=2)
+        final, _ = run(engine, third)
+        assert final.cached_tokens == fork and cache.stats()["exact_hits"] == 1
+        assert_same_up_to_near_ties(reference, final)
+    finally:
+        engine.close()
+        cache.close()

@@ -1,0 +1,128 @@
+"""Where prompts depart from each other, to the token: the prefix cache's exact fork points.
+
+Block keys (node/cache/keys.py) name states at whole blocks only, so a prompt sharing 595
+tokens with an earlier one restores 576 (blocks of 32) and prefills 19 tokens it shares. On a
+CPU that is tens of milliseconds, paid again by every later prompt sharing the same part: the
+questions on one document, the classifications under one instruction, whenever the slot that
+held it has gone to another request.
+
+So the cache remembers, for each block boundary a prompt passed, the tokens that followed it
+there (the next block of the most recent TAILS prompts), and a new prompt passing the deepest
+boundary it shares with an earlier one learns how far past it the two agree: its exact fork
+point (`ForkIndex.observe`). The engine stores the state there as the prompt's prefill passes
+it (a prefill chunk ends there), named after the boundary before it and the tokens past it
+(`BlockChain.exact_key`) and indexed the same way (`add`); a later prompt with those tokens
+after that boundary restores it and prefills only what is its own (`find`).
+
+A state is only ever restored at its own end: a sliding-window model's state cut short of it
+lacks part of the window the token there attends to.
+
+Exact states live in RAM only: the index that finds them is this process's, so a state that
+another node or a later start could not find is worth neither a disk write nor a push to the
+fleet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+from node.cache.keys import Boundary
+
+TAILS = 2                 # earlier prompts' next blocks remembered at each boundary
+STATES_PER_BOUNDARY = 8   # exact states indexed under one boundary; the oldest goes first
+TOKEN_BYTES = 4           # a packed token (shared/tokens.py: little-endian u32)
+
+
+def prompt_digest(packed: bytes) -> bytes:
+    """What tells two prompts apart (a prompt never forks from itself)."""
+    return hashlib.blake2b(packed, digest_size=16).digest()
+
+
+def common_tokens(a: bytes, b: bytes) -> int:
+    """How many leading packed tokens a and b share."""
+    return len(os.path.commonprefix([a, b])) // TOKEN_BYTES
+
+
+class ForkIndex:
+    """The boundaries prompts passed with the tokens after them, and the exact states stored.
+    Used from the engine thread and read by the cache's other callers, hence the lock."""
+
+    def __init__(self, block_tokens: int, capacity: int) -> None:
+        self.block_tokens = block_tokens
+        self.capacity = capacity  # boundaries remembered (the least recently passed goes first)
+        # boundary key -> [(prompt digest, the prompt's next block, packed)], most recent last
+        self._tails: OrderedDict[bytes, list[tuple[bytes, bytes]]] = OrderedDict()
+        # boundary key -> the tokens past it, packed -> the exact state's key
+        self._states: OrderedDict[bytes, OrderedDict[bytes, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def observe(self, packed: bytes, boundaries: Sequence[Boundary], limit: int) -> tuple[Boundary | None, int]:
+        """Remember the prompt (`packed`: all its tokens) at each of its `boundaries`; (the
+        deepest of them an earlier prompt passed too, or None; the exact fork point past it:
+        where the prompt stops agreeing with the earlier prompts' tokens after it, at most
+        `limit`, or 0 where it agrees with none past the boundary)."""
+        digest = prompt_digest(packed)
+        size = self.block_tokens * TOKEN_BYTES
+        deepest: Boundary | None = None
+        fork = 0
+        with self._lock:
+            for boundary in reversed(boundaries):
+                tails = self._tails.get(boundary.key)
+                if tails is None:
+                    continue
+                deepest = boundary
+                start = boundary.n_tokens * TOKEN_BYTES
+                mine = packed[start:start + size]
+                agree = max((common_tokens(mine, tail) for other, tail in tails if other != digest), default=0)
+                fork = min(boundary.n_tokens + agree, limit) if agree else 0
+                break
+            for boundary in boundaries:
+                start = boundary.n_tokens * TOKEN_BYTES
+                tails = [(d, t) for d, t in self._tails.pop(boundary.key, []) if d != digest]
+                self._tails[boundary.key] = [*tails[-(TAILS - 1):], (digest, packed[start:start + size])]
+            while len(self._tails) > self.capacity:
+                self._tails.popitem(last=False)
+        return deepest, fork if deepest is not None and fork > deepest.n_tokens else 0
+
+    def seen(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._tails
+
+    def add(self, boundary_key: bytes, tail: bytes, key: bytes) -> None:
+        """Index the exact state `key` holding the prompt up to `tail` (packed tokens) past the
+        boundary named `boundary_key`."""
+        with self._lock:
+            states = self._states.pop(boundary_key, None) or OrderedDict()
+            states.pop(tail, None)
+            states[tail] = key
+            while len(states) > STATES_PER_BOUNDARY:
+                states.popitem(last=False)
+            self._states[boundary_key] = states
+            while len(self._states) > self.capacity:
+                self._states.popitem(last=False)
+
+    def find(self, packed: bytes, boundaries: Sequence[Boundary], floor: int, limit: int,
+             held: Callable[[bytes], bool]) -> tuple[int, bytes] | None:
+        """The longest exact state that is a prefix of the prompt (`packed`), longer than
+        `floor` tokens and at most `limit`, that `held(key)` still finds: (its tokens, its key)."""
+        best: tuple[int, bytes] | None = None
+        with self._lock:
+            for boundary in reversed(boundaries):
+                if boundary.n_tokens + self.block_tokens - 1 <= max(floor, best[0] if best else 0):
+                    break  # an exact state past this boundary ends within its next block
+                states = self._states.get(boundary.key)
+                if not states:
+                    continue
+                start = boundary.n_tokens * TOKEN_BYTES
+                for tail, key in states.items():
+                    n = boundary.n_tokens + len(tail) // TOKEN_BYTES
+                    if floor < n <= limit and (best is None or n > best[0]) and \
+                            packed[start:start + len(tail)] == tail:
+                        best = (n, key)
+        if best is not None and not held(best[1]):
+            return None  # gone from RAM; the block states serve the prompt
+        return best
