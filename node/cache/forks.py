@@ -14,8 +14,13 @@ it (a prefill chunk ends there), named after the boundary before it and the toke
 (`BlockChain.exact_key`) and indexed the same way (`add`); a later prompt with those tokens
 after that boundary restores it and prefills only what is its own (`find`).
 
-A state is only ever restored at its own end: a sliding-window model's state cut short of it
-lacks part of the window the token there attends to.
+The block states this node stores are indexed the same way, under the boundary a block before
+their end with that block's tokens: a prompt that departs from a stored prompt inside the
+state's last block takes the state cut where they part (a classification sent again with a
+new order number: the state at 64 tokens of the first, cut at the 60 they share). Only where
+the cut state is whole: a sliding-window model's state holds the window before its own end, so
+one of more tokens than the window (`bind_window`) is restored at its end only; with no
+sliding window any state may be cut.
 
 Exact states live in RAM only: the index that finds them is this process's, so a state that
 another node or a later start could not find is worth neither a disk write nor a push to the
@@ -33,7 +38,7 @@ from typing import Callable, Sequence
 from node.cache.keys import Boundary
 
 TAILS = 2                 # earlier prompts' next blocks remembered at each boundary
-STATES_PER_BOUNDARY = 8   # exact states indexed under one boundary; the oldest goes first
+STATES_PER_BOUNDARY = 16  # states indexed under one boundary; the oldest goes first
 TOKEN_BYTES = 4           # a packed token (shared/tokens.py: little-endian u32)
 
 
@@ -93,8 +98,8 @@ class ForkIndex:
             return key in self._tails
 
     def add(self, boundary_key: bytes, tail: bytes, key: bytes) -> None:
-        """Index the exact state `key` holding the prompt up to `tail` (packed tokens) past the
-        boundary named `boundary_key`."""
+        """Index the state `key` holding a prompt up to `tail` (packed tokens, at most a block)
+        past the boundary named `boundary_key`."""
         with self._lock:
             states = self._states.pop(boundary_key, None) or OrderedDict()
             states.pop(tail, None)
@@ -106,23 +111,35 @@ class ForkIndex:
                 self._states.popitem(last=False)
 
     def find(self, packed: bytes, boundaries: Sequence[Boundary], floor: int, limit: int,
-             held: Callable[[bytes], bool]) -> tuple[int, bytes] | None:
-        """The longest exact state that is a prefix of the prompt (`packed`), longer than
-        `floor` tokens and at most `limit`, that `held(key)` still finds: (its tokens, its key)."""
-        best: tuple[int, bytes] | None = None
+             held: Callable[[bytes], bool], window: int | None = None) -> tuple[int, bytes] | None:
+        """The indexed state holding the most of the prompt (`packed`), more than `floor` tokens
+        and at most `limit`, that `held(key)` still finds: (the prompt's tokens it holds, its
+        key). A state holding tokens past those the prompt shares with it counts only where it
+        may be cut: `window` 0, or its tokens within `window` (None: no state is cut)."""
+        for n, key in self._candidates(packed, boundaries, floor, limit, window):
+            if held(key):
+                return n, key
+        return None
+
+    def _candidates(self, packed: bytes, boundaries: Sequence[Boundary], floor: int, limit: int,
+                    window: int | None) -> list[tuple[int, bytes]]:
+        """What each indexed state sharing more than `floor` tokens holds of the prompt, most first."""
+        found: list[tuple[int, bytes]] = []
         with self._lock:
             for boundary in reversed(boundaries):
-                if boundary.n_tokens + self.block_tokens - 1 <= max(floor, best[0] if best else 0):
-                    break  # an exact state past this boundary ends within its next block
+                if boundary.n_tokens + self.block_tokens <= floor:
+                    break  # a state indexed here ends within the next block
                 states = self._states.get(boundary.key)
                 if not states:
                     continue
                 start = boundary.n_tokens * TOKEN_BYTES
                 for tail, key in states.items():
-                    n = boundary.n_tokens + len(tail) // TOKEN_BYTES
-                    if floor < n <= limit and (best is None or n > best[0]) and \
-                            packed[start:start + len(tail)] == tail:
-                        best = (n, key)
-        if best is not None and not held(best[1]):
-            return None  # gone from RAM; the block states serve the prompt
-        return best
+                    end = boundary.n_tokens + len(tail) // TOKEN_BYTES  # the state's tokens
+                    mine = packed[start:start + len(tail)]
+                    shared = end if mine == tail else boundary.n_tokens + common_tokens(mine, tail)
+                    n = min(shared, limit)
+                    if n < end and (window is None or 0 < window < end):
+                        continue  # it would need a cut, which would leave its window incomplete
+                    if n > floor and n > boundary.n_tokens:
+                        found.append((n, key))
+        return sorted(found, key=lambda item: -item[0])

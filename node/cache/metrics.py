@@ -29,7 +29,7 @@ class CacheCounters:
     fleet_pushes: int = 0
     fleet_bytes_pushed: int = 0
     fleet_pushes_dropped: int = 0
-    exact_hits: int = 0  # restores of an exact fork state (node/cache/forks.py), counted in ram_hits too
+    exact_hits: int = 0  # restores to the token (node/cache/forks.py): a fork state, or a state cut; in ram_hits too
     exact_stores: int = 0  # exact fork states stored (RAM only), counted in stores too
     tokens_restored: int = 0
     tokens_prefilled: int = 0

@@ -98,6 +98,7 @@ class PrefixCache:
         self.ram = RamTier(config.ram_bytes)
         self.disk = DiskTier(config.directory, config.disk_bytes) if config.directory else None
         self.forks = ForkIndex(config.block_tokens, config.seen_keys)
+        self.window: int | None = None  # the model's sliding window (`bind_window`); None: no state is cut
         self._pending: set[bytes] = set()
         self._lock = threading.Lock()
         self._sinks: list[StoredSink] = []
@@ -108,12 +109,17 @@ class PrefixCache:
 
     # ----------------------------------------------------------------- engine hook
 
+    def bind_window(self, n_swa: int) -> None:
+        """The engine's model keeps a sliding window of `n_swa` tokens (0: none): a state of more
+        tokens holds only the window before its own end, so it is never restored cut short."""
+        self.window = max(0, int(n_swa))
+
     def lookup(self, prompt_tokens: Sequence[int], scope: str = "", beyond: int = 0) -> tuple[int, bytes] | None:
         started = time.perf_counter()
         boundaries = self.chain.restorable(prompt_tokens, scope)
         found = self._find([b for b in boundaries if b.n_tokens > beyond])
         exact = self._find_exact(prompt_tokens, boundaries, max(beyond, found[0].n_tokens if found else 0))
-        restored = exact.n_tokens if exact is not None else found[0].n_tokens if found else 0
+        restored = exact[0] if exact is not None else found[0].n_tokens if found else 0
         deltas: dict[str, float] = dict(
             lookups=1, tokens_restored=restored, tokens_prefilled=len(prompt_tokens) - max(restored, beyond)
         )
@@ -128,8 +134,9 @@ class PrefixCache:
         if exact is not None or found is not None:
             deltas["restore_seconds"] = time.perf_counter() - started
         self.metrics.add(**deltas)
-        entry = exact if exact is not None else found[2] if found is not None else None
-        return (entry.n_tokens, entry.state) if entry is not None else None
+        if exact is not None:
+            return exact[0], exact[1].state
+        return (found[0].n_tokens, found[2].state) if found is not None else None
 
     def boundaries_to_store(self, prompt_tokens: Sequence[int], scope: str = "") -> list[int]:
         boundaries = self.chain.restorable(prompt_tokens, scope)
@@ -161,7 +168,7 @@ class PrefixCache:
         gain = self.config.exact_min_gain_tokens
         if exact and gain > 0:
             below = [b for b in boundaries if b.n_tokens < exact]
-            held = self.forks.find(packed, below, 0, exact, self.ram.contains)
+            held = self.forks.find(packed, below, 0, exact, self.ram.contains, self.window)
             have = max([n for n in wanted if n < exact] + [self.longest_local(below), held[0] if held else 0])
             if exact - have >= gain:
                 wanted = sorted([*wanted, exact])
@@ -176,6 +183,9 @@ class PrefixCache:
         boundary = self.chain.boundaries(prompt_tokens, limit=n_tokens, scope=scope)[-1]
         if boundary.n_tokens == n_tokens:
             self.adopt(boundary.key, StateBlob(n_tokens, bytes(state)), publish=True)
+            if n_tokens > block:  # indexed by its last block, to be cut where a prompt parts from it
+                before = self.chain.boundaries(prompt_tokens, limit=n_tokens - block, scope=scope)[-1]
+                self.forks.add(before.key, pack_tokens(prompt_tokens[before.n_tokens:n_tokens]), boundary.key)
             return
         tail = prompt_tokens[boundary.n_tokens:n_tokens]  # an exact fork: RAM only (node/cache/forks.py)
         key = self.chain.exact_key(boundary.key, tail)
@@ -283,12 +293,14 @@ class PrefixCache:
         return None
 
     def _find_exact(self, prompt_tokens: Sequence[int], boundaries: Sequence[Boundary],
-                    floor: int) -> StateBlob | None:
-        """The longest exact fork state (RAM) holding more than `floor` tokens of the prompt."""
+                    floor: int) -> tuple[int, StateBlob] | None:
+        """The RAM state holding the most of the prompt past `floor` tokens to the token (an exact
+        fork state, or a state the prompt parts from inside its last block, to be cut there):
+        (the prompt's tokens it holds, the state)."""
         found = self.forks.find(pack_tokens(prompt_tokens), boundaries, floor, len(prompt_tokens) - 1,
-                                self.ram.contains)
+                                self.ram.contains, self.window)
         entry = self.ram.get(found[1]) if found is not None else None
-        return entry if entry is not None and found is not None and entry.n_tokens == found[0] else None
+        return (found[0], entry) if entry is not None and found is not None and entry.n_tokens >= found[0] else None
 
     def _is_stored(self, key: bytes) -> bool:
         if self.ram.contains(key) or key in self._pending:

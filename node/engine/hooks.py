@@ -29,8 +29,11 @@ class PrefixCacheHook(Protocol):
     # `scope` is the request's tenant (GenerationRequest.cache_scope): a state stored under one
     # scope is never found under another.
     def lookup(self, prompt_tokens: Sequence[int], scope: str = "", beyond: int = 0) -> tuple[int, bytes] | None:
-        """Longest cached block boundary that is a prefix of the prompt, longer than `beyond`
-        tokens (the engine holds that many in a resident slot already): (n_tokens, state)."""
+        """The longest cached prefix of the prompt, longer than `beyond` tokens (the engine holds
+        that many in a resident slot already): (n_tokens, state). The state may hold more
+        tokens, of a prompt that parts from this one at n_tokens: the engine cuts it there.
+        A hook with `bind_window(n_swa)` is told the model's sliding window (0: none) when the
+        engine starts, and cuts no state past what that window keeps."""
 
     def boundaries_to_store(self, prompt_tokens: Sequence[int], scope: str = "") -> Sequence[int]:
         """Token counts (block boundaries <= len(prompt)-1) whose state is not stored yet."""

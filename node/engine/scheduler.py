@@ -126,6 +126,9 @@ class Scheduler:
         self._ctx = ctx
         self._limits = limits
         self._prefix_cache = prefix_cache
+        bind_window = getattr(prefix_cache, "bind_window", None)
+        if bind_window is not None:  # the cache cuts a state only where its window stays whole
+            bind_window(model.n_swa)
         self._drafting = Drafting(speculator, limits.max_draft)
         self.threads = threads
         self._threads_now = threads.current if threads is not None else 0
@@ -472,7 +475,10 @@ class Scheduler:
                 self._ctx.seq_rm(seq.slot)
                 seq.n_past = seq.n_cached = 0
                 n_tokens = decided.n_tokens
-                if self._ctx.state_set(seq.slot, decided.state) and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
+                restored = self._ctx.state_set(seq.slot, decided.state)
+                if restored and self._ctx.seq_pos_max(seq.slot) >= n_tokens:  # more than the prompt shares: cut
+                    restored = self._ctx.seq_rm(seq.slot, n_tokens, -1) and self._window_kept(seq.slot, n_tokens)
+                if restored and self._ctx.seq_pos_max(seq.slot) == n_tokens - 1:
                     seq.n_past = seq.n_cached = n_tokens
                     self.counters["prefix_tokens_restored"] += n_tokens
                 else:

@@ -57,6 +57,11 @@ class SwitchableHook:
     def store(self, prompt_tokens, n_tokens, state, scope=""):
         self.target.store(prompt_tokens, n_tokens, state, scope)
 
+    def bind_window(self, n_swa):
+        """The engine tells the model's sliding window once; each cache swapped in is told too."""
+        self.window = n_swa
+        self.target.bind_window(n_swa)
+
 
 def new_cache(gemma_path, directory) -> PrefixCache:
     identity = engine_identity(model_fingerprint(gemma_path), CTX["kv_type"])
@@ -77,6 +82,7 @@ def engine(gemma_path):
 
 def use_cache(engine: Engine, cache: PrefixCache) -> PrefixCache:
     engine.hook.target = cache
+    cache.bind_window(engine.hook.window)
     return cache
 
 
@@ -130,8 +136,10 @@ def test_restore_matches_fresh_prefill_and_survives_a_restart(gemma_path, tmp_pa
         assert restored_by(cache, engine, ps[0], expected[0]) == 0
         tail = (len(ps[0]) - 1) // BLOCK * BLOCK
         assert restored_by(cache, engine, ps[0], expected[0]) == tail
-        # another question on the same document: restores the last checkpoint inside it
-        assert restored_by(cache, engine, ps[1], expected[1]) == shared // CHECKPOINT * CHECKPOINT
+        # another question on the same document: the first one's state, cut where they part (the
+        # prompts are shorter than the model's sliding window, so the cut state is whole)
+        parted = next(i for i, (a, b) in enumerate(zip(ps[0], ps[1])) if a != b)
+        assert restored_by(cache, engine, ps[1], expected[1]) == parted
         assert cache.flush()
     finally:
         cache.close()
@@ -224,23 +232,29 @@ def test_four_users_sending_one_document_at_once_compute_it_once(gemma_path, eng
         cold.close()
 
 
-def test_questions_on_one_document_restore_it_to_the_token(gemma_path, engine):
-    """Questions on one document, one after another (resident slots off): the second departs
-    from the first a few tokens past the last block boundary they share, its prefill stores the
-    state there (node/cache/forks.py), and the third restores everything it shares with them,
-    to the token, not only to the block boundary; its answer is a fresh prefill's, up to
-    near-ties (the prefill chunks end elsewhere)."""
-    ps = prompts(engine)
-    fork = next(i for i, (a, b) in enumerate(zip(ps[0], ps[1])) if a != b)
-    assert fork % BLOCK and all(p[:fork] == ps[0][:fork] for p in ps)  # the document and "Question:"
-    fresh = use_cache(engine, new_cache(gemma_path, None))
-    fresh.lookup = lambda prompt_tokens, scope="", beyond=0: None
-    reference = together(engine, [ps[2]], logprobs=2)
-    fresh.close()
-    identity = engine_identity(model_fingerprint(gemma_path), CTX["kv_type"])
-    cache = use_cache(engine, PrefixCache(identity, PrefixCacheConfig(
-        block_tokens=BLOCK, checkpoint_tokens=0, min_gain_tokens=0, exact_min_gain_tokens=1)))
+def test_questions_on_one_document_restore_it_to_the_token(gemma_path):
+    """Questions on a document longer than the model's sliding window, one after another
+    (resident slots off): the second departs from the first a few tokens past the last block
+    boundary they share; the first's state cannot be cut there (it holds only the window before
+    its own end), so the second's prefill stores the state at that point (node/cache/forks.py),
+    and the third restores everything it shares with them, to the token, not only to the block
+    boundary; its answer is a fresh prefill's, up to near-ties (the prefill chunks end
+    elsewhere)."""
+    hook = SwitchableHook(new_cache(gemma_path, None))
+    engine = Engine(EngineConfig(model_path=gemma_path, prefix_cache=hook, **{**CTX, "n_parallel": 2}))
+    engine.hook = hook
     try:
+        ps = [engine.tokenize(DOCUMENT * 2 + question) for question in QUESTIONS]
+        fork = next(i for i, (a, b) in enumerate(zip(ps[0], ps[1])) if a != b)
+        assert fork % BLOCK and all(p[:fork] == ps[0][:fork] for p in ps)  # the document and "Question:"
+        assert fork > hook.window == 512
+        fresh = use_cache(engine, new_cache(gemma_path, None))
+        fresh.lookup = lambda prompt_tokens, scope="", beyond=0: None
+        reference = together(engine, [ps[2]], logprobs=2)
+        fresh.close()
+        identity = engine_identity(model_fingerprint(gemma_path), CTX["kv_type"])
+        cache = use_cache(engine, PrefixCache(identity, PrefixCacheConfig(
+            block_tokens=BLOCK, checkpoint_tokens=0, min_gain_tokens=0, exact_min_gain_tokens=1)))
         generate(engine, ps[0], max_tokens=2)
         generate(engine, ps[1], max_tokens=2)
         assert cache.stats()["exact_stores"] == 1
@@ -248,6 +262,36 @@ def test_questions_on_one_document_restore_it_to_the_token(gemma_path, engine):
         (final, _), = together(engine, [ps[2]])
         assert cache.stats()["tokens_restored"] - before == fork
         assert cache.stats()["exact_hits"] == 1
+        assert_same_up_to_near_ties(reference[0], final)
+        cache.close()
+    finally:
+        engine.close()
+        hook.target.close()
+
+
+def test_a_state_is_cut_where_a_short_prompt_parts_from_it(gemma_path, engine):
+    """A short prompt sent again with another order number shares its first tokens with the
+    first one, whose state is stored at its last block boundary, past where they part: the
+    cache hands that state over and the engine cuts it there (the model's sliding window of 512
+    tokens holds all of a state this short), so the second prefills only its own tokens; its
+    answer is a fresh prefill's, up to near-ties."""
+    text = ("You are a careful assistant for a chain of restaurants. Classify the sentiment of the customer "
+            "review below as positive or negative, and give a one-line reason.\nReview (order {}): The soup was "
+            "cold and the waiter ignored us, and the bill took half an hour to arrive.\nSentiment:")
+    first, second = (engine.tokenize(text.format(n)) for n in (2000, 2008))
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    stored = (len(first) - 1) // BLOCK * BLOCK
+    assert shared % BLOCK and shared // BLOCK * BLOCK < shared < stored < 512
+    fresh = use_cache(engine, new_cache(gemma_path, None))
+    fresh.lookup = lambda prompt_tokens, scope="", beyond=0: None
+    reference = together(engine, [second], logprobs=2)
+    fresh.close()
+    cache = use_cache(engine, new_cache(gemma_path, None))
+    assert cache.window == 512  # Gemma 3's sliding window, as the engine told it
+    try:
+        generate(engine, first, max_tokens=2)
+        (final, _), = together(engine, [second])
+        assert final.cached_tokens == shared and cache.stats()["exact_hits"] == 1
         assert_same_up_to_near_ties(reference[0], final)
     finally:
         cache.close()

@@ -263,3 +263,20 @@ def test_exact_fork_states_are_per_tenant():
         assert cache.lookup(DOC + [1, 2, 3, 7, 7]) is None  # the open tenant finds none of it
     finally:
         cache.close()
+
+
+def test_a_state_is_cut_where_a_prompt_parts_from_it_if_its_window_allows():
+    first = DOC + list(range(1, 12))  # 51 tokens: its state is stored at 48
+    second = DOC + [1, 2, 3, 4, 5, 99, 99, 99, 99]  # shares 45 tokens with it, past boundary 40
+    for window, restored in ((None, None), (44, None), (0, 45), (64, 45)):
+        cache = make(None)
+        try:
+            if window is not None:
+                cache.bind_window(window)  # the engine's model: no sliding window (0), or one of `window` tokens
+            assert run_prompt(cache, first) == (0, [48])
+            hit = cache.lookup(second)
+            assert (hit[0] if hit else None) == restored, window
+            if hit is not None:  # the whole state of the first prompt: the engine cuts it at 45
+                assert hit[1] == fake_state(first, 48) and cache.stats()["exact_hits"] == 1
+        finally:
+            cache.close()
