@@ -6,11 +6,12 @@ A node with its defaults (as the comparison runs it: prefix cache, speculation, 
 archive, a fresh home) serves the workload's two passes from `--clients` clients, each sending
 its next request when it has its answer; the node runs under bench/traced_node.py, which writes
 down every decode call. Printed: the decode calls (those carrying prompt tokens and the
-decode-only ones, with their seconds), the draft tokens verified and kept, and the steps each
-answer decoded in against the fewest a source drafting from text seen could take
-(bench/text_oracle.py: its prompt, its own answer so far, and every answer the node finished
-before it began, which the Palimpsest holds). Answers replayed whole from L1 take no step and
-are left out.
+decode-only ones, with their seconds), the draft tokens verified and kept, the prompt tokens
+computed against what the longest prefix each prompt shares with an earlier one leaves, and
+the steps each answer decoded in against the fewest a source drafting from text seen could
+take (bench/text_oracle.py: its prompt, its own answer so far, and every answer the node
+finished before it began, which the Palimpsest holds). Answers replayed whole from L1 take no
+step and are left out.
 """
 
 from __future__ import annotations
@@ -70,10 +71,35 @@ def summarize(events: list[dict]) -> list[str]:
         paired_total += paired
         rows.append(f"  answer {len(rows) + 1:2d}: {taken[key]:3d} steps, the text's fewest {oracle:3d}, "
                     f"from {SOURCES_MIN_MATCH}+ matched tokens {paired:3d}")
+    lines.append(prompt_tokens(events, ends))
     lines.append(f"sequence-steps {run_total}; the fewest the text allows {oracle_total} "
                  f"({run_total / max(1, oracle_total):.2f}x as many); drafting only from occurrences matching "
                  f"{SOURCES_MIN_MATCH}+ tokens, as the node's sources need, {paired_total} ({run_total / max(1, paired_total):.2f}x)")
     return lines + rows
+
+
+def prompt_tokens(events: list[dict], ends: dict[int, tuple[int, dict]]) -> str:
+    """The prompt tokens the node computed (its prefill entries) against what the longest prefix
+    each prompt shares with one that came before leaves (its last token is always computed,
+    for its logits)."""
+    from node.engine.budget import common_prefix
+
+    first_seen: dict[int, int] = {}
+    computed: collections.Counter[int] = collections.Counter()
+    for i, e in enumerate(events):
+        for s in e.get("seqs", ()):
+            first_seen.setdefault(s["key"], i)
+            if not s["decoding"]:
+                computed[s["key"]] += s["tokens"]
+    earlier: list[list[int]] = []
+    needed = 0
+    for key in sorted(ends, key=lambda k: first_seen.get(k, ends[k][0])):
+        prompt = ends[key][1]["prompt"]
+        shared = max((common_prefix(prompt, other) for other in earlier), default=0)
+        needed += len(prompt) - min(shared, len(prompt) - 1)
+        earlier.append(prompt)
+    return (f"prompt tokens computed {sum(computed[key] for key in ends)}; the longest prefix each prompt "
+            f"shares with an earlier one leaves {needed}")
 
 
 def main() -> int:
