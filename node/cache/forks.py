@@ -58,11 +58,12 @@ class ForkIndex:
 
     def __init__(self, block_tokens: int, capacity: int) -> None:
         self.block_tokens = block_tokens
-        self.capacity = capacity  # boundaries remembered (the least recently passed goes first)
+        self.capacity = capacity  # boundaries remembered, and states indexed (the least recent go first)
         # boundary key -> [(prompt digest, the prompt's next block, packed)], most recent last
         self._tails: OrderedDict[bytes, list[tuple[bytes, bytes]]] = OrderedDict()
         # boundary key -> the tokens past it, packed -> the exact state's key
         self._states: OrderedDict[bytes, OrderedDict[bytes, bytes]] = OrderedDict()
+        self._indexed = 0  # states in `_states`
         self._lock = threading.Lock()
 
     def observe(self, packed: bytes, boundaries: Sequence[Boundary], limit: int) -> tuple[Boundary | None, int]:
@@ -102,13 +103,21 @@ class ForkIndex:
         past the boundary named `boundary_key`."""
         with self._lock:
             states = self._states.pop(boundary_key, None) or OrderedDict()
+            self._indexed -= len(states)
             states.pop(tail, None)
             states[tail] = key
             while len(states) > STATES_PER_BOUNDARY:
                 states.popitem(last=False)
             self._states[boundary_key] = states
-            while len(self._states) > self.capacity:
-                self._states.popitem(last=False)
+            self._indexed += len(states)
+            while self._indexed > self.capacity:  # the boundary indexed least recently goes, with its states
+                _, gone = self._states.popitem(last=False)
+                self._indexed -= len(gone)
+
+    def __len__(self) -> int:
+        """States indexed."""
+        with self._lock:
+            return self._indexed
 
     def find(self, packed: bytes, boundaries: Sequence[Boundary], floor: int, limit: int,
              held: Callable[[bytes], bool], window: int | None = None) -> tuple[int, bytes] | None:

@@ -280,3 +280,14 @@ def test_a_state_is_cut_where_a_prompt_parts_from_it_if_its_window_allows():
                 assert hit[1] == fake_state(first, 48) and cache.stats()["exact_hits"] == 1
         finally:
             cache.close()
+
+
+def test_the_fork_index_is_bounded():
+    from node.cache.forks import STATES_PER_BOUNDARY, ForkIndex
+
+    index = ForkIndex(block_tokens=8, capacity=40)
+    for boundary in range(10):
+        for tail in range(STATES_PER_BOUNDARY + 3):  # more than a boundary keeps
+            index.add(bytes([boundary]) * 32, bytes([tail]) * 4, bytes([boundary, tail]) * 16)
+    assert len(index) <= 40
+    assert len(index) >= 40 - STATES_PER_BOUNDARY  # whole boundaries go, least recent first
