@@ -326,7 +326,7 @@ def case_extract(engine, controller, args) -> list[str]:
     answer = ours[2]
     json.loads(answer)
     stats = controller.stats.snapshot()
-    kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "lookup")}
+    kept = {name: stats[name]["accepted"] for name in ("grammar", "grammar.copy", "grammar.quote", "lookup")}
     line = controller.costs.line()
     full_ms = line.seconds(1) * 1000
     body_ms = body_row_ms(engine)

@@ -1,6 +1,8 @@
 """Il Suggeritore: the form of the output as a draft source.
 
-Under a grammar (`grammar`, and `grammar.copy` which goes on from the request's own text):
+Under a grammar (`grammar`, and `grammar.copy` which goes on from the request's own text; and
+`grammar.quote`, a string value's rest read from the request's text by characters,
+node/speculative/quote.py):
 the tokens the grammar forces next (keys, braces, quotes, commas,
 the rest of an enum value only one option still fits), in the grammar engine's own
 tokenization (node/engine/grammar.py `Matcher.forced`). They are proposed as a draft and
@@ -36,6 +38,7 @@ from typing import Callable, Sequence
 
 from node.engine.hooks import Draft, DraftSeq
 from node.speculative.lookup import PromptLookup
+from node.speculative.quote import DocumentQuote
 from node.speculative.source import DraftSource
 
 PROMPT_TAIL = 256     # prompt tokens read at begin (few-shot lists, tables and Q/A patterns)
@@ -276,7 +279,8 @@ class Suggeritore:
         self.tracker = TextTracker()
         names = list(RULES) if rules is None else [name for name in RULES if name in rules]
         self.rules = [FormRule(name, RULES[name], self.tracker, owner=i == 0) for i, name in enumerate(names)]
-        self.grammar = [GrammarForced(), *([GrammarForced(lookup)] if lookup is not None else [])]
+        self.grammar: list[DraftSource] = [GrammarForced(), *([GrammarForced(lookup)] if lookup is not None else []),
+                                           DocumentQuote()]
 
     def bind(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
         self.tracker.bind(piece, tokenize)
