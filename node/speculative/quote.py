@@ -52,11 +52,13 @@ class DocumentQuote:
         self.cost_per_token = 0.0
         self.prior = 0.6
         self._piece: Callable[[int], bytes] | None = None
+        self._pieces: dict[int, bytes] = {}  # the vocabulary's pieces met so far (a prompt repeats most)
         self._prompts: dict[int, _Prompt] = {}
         self._outputs: dict[int, _Output] = {}
 
     def bind(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
         self._piece = piece
+        self._pieces.clear()
 
     def begin(self, seq: DraftSeq) -> None:
         if seq.grammar is None or self._piece is None:
@@ -64,7 +66,7 @@ class DocumentQuote:
         text, starts = bytearray(), {}
         for i, token in enumerate(seq.prompt):
             starts[len(text)] = i
-            text += self._piece(token)
+            text += self._piece_of(token)
         self._prompts[seq.key] = _Prompt(bytes(text), starts, tuple(seq.prompt))
         self._outputs[seq.key] = _Output(seen=len(seq.prompt))
 
@@ -89,11 +91,10 @@ class DocumentQuote:
 
     def _read(self, out: _Output, context: Sequence[int]) -> None:
         """The output's new tokens into its text, following its strings' quotes."""
-        assert self._piece is not None
         if out.seen > len(context):  # the context went back (never in the engine): read again
             out.seen, out.data, out.inside, out.escaped = len(context), bytearray(), False, False
         for index in range(out.seen, len(context)):
-            for byte in self._piece(int(context[index])):
+            for byte in self._piece_of(int(context[index])):
                 out.data.append(byte)
                 if out.escaped:
                     out.escaped = False
@@ -103,6 +104,14 @@ class DocumentQuote:
                     out.inside = not out.inside
                     out.opened, out.opened_token = len(out.data), index + 1
         out.seen = len(context)
+
+
+    def _piece_of(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            assert self._piece is not None
+            piece = self._pieces[token] = self._piece(token)
+        return piece
 
 
 def _aligned_end(prompt: _Prompt, value: bytes) -> int | None:
