@@ -53,15 +53,16 @@ def common_tokens(a: bytes, b: bytes) -> int:
 
 
 class ForkIndex:
-    """The boundaries prompts passed with the tokens after them, and the exact states stored.
-    Used from the engine thread and read by the cache's other callers, hence the lock."""
+    """The boundaries prompts passed with the tokens after them, and the states stored, each
+    under the boundary a block or less before its end. Used from the engine thread and read by
+    the cache's other callers, hence the lock."""
 
     def __init__(self, block_tokens: int, capacity: int) -> None:
         self.block_tokens = block_tokens
         self.capacity = capacity  # boundaries remembered, and states indexed (the least recent go first)
         # boundary key -> [(prompt digest, the prompt's next block, packed)], most recent last
         self._tails: OrderedDict[bytes, list[tuple[bytes, bytes]]] = OrderedDict()
-        # boundary key -> the tokens past it, packed -> the exact state's key
+        # boundary key -> the tokens past it to a state's end, packed -> the state's key
         self._states: OrderedDict[bytes, OrderedDict[bytes, bytes]] = OrderedDict()
         self._indexed = 0  # states in `_states`
         self._lock = threading.Lock()
@@ -93,10 +94,6 @@ class ForkIndex:
             while len(self._tails) > self.capacity:
                 self._tails.popitem(last=False)
         return deepest, fork if deepest is not None and fork > deepest.n_tokens else 0
-
-    def seen(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._tails
 
     def add(self, boundary_key: bytes, tail: bytes, key: bytes) -> None:
         """Index the state `key` holding a prompt up to `tail` (packed tokens, at most a block)
