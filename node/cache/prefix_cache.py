@@ -180,11 +180,12 @@ class PrefixCache:
         if n_tokens < block or n_tokens > len(prompt_tokens):
             log.warning("prefix cache: ignoring a state at %d tokens (not past a block boundary)", n_tokens)
             return
-        boundary = self.chain.boundaries(prompt_tokens, limit=n_tokens, scope=scope)[-1]
+        chain = self.chain.boundaries(prompt_tokens, limit=n_tokens, scope=scope)
+        boundary = chain[-1]
         if boundary.n_tokens == n_tokens:
             self.adopt(boundary.key, StateBlob(n_tokens, bytes(state)), publish=True)
-            if n_tokens > block:  # indexed by its last block, to be cut where a prompt parts from it
-                before = self.chain.boundaries(prompt_tokens, limit=n_tokens - block, scope=scope)[-1]
+            if len(chain) > 1:  # indexed by its last block, to be cut where a prompt parts from it
+                before = chain[-2]
                 self.forks.add(before.key, pack_tokens(prompt_tokens[before.n_tokens:n_tokens]), boundary.key)
             return
         tail = prompt_tokens[boundary.n_tokens:n_tokens]  # an exact fork: RAM only (node/cache/forks.py)

@@ -67,7 +67,7 @@ class DocumentQuote:
         for i, token in enumerate(seq.prompt):
             starts[len(text)] = i
             text += self._piece_of(token)
-        self._prompts[seq.key] = _Prompt(bytes(text), starts, tuple(seq.prompt))
+        self._prompts[seq.key] = _Prompt(bytes(text), starts, seq.prompt)
         self._outputs[seq.key] = _Output(seen=len(seq.prompt))
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
@@ -104,7 +104,6 @@ class DocumentQuote:
                     out.inside = not out.inside
                     out.opened, out.opened_token = len(out.data), index + 1
         out.seen = len(context)
-
 
     def _piece_of(self, token: int) -> bytes:
         piece = self._pieces.get(token)
