@@ -83,7 +83,8 @@ log = logging.getLogger(__name__)
 
 PRIOR = 0.5           # p_i of a source nothing is known about yet (a source may declare its own `prior`)
 PRIOR_WEIGHT = 4.0    # the source's estimate counts as this many observations for a new sequence
-EMA = 0.1             # per-source moving average weight of one observation
+EMA = 0.1             # per-source moving average weight of one observation, once an estimate has seen many
+PRIOR_COUNT = 2       # observations the starting estimate counts as: the first ones weigh 1/(PRIOR_COUNT + seen)
 SWITCH_OFF = 24       # proposals in a row judged not to pay
 BACKOFF_START = 32    # steps before the first re-probe
 BACKOFF_MAX = 4096
@@ -112,6 +113,7 @@ class _SourceState:
     prior: float
     # per-position acceptance estimates by (sampled, match class); (sampled, ANY) over every match
     p: dict[tuple[bool, int], list[float]] = field(default_factory=dict)
+    seen: dict[tuple[bool, int], list[int]] = field(default_factory=dict)  # observations behind each estimate
     on: bool = True
     idle: int = 0                       # proposals in a row that did not pay
     backoff: int = BACKOFF_START
@@ -445,22 +447,31 @@ class Controller:
             self._observe(state, own, seq.sampled, _kind(draft), i, i < accepted)
         if accepted == drafted:  # all kept: the next position is likely kept too
             for match_class in _classes(_kind(draft)):
-                p = self._table(state, seq.sampled, match_class)
-                if drafted < len(p):
-                    p[drafted] += EMA * (1.0 - p[drafted])
+                self._learn(state, seq.sampled, match_class, drafted, 1.0)
 
     def _observe(self, state: _SourceState, own: _SeqState | None, sampled: bool, kind: int, i: int,
                  kept: bool) -> None:
         """Position i of one of the source's drafts was reached, and kept or not: the source's
         estimates for this kind of sequence and match (`_kind`), and the sequence's own counts."""
         for match_class in _classes(kind):
-            p = self._table(state, sampled, match_class)
-            if i < len(p):
-                p[i] += EMA * ((1.0 if kept else 0.0) - p[i])
+            self._learn(state, sampled, match_class, i, 1.0 if kept else 0.0)
         if own is not None and i < self.config.max_draft:
             name = state.source.name
             own.reached.setdefault(name, [0] * self.config.max_draft)[i] += 1
             own.kept.setdefault(name, [0] * self.config.max_draft)[i] += kept
+
+    def _learn(self, state: _SourceState, sampled: bool, match_class: int, i: int, outcome: float) -> None:
+        """Move estimate i of a table toward one outcome: by 1/(PRIOR_COUNT + observations so far)
+        while it has seen few (the mean of what it saw, its start counting PRIOR_COUNT), then by
+        EMA. A fixed EMA from the start weighed the starting estimate as ten observations: a
+        source whose drafts were kept 95% of the time was still put at 0.8 after ten of them, and
+        a fresh node's first requests drafted a quarter of what they then kept."""
+        p = self._table(state, sampled, match_class)
+        if i >= len(p):
+            return
+        seen = state.seen.setdefault((sampled, match_class), [0] * len(p))
+        p[i] += max(EMA, 1.0 / (PRIOR_COUNT + seen[i] + 1)) * (outcome - p[i])
+        seen[i] += 1
 
     def _shadow(self, own: _SeqState, draft: Draft, start: int, verified: int) -> None:
         """Follow a proposal past what the step verifies of it (one more of its source's shadows

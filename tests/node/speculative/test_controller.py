@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
-from node.speculative.controller import (ANY, BACKOFF_START, PROBE_TOKENS, SWITCH_OFF, Controller, ControllerConfig,
-                                         _match_class)
+from node.speculative.controller import (ANY, BACKOFF_START, EMA, PRIOR, PRIOR_COUNT, PROBE_TOKENS, SWITCH_OFF, Controller,
+                                         ControllerConfig, _match_class)
 from node.speculative import costs as costs_module
 from node.speculative.cost_store import CostStore
 from node.speculative.costs import BEND_LIMITS, CostCurve
@@ -38,6 +38,14 @@ class Matching(Fixed):
 
     def propose(self, seq, context, k):
         return Draft(self.tokens[:k], self.name, match=self.match, echo=self.echo)
+
+
+def establish(controller: Controller, source: str, estimates: list[float], match_class: int = ANY) -> None:
+    """Give a source greedy estimates as if learned from many drafts (so the next observations
+    move them by EMA, not as the first few observations move a fresh estimate)."""
+    state = controller._sources[source]
+    state.p[(False, match_class)] = list(estimates)
+    state.seen[(False, match_class)] = [1000] * len(estimates)
 
 
 def linear(per_step: float = 0.012, per_token: float = 0.0012) -> CostCurve:
@@ -174,7 +182,7 @@ def following(key: int) -> tuple[Controller, DraftSeq]:
     controller = Controller([Following(TEXT)], ControllerConfig(max_draft=16),
                             costs=CostCurve({n: 0.012 + 0.018 * n for n in (1, 2, 4, 8, 16, 32, 68)}))
     for match_class in (ANY, _match_class(16)):
-        controller._sources["follows"].p[(False, match_class)] = [0.3] * 16
+        establish(controller, "follows", [0.3] * 16, match_class)
     seq = DraftSeq(key, key, TEXT[:10], False)
     controller.begin(seq)
     return controller, seq
@@ -215,7 +223,7 @@ def test_a_busy_batch_gets_shorter_drafts_than_a_lone_sequence():
     def plan(n_decoding: int) -> int:
         controller = Controller([Fixed("half", tuple(range(16)))], ControllerConfig(max_draft=16),
                                 costs=linear(0.012, 0.004))
-        controller._sources["half"].p[(False, ANY)] = [0.6] * 16
+        establish(controller, "half", [0.6] * 16, ANY)
         seqs = [DraftSeq(key, key, (), False) for key in range(n_decoding)]
         for s in seqs:
             controller.begin(s)
@@ -321,7 +329,7 @@ def planned(per_step: float, per_token: float, acceptance: list[float], *, budge
         controller.end(earlier, [1] * (1 + generated))
     seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
     for seq, p in zip(seqs, acceptance):
-        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        establish(controller, f"s{seq.key}", [p] * 16, ANY)
         controller.begin(seq)
     for seq, promise in zip(seqs, promised or []):
         controller._seqs[seq.key].promise = promise
@@ -447,7 +455,7 @@ def test_a_sequence_that_has_just_begun_to_draft_is_counted_at_the_pace_its_draf
     finish within a step of each other, so all four draft."""
     controller = Controller([Fixed("s0", tuple(range(16)))], ControllerConfig(max_draft=16),
                             costs=CostCurve({n: 0.0206 + 0.0037 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True))
-    controller._sources["s0"].p[(False, ANY)] = [0.98] * 16
+    establish(controller, "s0", [0.98] * 16, ANY)
     ran_to_their_limit(controller)
     seqs = [DraftSeq(k, k, (), False) for k in range(4)]
     for seq in seqs:
@@ -471,7 +479,7 @@ def test_a_bound_sequence_that_kept_pace_so_far_holds_nobody_back_in_a_step_with
         ran_to_their_limit(controller)
         seqs = [DraftSeq(k, k, (), False) for k in range(3)]
         for seq, p in zip(seqs, (0.9, 0.9, 0.0)):
-            controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+            establish(controller, f"s{seq.key}", [p] * 16, ANY)
             controller.begin(seq)
         context = [1] * 30  # 30 tokens since each first asked: a step each for the first two
         for seq in seqs:
@@ -611,14 +619,14 @@ def test_the_token_after_a_draft_and_the_next_token_of_an_undrafted_sequence_are
     controller = Controller([source], ControllerConfig(max_draft=16), costs=costs)
     seq = DraftSeq(1, 1, (), False)
     controller.begin(seq)
-    controller._sources["src"].p[(False, ANY)] = [0.9] * 16
+    establish(controller, "src", [0.9] * 16, ANY)
     plan = controller.plan(1, [DraftAsk(seq, [1], 4)], 0, 256)
     assert source.asked[-1] == 5
     assert plan.drafts[1].tokens == (100, 101, 102, 103) and plan.drafts[1].after == 104 and not plan.hints
-    controller._sources["src"].p[(False, ANY)] = [0.9] + [0.0] * 15
+    establish(controller, "src", [0.9] + [0.0] * 15, ANY)
     plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
     assert plan.drafts[1].tokens == (100,) and plan.drafts[1].after == 101  # cut where it stops paying
-    controller._sources["src"].p[(False, ANY)] = [0.05] * 16
+    establish(controller, "src", [0.05] * 16, ANY)
     plan = controller.plan(1, [DraftAsk(seq, [1], 16)], 0, 256)
     assert not plan.drafts and plan.hints == {1: 100}
 
@@ -639,7 +647,7 @@ def test_a_draft_cut_by_the_grammar_carries_no_hint():
     controller = Controller([source], ControllerConfig(max_draft=16), costs=costs)
     seq = DraftSeq(1, 1, (), False, grammar=Upto(3))
     controller.begin(seq)
-    controller._sources["src"].p[(False, ANY)] = [1.0] * 16
+    establish(controller, "src", [1.0] * 16, ANY)
     plan = controller.plan(1, [DraftAsk(seq, [1], 8)], 0, 256)
     assert plan.drafts[1].tokens == (100, 101, 102) and plan.drafts[1].after is None
 
@@ -678,3 +686,22 @@ def test_a_curve_never_measured_is_due_when_idle_and_backs_off_while_calibration
     curve._calibrated_at -= costs_module.RECALIBRATE_MIN_S * 2 + 1  # the backoff (doubled) has passed
     assert controller.calibration_due()
     assert not Controller([], costs=CostCurve(fixed=True)).calibration_due()
+
+
+def test_a_fresh_estimate_is_the_mean_of_what_it_saw_then_a_moving_average():
+    """An estimate's start counts PRIOR_COUNT observations: its first drafts move it to the mean of
+    what they showed (a fixed moving average would still weigh the start as ten), and once it has
+    seen many, one more moves it by EMA."""
+    controller = Controller([Fixed("new", tuple(range(16)))], ControllerConfig(max_draft=16), costs=linear())
+    controller.begin(SEQ)
+    for _ in range(5):
+        controller.verified(SEQ, Draft((0, 1), "new"), 2)
+    p = controller._sources["new"].p[(False, ANY)]
+    assert p[0] == pytest.approx((5 + PRIOR_COUNT * PRIOR) / (5 + PRIOR_COUNT))  # 0.857; by EMA alone 0.705
+    assert p[2] == pytest.approx((5 + PRIOR_COUNT * PRIOR) / (5 + PRIOR_COUNT))  # the position after a kept draft
+    for _ in range(100):
+        controller.verified(SEQ, Draft((0,), "new"), 0)
+    before = p[0]
+    controller.verified(SEQ, Draft((0,), "new"), 1)
+    assert p[0] == pytest.approx(before + EMA * (1.0 - before))
+

@@ -14,7 +14,7 @@ from node.engine.cost_line import fit_line, fit_steps
 from node.engine.hooks import DraftAsk, DraftSeq
 from node.speculative.controller import ANY, Controller, ControllerConfig
 from node.speculative.costs import BEND_NOISE, PROBE_SIZES, REFIT_EVERY, CostCurve
-from tests.node.speculative.test_controller import Own
+from tests.node.speculative.test_controller import Own, establish
 
 # ms by tokens with logits in one step, one sequence, 80 tokens of context (min of 7)
 XEON_MS = {1: 20.9, 2: 23.3, 3: 26.5, 4: 30.4, 5: 45.0, 6: 49.1, 7: 52.1, 8: 44.6, 9: 58.7, 12: 54.3,
@@ -95,7 +95,7 @@ def plan_lengths(curve: CostCurve, acceptance: list[float]) -> list[int]:
     controller = Controller([Own(k) for k in range(len(acceptance))], ControllerConfig(max_draft=16), costs=curve)
     seqs = [DraftSeq(k, k, (), False) for k in range(len(acceptance))]
     for seq, p in zip(seqs, acceptance):
-        controller._sources[f"s{seq.key}"].p[(False, ANY)] = [p] * 16
+        establish(controller, f"s{seq.key}", [p] * 16, ANY)
         controller.begin(seq)
     plan = controller.plan(len(seqs), [DraftAsk(s, [1], 16) for s in seqs], 0, 256)
     return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
