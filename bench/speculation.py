@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -305,7 +305,9 @@ def case_conclave(engine, args) -> list[str]:
                   f"{best:.2f}x)  load {os.getloadavg()[0]:.1f}",
                   f"{label + ', new requests':34s} one {fresh[0]:6.2f} s  conclave {fresh[1]:6.2f} s  "
                   f"{fresh[1] / fresh[0]:5.2f}x one answer  (target <= 2.0x; {args.fresh} new requests each side, "
-                  f"summed; 5 rows cost {lockstep:.2f} steps)  load {os.getloadavg()[0]:.1f}"]
+                  f"summed; 5 rows cost {lockstep:.2f} steps; ceiling from what the candidates wrote "
+                  f"{fresh[2] / fresh[0]:.2f}x: their decoding alone, drafted from every text they saw, at least "
+                  f"{fresh[2]:.2f} s on the line)  load {os.getloadavg()[0]:.1f}"]
     return lines
 
 
@@ -337,6 +339,20 @@ def fresh_invoice(i: int) -> str:
     return f"Invoice text:\n{document}\nCopy the invoice text exactly:\n"
 
 
+def conclave_floor(line, prompt: Sequence[int], candidates: list[list[int]]) -> float:
+    """The least time a Conclave's decoding could take on the cost line, given what its
+    candidates wrote: as many steps as the candidate needing most, where each drafts from text
+    seen (bench/text_oracle.py from occurrences matching as many tokens as the node's sources
+    need: its prompt, its own text, its siblings' whole texts), and a row for every token after
+    each candidate's first, a prefix that several candidates share counted once (identical
+    candidates ride one row). The prompt's prefill and the first tokens are left out, so it is
+    below what any schedule of this work takes."""
+    steps = max((oracle_steps(prompt, c, [s for s in candidates if s is not c], min_match=SOURCES_MIN_MATCH)
+                 for c in candidates if c), default=0)
+    rows = len({tuple(c[:j]) for c in candidates for j in range(2, len(c) + 1)})
+    return fewest_seconds(line, steps, rows) if steps and rows else 0.0
+
+
 def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
     """Seconds per token of m sequences sharing nothing, each verifying a draft of the length that
     is best on the cost line when each draft token is kept with probability p after the ones before."""
@@ -344,7 +360,7 @@ def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
                for k in range(longest + 1))
 
 
-def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, CostCurve, tuple[float, float]]:
+def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, CostCurve, tuple[float, float, float]]:
     from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
     from node.speculative.controller import Controller, ControllerConfig
@@ -368,6 +384,8 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
             await own.submit(asked, asyncio.get_running_loop()).collect()
             return time.perf_counter() - start
 
+        written: list[tuple[tuple[int, ...], list[list[int]]]] = []  # each Conclave's prompt and candidates' tokens
+
         async def conclave(asked=request) -> float:
             loop = asyncio.get_running_loop()
             start = time.perf_counter()
@@ -375,7 +393,9 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
                               asked, 5, ConclavePolicy(adaptive=False))
             run.start()
             await run.decide()
-            return time.perf_counter() - start
+            spent = time.perf_counter() - start
+            written.append((asked.prompt_tokens, [own.tokenize(c.text, add_bos=False) for c in run.candidates]))
+            return spent
 
         def snap() -> dict:
             sibling = controller.stats.snapshot()["sibling"]
@@ -397,15 +417,18 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
                     all_stats = _delta(mid, after)
             return min(ones), min(alls), one_stats, all_stats
 
-        async def fresh() -> tuple[float, float]:
-            """New requests each round: one answer to one, the Conclave over another."""
+        async def fresh() -> tuple[float, float, float]:
+            """New requests each round: one answer to one, the Conclave over another; and the
+            least the Conclaves' candidates could have taken (`conclave_floor`)."""
             spent = [0.0, 0.0]
+            del written[:]
             for r in range(args.fresh):
                 pair = (greedy(own, fresh_invoice(2 * r), 48, True, temperature=0.8),
                         greedy(own, fresh_invoice(2 * r + 1), 48, True, temperature=0.8))
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
-            return spent[0], spent[1]
+            line = engine_costs(own)
+            return spent[0], spent[1], sum(conclave_floor(line, prompt, texts) for prompt, texts in written)
 
         t1, t5, s1, s5 = asyncio.run(rounds())
         new = asyncio.run(fresh())
