@@ -57,6 +57,8 @@ class Forcing(Protocol):
         """How many of these tokens, in order, the grammar admits after the sequence's context."""
 
 
+PROMPT_SHARE = 0.5  # of a step's token budget, what a plan always leaves waiting prompts (`Speculator.plan`)
+
 @dataclass(frozen=True, slots=True)
 class DraftSeq:
     """What a draft source knows of one sequence: its identity, siblings, prompt, sampling and grammar."""
@@ -143,7 +145,8 @@ class Speculator(Protocol):
         """The step as a whole: n_decoding sequences decode one token each (`asks` are those
         that may carry drafts); `prefill` prompt tokens wait to go in beside them; `budget` is
         the most tokens the step may hold beyond the decoding tokens. Drafts (each at most
-        its ask's room) and prefill together stay within the budget. `draining` is None while
+        its ask's room) and prefill together stay within the budget, and the prefill gets at
+        least min(prefill, PROMPT_SHARE x budget) whatever the drafts. `draining` is None while
         requests wait to join the batch; once none does, the most tokens a decoding sequence
         without an ask may still generate (0: every one asks). `refill`: how often a slot freed
         while the batch went on was lately taken again at once (node/engine/refill.py), the

@@ -27,7 +27,12 @@ Each step (all on the one thread that owns the llama context):
    token) are taken the moment they are known, without logits: they go into the next step
    as rows that ask for none (jump-forward), only the last of them gets its logits.
    Sequences of one group with the same tokens so far (a Conclave's candidates before their
-   draws differ) put one entry in the batch: the others ride its rows (riders.py);
+   draws differ) put one entry in the batch: the others ride its rows (riders.py).
+   A greedy prompt whose rest fits the share of the step any plan leaves prompts (and no
+   state to save or copy inside it, no fork waiting for it) decodes that rest as pending tokens of a
+   decoding entry (`_prompt_tail`): rows without logits but the last's, so the speculator may
+   draft the answer's first tokens in the prompt's own step, and its first token and kept
+   drafts come out of that step;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
    tokens its own choices agree with (node/engine/verify.py) and removing the rest of the
    draft's KV with llama_memory_seq_rm. A request asking for
@@ -60,7 +65,7 @@ from node.engine.budget import KVBudget
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.drafting import Drafting
-from node.engine.hooks import PrefixCacheHook, Speculator
+from node.engine.hooks import PROMPT_SHARE, PrefixCacheHook, Speculator
 from node.engine.limits import SchedulerLimits
 from node.engine.refill import Refill
 from node.engine.threads import ThreadTuner
@@ -243,7 +248,7 @@ class Scheduler:
         embedded = self._embed(busy=bool(self._active))
         if not entries:
             return embedded
-        decoding = all(e.decoding for e in entries)
+        decoding = all(e.decoding and not e.seq.prompt_pending for e in entries)  # no prompt tokens in it
         threads = self._use_threads(decoding)
         t0 = time.perf_counter()
         self._decode(entries)
@@ -503,6 +508,7 @@ class Scheduler:
         carries one batch token at most, and the batch still moves and frees its slots)."""
         entries: list[_Entry] = []
         live = [seq for seq in self._active if seq.request.priority == INTERACTIVE]
+        self._prompt_tail(bool(live))
         decoding = [s for s in self._active if s.phase is Phase.DECODE and s.request.priority == INTERACTIVE]
         waiting = [s for s in self._active if s.phase is Phase.DECODE and s.request.priority > INTERACTIVE]
         if not live:
@@ -535,6 +541,40 @@ class Scheduler:
             for rider in riding.get(id(seq), ()):
                 rider.draft = None
         return entries + _trim(chunks, plan.prefill)
+
+    def _prompt_tail(self, live: bool) -> None:
+        """Prompts whose rest fits this step start decoding it: the rest becomes their pending
+        tokens (no logits but for the last), so the speculator may draft their answers' first
+        tokens in this step as it does for every decoding sequence, and the step that computes
+        a prompt's last token also verifies what follows it. Taken in the order prompts get the
+        step's room, within the share of it any plan leaves to prompts (`PROMPT_SHARE`: the
+        planner would have granted them as a chunk); only where no state is to be saved or
+        copied inside the rest (a prefill chunk ends there), no fork waits for the prompt, and
+        the request drafts, greedily. The prompt's KV is then computed in a batch whose size
+        follows the draft, and the kernels' sums with it: a seeded draw (temperature 0.9, top_p
+        0.95) went the other way at the 12th token of a request sent again, where the request's
+        seed is to give plain decoding's text (a greedy choice keeps a drafted token at such a
+        near-tie, sampling.DRAFT_TIE_NATS)."""
+        if not self._drafting.enabled:
+            return
+        decoding = [s for s in self._active if s.phase is Phase.DECODE]
+        room = min(self._limits.step_token_budget, self._batch.capacity) - sum(len(s.pending) for s in decoding)
+        share = int(room * PROMPT_SHARE)
+        for seq in sorted(self._active, key=_priority):
+            if seq.phase is not Phase.PREFILL or (live and seq.request.priority > INTERACTIVE):
+                continue
+            left = seq.prefill_left
+            if left > share:
+                return  # the prompts after it wait for the room it takes
+            share -= left
+            if seq.followers or seq.store_at or seq.copy_at or not seq.request.speculation \
+                    or not seq.request.sampling.greedy:
+                continue
+            draft_seq = self._drafting.begin(seq)
+            if draft_seq is None:
+                continue
+            seq.phase, seq.draft_seq = Phase.DECODE, draft_seq
+            seq.pending, seq.prompt_pending = list(seq.prompt[seq.n_past:]), left
 
     def _prefill_entries(self, live: list[Sequence], budget: int) -> list[_Entry]:
         """Prompt chunks for up to `budget` tokens, interactive prompts first."""
@@ -636,11 +676,12 @@ class Scheduler:
                 self._prompt_done(seq, logits[e.first_row])
             return
         assert logits is not None  # decoding: its rows were asked for
+        in_prompt = self._prompt_computed(seq)
         for rider in e.riders:  # before the leader: its rejected drafts' cells are still there to share
             if rider.phase is Phase.DECODE:
                 self._guarded(rider, self._ride, e, rider, logits)
         verdict = self._verify(e, seq, logits)
-        seq.n_steps += 1
+        seq.n_steps += 0 if in_prompt else 1  # steps after the prompt's, as for a prompt prefilled
         self.counters["generated_tokens"] += verdict.generated
         self.counters["draft_accepted"] += verdict.accepted
         seq.n_past += e.known + verdict.n_valid
@@ -673,8 +714,9 @@ class Scheduler:
 
     def _ride(self, e: _Entry, rider: Sequence, logits: np.ndarray) -> None:
         """A rider (riders.py) draws from its leader's rows and shares the cells of the tokens it kept."""
+        in_prompt = self._prompt_computed(rider)
         verdict = self._verify(e, rider, logits)
-        rider.n_steps += 1
+        rider.n_steps += 0 if in_prompt else 1
         kept = e.known + verdict.n_valid
         self._ctx.seq_cp(e.seq.slot, rider.slot, rider.n_past, rider.n_past + kept)
         rider.n_past += kept
@@ -685,6 +727,15 @@ class Scheduler:
             return
         rider.pending = [rider.tokens[-1]]
         self._jump(rider)
+
+    def _prompt_computed(self, seq: Sequence) -> bool:
+        """Whether the step just decoded held the last tokens of seq's prompt as its pending
+        tokens (`_prompt_tail`): they count as prefilled, and its prompt is done."""
+        if not seq.prompt_pending:
+            return False
+        self.counters["prefill_tokens"] += seq.prompt_pending
+        seq.prompt_pending, seq.t_prompt_done = 0, time.perf_counter()
+        return True
 
     def _prompt_done(self, leader: Sequence, row: np.ndarray) -> None:
         now = time.perf_counter()

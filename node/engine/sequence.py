@@ -114,7 +114,7 @@ class Sequence:
         "pending", "n_sampled", "n_steps", "leader", "followers", "share", "own_cells", "store_at",
         "seed", "constraint", "_detok", "_stops", "_stopped", "stop_matched", "_unsent_tokens", "_unsent_logprobs",
         "t_submit", "t_wait", "t_admit", "t_first", "t_prompt_done", "key", "group", "draft_seq", "draft", "hint",
-        "spare", "fork", "waited_for_prefix", "copy_at",
+        "spare", "fork", "waited_for_prefix", "copy_at", "prompt_pending",
     )
 
     def __init__(self, request: GenerationRequest, channel: Channel, seed: int | None = None,
@@ -157,6 +157,7 @@ class Sequence:
         self.spare = spare  # KV cells to hold for later forks of this prompt (PromptShare.spare)
         self.fork = fork    # joins a running group: clone the prompt from a member still holding it
         self.waited_for_prefix = False  # queued behind a leader prefilling its prefix (admission.py `prefix_wait`)
+        self.prompt_pending = 0  # the prompt's last tokens it decodes as pending tokens, drafts after them (scheduler.py)
 
     def make_sampler(self, n_vocab: int) -> None:
         """Raises InvalidRequest for parameters the vocabulary cannot satisfy."""

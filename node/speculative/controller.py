@@ -71,7 +71,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
+from node.engine.hooks import PROMPT_SHARE, Draft, DraftAsk, DraftSeq, StepPlan
 from node.speculative.cost_store import CostStore
 from node.speculative.costs import CostCurve
 from node.speculative.draining import Draining, draft_return
@@ -91,7 +91,7 @@ BACKOFF_MAX = 4096
 PROBE_TOKENS = 3
 MARGIN = 1.02         # a plan with drafts must promise this much more throughput than none
 ROW_MARGIN = 0.25     # and its drafts must buy kept tokens this much faster than plain decoding makes them
-PREFILL_SHARE = 0.5   # the share of the step's token budget drafts leave to a waiting prompt
+PREFILL_SHARE = PROMPT_SHARE  # the share of the step's token budget drafts leave to a waiting prompt
 ANY = -1              # the match class of the estimate over every match
 SHADOWS = 8           # unverified proposals followed at once, per source and sequence
 ENDINGS = 32          # sequences remembered for how often their max_tokens was their end

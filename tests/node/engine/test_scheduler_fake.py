@@ -14,7 +14,7 @@ from typing import Callable, Sequence as Seq
 
 import pytest
 
-from node.engine.hooks import Draft, DraftAsk, DraftSeq, StepPlan
+from node.engine.hooks import PROMPT_SHARE, Draft, DraftAsk, DraftSeq, StepPlan
 from node.engine.limits import SchedulerLimits
 from node.engine.scheduler import Scheduler
 from node.engine.sequence import Channel, Phase, Sequence
@@ -350,6 +350,24 @@ def test_drafts_are_verified_keeping_the_tokens_the_target_agrees_with(right, ac
     assert finished(seq).steps == 9 - 1 - sched.counters["draft_accepted"]
 
 
+def test_a_prompt_s_last_step_verifies_a_draft_of_its_answer():
+    """The step that computes a prompt's last token also carries a draft of what follows it
+    (the prompt's rest is decoded as the sequence's pending tokens, `_prompt_tail`): the
+    answer's first token and the draft tokens it agrees with come out of the prompt's step."""
+    spec = ScriptedSpeculator(k=3, right=3)
+    limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
+    sched, fake = make(limits, speculator=spec)
+    seq, = seqs(request("a b", max_tokens=9))
+    sched.enqueue([seq])
+    sched.step()
+    prompt = len(seq.prompt)
+    assert [r.pos for r in fake.decodes[0] if r.seq == seq.slot] == list(range(prompt + 3))  # the prompt, 3 drafted
+    assert len(seq.generated) == 4 and spec.verified_calls == [(3, 3)]
+    assert sched.counters["prefill_tokens"] == prompt and seq.t_prompt_done > 0
+    run(sched, seq)
+    assert text(seq) == letters("b", 9) and finished(seq).steps == len(fake.decodes) - 1
+
+
 def test_drafting_for_a_request_that_asks_for_no_speculation_is_off():
     spec = ScriptedSpeculator(k=3, right=3)
     limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
@@ -370,11 +388,12 @@ def test_the_planner_hears_when_the_batch_drains_and_who_bounds_it():
     second, = seqs(request("c d", max_tokens=5))
     sched.enqueue([first, second])
     run(sched, first, second)
-    # each sampled its first token at the end of its prompt; an ask needs room for a draft
-    # before its last token, so the last step of each asks nothing (and then counts as drafting
-    # nothing: the batch lasts at least its one token more)
-    assert spec.plans == [(None, (3,)), (None, (2,)), (None, ()),  # the second waits for the slot
-                          (0, (4,)), (0, (3,)), (0, (2,)), (1, ())]  # the second alone
+    # each asks in its prompt's own step too (the prompt's rest is its pending tokens, nothing
+    # sampled yet); an ask needs room for a draft before its last token, so the last step of
+    # each asks nothing (and then counts as drafting nothing: the batch lasts at least its one
+    # token more)
+    assert spec.plans == [(None, (4,)), (None, (3,)), (None, (2,)), (None, ()),  # the second waits for the slot
+                          (0, (5,)), (0, (4,)), (0, (3,)), (0, (2,)), (1, ())]  # the second alone
 
     spec = ScriptedSpeculator(k=2, right=0)
     sched, _ = make(SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=2), speculator=spec)
@@ -382,8 +401,10 @@ def test_the_planner_hears_when_the_batch_drains_and_who_bounds_it():
     drafting, = seqs(request("c d", max_tokens=5))
     sched.enqueue([plain, drafting])
     run(sched, plain, drafting)
-    # the plain one bounds the batch: 9 tokens, 1 sampled at the end of its prompt
-    assert spec.plans == [(8, (4,)), (7, (3,)), (6, (2,)), (5, ()), (4, ()), (3, ()), (2, ()), (1, ())]
+    # the plain one bounds the batch: 9 tokens, 1 sampled at the end of its prompt (while its
+    # prompt is prefilled, the batch is joining: None)
+    assert spec.plans == [(None, (5,)), (8, (4,)), (7, (3,)), (6, (2,)), (5, ()), (4, ()), (3, ()), (2, ()),
+                          (1, ())]
 
 
 # -- prefix states and resident slots ----------------------------------------------------------
@@ -480,10 +501,13 @@ def test_a_new_prompt_takes_the_free_slot_whose_kv_holds_its_longest_prefix():
 
 
 def test_the_prompt_tokens_beside_decoding_are_what_the_planner_grants():
+    """A planner that grants prompts the least the protocol lets it (PROMPT_SHARE of the
+    budget): no step carries more of the prompt, its last tokens (decoded as pending ones,
+    `_prompt_tail`) included."""
     @dataclass
     class Stingy(ScriptedSpeculator):
         def plan(self, n_decoding: int, asks: Seq[DraftAsk], prefill: int, budget: int, draining=None, refill=0.0) -> StepPlan:
-            return StepPlan({}, min(prefill, 3))
+            return StepPlan({}, min(prefill, int(budget * PROMPT_SHARE)))
 
     limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
     sched, fake = make(limits, speculator=Stingy(k=0, right=0))
@@ -497,7 +521,8 @@ def test_the_prompt_tokens_beside_decoding_are_what_the_planner_grants():
     slot = second.slot
     run(sched, first, second)
     chunks = [sum(1 for r in rows if r.seq == slot and r.pos < len(second.prompt)) for rows in fake.decodes]
-    assert max(chunks) == 3 and sum(chunks) == len(second.prompt)  # never more prompt tokens than granted
+    granted = int((16 - 1) * PROMPT_SHARE)  # the budget beside the first request's token
+    assert max(chunks) == granted and sum(chunks) == len(second.prompt)  # never more prompt tokens than granted
     assert text(second) == " u v" and text(first) == letters("a", 12)
 
 
