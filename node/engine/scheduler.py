@@ -28,9 +28,9 @@ Each step (all on the one thread that owns the llama context):
    as rows that ask for none (jump-forward), only the last of them gets its logits.
    Sequences of one group with the same tokens so far (a Conclave's candidates before their
    draws differ) put one entry in the batch: the others ride its rows (riders.py).
-   A greedy prompt whose rest fits the share of the step any plan leaves prompts (and no
-   state to save or copy inside it, no fork waiting for it) decodes that rest as pending tokens of a
-   decoding entry (`_prompt_tail`): rows without logits but the last's, so the speculator may
+   A prompt (greedy, or sampled with no seed) whose rest fits the share of the step any plan
+   leaves prompts (and no state to save or copy inside it, no fork waiting for it) decodes that
+   rest as pending tokens of a decoding entry (`_prompt_tail`): rows without logits but the last's, so the speculator may
    draft the answer's first tokens in the prompt's own step, and its first token and kept
    drafts come out of that step;
 4. one llama_decode; each sequence samples from its own logits rows, keeping the draft
@@ -550,11 +550,12 @@ class Scheduler:
         step's room, within the share of it any plan leaves to prompts (`PROMPT_SHARE`: the
         planner would have granted them as a chunk); only where no state is to be saved or
         copied inside the rest (a prefill chunk ends there), no fork waits for the prompt, and
-        the request drafts, greedily. The prompt's KV is then computed in a batch whose size
-        follows the draft, and the kernels' sums with it: a seeded draw (temperature 0.9, top_p
-        0.95) went the other way at the 12th token of a request sent again, where the request's
-        seed is to give plain decoding's text (a greedy choice keeps a drafted token at such a
-        near-tie, sampling.DRAFT_TIE_NATS)."""
+        the request drafts and names no seed. The prompt's KV is then computed in a batch whose
+        size follows the draft, and the kernels' sums with it: a seeded draw (temperature 0.9,
+        top_p 0.95) went the other way at the 12th token of a request sent again, where the
+        request's seed is to give plain decoding's text (a greedy choice keeps a drafted token
+        at such a near-tie, sampling.DRAFT_TIE_NATS; an unseeded draw promises its distribution
+        only, which verification keeps exactly)."""
         if not self._drafting.enabled:
             return
         decoding = [s for s in self._active if s.phase is Phase.DECODE]
@@ -567,8 +568,9 @@ class Scheduler:
             if left > share:
                 return  # the prompts after it wait for the room it takes
             share -= left
+            sampling = seq.request.sampling
             if seq.followers or seq.store_at or seq.copy_at or not seq.request.speculation \
-                    or not seq.request.sampling.greedy:
+                    or (not sampling.greedy and sampling.seed is not None):
                 continue
             draft_seq = self._drafting.begin(seq)
             if draft_seq is None:

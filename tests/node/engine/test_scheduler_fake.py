@@ -368,6 +368,26 @@ def test_a_prompt_s_last_step_verifies_a_draft_of_its_answer():
     assert text(seq) == letters("b", 9) and finished(seq).steps == len(fake.decodes) - 1
 
 
+def test_a_seeded_sampled_prompt_is_prefilled_and_drafts_from_its_first_token_on():
+    """A seeded sampled request's prompt is computed as before, its first token sampled at its
+    end, and drafts come from the next step on: its seed is to give plain decoding's text, and
+    the prompt's KV computed in a batch whose size follows a draft moves the kernels' sums. An
+    unseeded one drafts in its prompt's step as a greedy one does."""
+    for seed, drafted_in_prompt_step in ((7, False), (None, True)):
+        spec = ScriptedSpeculator(k=3, right=3)
+        limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
+        sched, fake = make(limits, speculator=spec)
+        sampled = SamplingParams(temperature=0.8, seed=seed)
+        req = GenerationRequest(prompt_tokens=(BOS, letter("a"), letter("b")), max_tokens=9, sampling=sampled)
+        seq, = seqs(req)
+        sched.enqueue([seq])
+        sched.step()
+        rows = [r.pos for r in fake.decodes[0] if r.seq == seq.slot]
+        assert (len(rows) > len(seq.prompt)) == drafted_in_prompt_step, (seed, rows)
+        run(sched, seq)
+        assert finished(seq).reason == "length"
+
+
 def test_drafting_for_a_request_that_asks_for_no_speculation_is_off():
     spec = ScriptedSpeculator(k=3, right=3)
     limits = SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=3)
