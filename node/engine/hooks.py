@@ -59,6 +59,7 @@ class Forcing(Protocol):
 
 PROMPT_SHARE = 0.5  # of a step's token budget, what a plan always leaves waiting prompts (`Speculator.plan`)
 
+
 @dataclass(frozen=True, slots=True)
 class DraftSeq:
     """What a draft source knows of one sequence: its identity, siblings, prompt, sampling and grammar."""

@@ -38,8 +38,8 @@ count as far as the weakest's, and a plan where each of them drafts to the same 
 weighed beside the ranked one.
 A plan that does not beat plain decoding by MARGIN, or whose drafts do not buy their kept
 tokens ROW_MARGIN faster than plain decoding makes tokens, verifies nothing. Drafts never
-take the share of the step's token budget a waiting prompt is owed (PREFILL_SHARE); the
-prefill gets what the drafts leave.
+take the share of the step's token budget a waiting prompt is owed (PROMPT_SHARE, the
+Speculator protocol's); the prefill gets what the drafts leave.
 
 Under a grammar, every source's draft is cut where the grammar stops admitting it (a token
 the grammar forbids can never be kept, so verifying it would only cost a row).
@@ -91,7 +91,6 @@ BACKOFF_MAX = 4096
 PROBE_TOKENS = 3
 MARGIN = 1.02         # a plan with drafts must promise this much more throughput than none
 ROW_MARGIN = 0.25     # and its drafts must buy kept tokens this much faster than plain decoding makes them
-PREFILL_SHARE = PROMPT_SHARE  # the share of the step's token budget drafts leave to a waiting prompt
 ANY = -1              # the match class of the estimate over every match
 SHADOWS = 8           # unverified proposals followed at once, per source and sequence
 ENDINGS = 32          # sequences remembered for how often their max_tokens was their end
@@ -219,7 +218,7 @@ class Controller:
                 state.source.ingest()
             if not state.on and self._step >= state.wake_at:
                 state.on = state.probing = True
-        owed = min(prefill, int(budget * PREFILL_SHARE))  # a waiting prompt's share of the step
+        owed = min(prefill, int(budget * PROMPT_SHARE))  # a waiting prompt's share of the step
         rows_left = max(0, budget - owed)
         n = max(1, n_decoding)
         row_s = max(self.costs.row_seconds(), 1e-9)  # a row on the line; the staircase is priced per plan
@@ -465,7 +464,7 @@ class Controller:
         while it has seen few (the mean of what it saw, its start counting PRIOR_COUNT), then by
         EMA. A fixed EMA from the start weighed the starting estimate as ten observations: a
         source whose drafts were kept 95% of the time was still put at 0.8 after ten of them, and
-        a fresh node's first requests drafted a quarter of what they then kept."""
+        a fresh node verified 1-3 tokens of drafts it then kept for 17."""
         p = self._table(state, sampled, match_class)
         if i >= len(p):
             return
