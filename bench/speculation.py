@@ -306,8 +306,9 @@ def case_conclave(engine, args) -> list[str]:
                   f"{label + ', new requests':34s} one {fresh[0]:6.2f} s  conclave {fresh[1]:6.2f} s  "
                   f"{fresh[1] / fresh[0]:5.2f}x one answer  (target <= 2.0x; {args.fresh} new requests each side, "
                   f"summed; 5 rows cost {lockstep:.2f} steps; ceiling from what the candidates wrote "
-                  f"{fresh[2] / fresh[0]:.2f}x: their decoding alone, drafted from every text they saw, at least "
-                  f"{fresh[2]:.2f} s on the line)  load {os.getloadavg()[0]:.1f}"]
+                  f"{fresh[3] / fresh[0]:.2f}x: their decoding, drafted from every text they saw, at least "
+                  f"{fresh[2]:.2f} s on the line, and their prompts {fresh[3] - fresh[2]:.2f} s as computed; the "
+                  f"decoding alone {fresh[2] / fresh[0]:.2f}x)  load {os.getloadavg()[0]:.1f}"]
     return lines
 
 
@@ -360,7 +361,7 @@ def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
                for k in range(longest + 1))
 
 
-def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, CostCurve, tuple[float, float, float]]:
+def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, CostCurve, tuple[float, float, float, float]]:
     from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
     from node.speculative.controller import Controller, ControllerConfig
@@ -385,6 +386,7 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
             return time.perf_counter() - start
 
         written: list[tuple[tuple[int, ...], list[list[int]]]] = []  # each Conclave's prompt and candidates' tokens
+        prefilled: list[float] = []  # each Conclave's prompt computed: from admission to its first token
 
         async def conclave(asked=request) -> float:
             loop = asyncio.get_running_loop()
@@ -394,6 +396,8 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
             run.start()
             await run.decide()
             spent = time.perf_counter() - start
+            first = run.candidates[0].finished
+            prefilled.append(first.timings.get("prefill_s", 0.0) if first is not None else 0.0)
             written.append((asked.prompt_tokens, [own.tokenize(c.text, add_bos=False) for c in run.candidates]))
             return spent
 
@@ -417,18 +421,21 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
                     all_stats = _delta(mid, after)
             return min(ones), min(alls), one_stats, all_stats
 
-        async def fresh() -> tuple[float, float, float]:
-            """New requests each round: one answer to one, the Conclave over another; and the
-            least the Conclaves' candidates could have taken (`conclave_floor`)."""
+        async def fresh() -> tuple[float, float, float, float]:
+            """New requests each round: one answer to one, the Conclave over another; the least
+            the Conclaves' candidates' decoding could have taken (`conclave_floor`), and that
+            plus the Conclaves' prompts as they were computed (a new prompt, as long as the one
+            answer's: no schedule computes it for less)."""
             spent = [0.0, 0.0]
-            del written[:]
+            del written[:], prefilled[:]
             for r in range(args.fresh):
                 pair = (greedy(own, fresh_invoice(2 * r), 48, True, temperature=0.8),
                         greedy(own, fresh_invoice(2 * r + 1), 48, True, temperature=0.8))
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
             line = engine_costs(own)
-            return spent[0], spent[1], sum(conclave_floor(line, prompt, texts) for prompt, texts in written)
+            decoding = sum(conclave_floor(line, prompt, texts) for prompt, texts in written)
+            return spent[0], spent[1], decoding, decoding + sum(prefilled)
 
         t1, t5, s1, s5 = asyncio.run(rounds())
         new = asyncio.run(fresh())

@@ -16,10 +16,11 @@ still holds the prompt in the KV clones it (one token of prefill), otherwise it 
 again (the prefix cache restoring what it holds). When the first candidates agree, the rest
 never run.
 
-Every time a candidate finishes, the vote (vote.py) is taken: an absolute majority of N stops
-the others at once (cancelled mid-generation; the engine frees their slots and KV at its next
-step, and the run waits for that before it returns). Otherwise, once no candidate is left,
-the plurality with at least 2 votes or the ROUGE-L medoid decides.
+Every time a candidate finishes, the vote (vote.py) is taken: an absolute majority of N, or a
+plurality that no answers of the candidates still running or not started could change
+(`settled`), stops the others at once (cancelled mid-generation; the engine frees their slots
+and KV at its next step, and the run waits for that before it returns). Otherwise, once no
+candidate is left, the plurality with at least 2 votes or the ROUGE-L medoid decides.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Callable, Sequence
 from node.config import ConclaveSettings
 from node.engine.errors import EngineError
 from node.engine.types import COMPLETED, Finished, GenerationHandle, GenerationRequest, TextDelta
-from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, tally
+from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, settled, tally
 from node.serving.errors import GenerationFailed, ServingError, generation_failure
 from node.serving.l1 import Piece
 
@@ -107,7 +108,7 @@ class Outcome:
     winner: Candidate
     candidates: int       # N asked for
     started: int          # candidates that ran (some perhaps stopped early)
-    stopped_early: bool   # candidates were cancelled or never started because a majority was reached
+    stopped_early: bool   # candidates were cancelled or never started because the vote was decided
     cancelled: int        # candidates stopped mid-generation
 
     def summary(self) -> dict[str, object]:
@@ -170,25 +171,25 @@ class ConclaveRun:
         texts: dict[int, str] = {}
         keys: dict[int, str | None] = {}
         verdict: Verdict | None = None
-        finished = 0
+        finished: set[int] = set()
         while verdict is None:
             candidate = await self._done.get()
-            finished += 1
+            finished.add(candidate.number)
             if candidate.completed:
                 texts[candidate.number] = candidate.text
                 keys[candidate.number] = answer_key(candidate.text, json_only=self._json_only)
             elif candidate.finished is not None:
                 log.warning("conclave candidate %d ended with %s: %s", candidate.number, candidate.finished.reason,
                             candidate.finished.error)
-            running = len(self._candidates) - finished
-            verdict = early(keys, self.n)
+            running = len(self._candidates) - len(finished)
+            verdict = early(keys, self.n) or settled(keys, self._pending(finished))
             if verdict is not None:
                 break
             counts = tally(keys)
             leading = max((len(members) for members in counts.values()), default=0)
             if len(self._candidates) < len(self._requests) and (running == 0 or leading + running < majority(self.n)):
                 self._start_rest()
-                running = len(self._candidates) - finished
+                running = len(self._candidates) - len(finished)
             if running == 0:
                 if not texts:
                     ended = candidate.finished
@@ -198,8 +199,12 @@ class ConclaveRun:
                     raise GenerationFailed(f"Every Conclave candidate failed: {reason or 'no detail'}")
                 verdict = decide(texts, self.n, json_only=self._json_only)
         cancelled = await self._stop_running()
-        stopped = verdict.method == "majority" and (cancelled > 0 or len(self._candidates) < self.n)
+        stopped = cancelled > 0 or len(self._candidates) < len(self._requests)
         return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled)
+
+    def _pending(self, finished: set[int]) -> list[int]:
+        """The candidates that may still vote: running, or not started yet."""
+        return [number for number in range(len(self._requests)) if number not in finished]
 
     async def _stop_running(self) -> int:
         running = [c for c in self._candidates if not self._tasks[c.number].done()]

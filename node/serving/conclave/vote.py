@@ -21,6 +21,14 @@ goes to the answer given by the lowest-numbered candidate, so candidate 0, the u
 request, wins ties); otherwise the medoid: the candidate whose text has the highest summed
 ROUGE-L F1 against all the others, over lowercased word tokens. The candidate returned for
 a winning answer is the lowest-numbered one that gave it.
+
+`settled(keys, pending)`: the plurality's verdict before every candidate finished,
+when nothing the pending ones (running or not started) could answer changes it: the leading
+answer has 2 votes or more, no pending candidate is numbered below its first (joining it would
+change the candidate returned), and no other answer, nor one nobody gave yet, beats it even
+with every pending vote (5 candidates: 2 for one answer, 1 each for two others and one still
+running). The winner is then the one `decide` would return once they all finished, so the
+others are stopped as for a majority.
 """
 
 from __future__ import annotations
@@ -156,6 +164,29 @@ def early(keys: Mapping[int, str | None], n_total: int) -> Verdict | None:
     return None
 
 
+def _standing(counts: Mapping[str, Sequence[int]], key: str) -> tuple[int, int]:
+    """How the plurality ranks an answer: more votes first, then the lower first candidate."""
+    return len(counts[key]), -counts[key][0]
+
+
+def settled(keys: Mapping[int, str | None], pending: Sequence[int]) -> Verdict | None:
+    """The plurality's verdict when no answers the `pending` candidates could give change its
+    winner (see the module docstring), or None."""
+    counts = tally(keys)
+    if not pending or not counts:
+        return None
+    leader = max(counts, key=lambda key: _standing(counts, key))
+    votes, first = _standing(counts, leader)
+    spare, lowest = len(pending), min(pending)
+    if votes < 2 or lowest < -first:
+        return None
+    rivals = [(len(members) + spare, -min(members[0], lowest)) for key, members in counts.items() if key != leader]
+    rivals.append((spare, -lowest))  # an answer none of the finished gave, given by every pending one
+    if any(rival >= (votes, first) for rival in rivals):
+        return None
+    return Verdict(-first, "plurality", votes, votes_of(counts))
+
+
 def decide(texts: Mapping[int, str], n_total: int, *, json_only: bool = False) -> Verdict:
     """The verdict once no more candidates will finish (texts: candidate -> its answer)."""
     if not texts:
@@ -171,8 +202,8 @@ def decide(texts: Mapping[int, str], n_total: int, *, json_only: bool = False) -
     if len(texts) == 1:
         (only,) = texts
         return Verdict(only, "single", 1, votes)
-    best = max(counts.items(), key=lambda item: (len(item[1]), -item[1][0]), default=None)
-    if best is not None and len(best[1]) >= 2:
-        return Verdict(best[1][0], "plurality", len(best[1]), votes)
+    best = max(counts, key=lambda key: _standing(counts, key), default=None)
+    if best is not None and len(counts[best]) >= 2:
+        return Verdict(counts[best][0], "plurality", len(counts[best]), votes)
     order = sorted(texts)
     return Verdict(order[medoid([texts[c] for c in order])], "medoid", 1, votes)

@@ -73,12 +73,12 @@ async def test_first_candidates_agreeing_never_start_the_rest(service):
 
 
 async def test_disagreement_starts_the_rest_in_the_same_group(service):
-    service.engine.answers = by_seed({None: "It is 42", 1: "It is 41", 2: "It is 40", 3: "It is 42", 4: "It is 42"})
+    service.engine.answers = by_seed({None: "It is 42", 1: "It is 41", 2: "It is 41", 3: "It is 42", 4: "It is 42"})
     _, events = await answer(service, service.plan_chat(parse_chat({**CHAT, "conclave": 5})))
     assert [len(group) for group in service.engine.groups] == [3, 2]
     assert text_of(events) == "It is 42"
     verdict = done_of(events).consensus
-    assert verdict["consensus"] == 3 and verdict["votes"] == {"42": 3, "41": 1, "40": 1}
+    assert verdict["consensus"] == 3 and verdict["votes"] == {"42": 3, "41": 2}
     assert verdict["decision"] == "majority" and verdict["started"] == 5
 
 
@@ -94,6 +94,21 @@ async def test_a_majority_stops_the_others_mid_generation(tmp_path):
     generated = 'reame_generated_tokens_total '
     tokens = float(next(line for line in metrics.splitlines() if line.startswith(generated))[len(generated):])
     assert tokens < 3 * 2 + 2 * len(long)  # the long ones were stopped before their end
+    await service.archive.close()
+
+
+async def test_a_plurality_the_last_cannot_change_stops_it(tmp_path):
+    """7 from candidates 0 and 1, 8 and 9 from 2 and 3: whatever the last one answers, 7 wins
+    (its 7 makes a majority, its 8 or 9 a tie that candidate 0's answer wins), so it is stopped."""
+    service = make_service(tmp_path, ConclavePolicy(adaptive=False))
+    long = "and so on " * 20
+    service.engine.answers = by_seed({None: "7", 1: "7", 2: "8", 3: "9", 4: long})
+    _, events = await answer(service, service.plan_chat(parse_chat({**CHAT, "conclave": 5})))
+    verdict = done_of(events).consensus
+    assert text_of(events) == "7" and verdict["decision"] == "plurality" and verdict["stopped_early"] is True
+    assert verdict["votes"] == {"7": 2, "8": 1, "9": 1}
+    metrics = service.metrics.render().decode()
+    assert 'reame_conclave_candidates_total{outcome="cancelled"} 1.0' in metrics
     await service.archive.close()
 
 

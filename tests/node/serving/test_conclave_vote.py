@@ -1,10 +1,13 @@
-"""The Conclave's vote on table cases: answer keys, majority, plurality, the ROUGE-L medoid."""
+"""The Conclave's vote on table cases: answer keys, majority, plurality, the ROUGE-L medoid, and a
+plurality settled before everyone finished, checked against every way the rest could end."""
 
 from __future__ import annotations
 
 import pytest
 
-from node.serving.conclave.vote import answer_key, decide, early, majority, medoid, rouge_l, words
+import itertools
+
+from node.serving.conclave.vote import answer_key, decide, early, majority, medoid, rouge_l, settled, words
 
 
 @pytest.mark.parametrize("text, key", [
@@ -102,3 +105,49 @@ def test_under_a_json_schema_only_parsed_answers_vote():
     both = decide({0: cut, 1: '{"ok":false}', 2: '{"ok": true}', 3: cut}, 4, json_only=True)
     assert both.winner in (1, 2) and both.method == "medoid"
     assert decide({0: cut, 1: cut + ","}, 2, json_only=True).method == "medoid"  # nothing parses: prose rules
+
+
+PROSE = "a long answer that names no number and ends in a sentence far too long to be a short line"
+
+
+@pytest.mark.parametrize("keys, pending, winner", [
+    ({0: "number:7", 1: "number:7", 2: "number:8", 3: "number:9"}, [4], 0),  # 2 votes; the last can at most tie, and loses it
+    ({0: "number:7", 1: "number:8", 2: "number:8", 3: "number:9"}, [4], None),  # 4 giving 7 ties, and 7 has candidate 0
+    ({1: "number:7", 2: "number:7", 3: "number:9", 4: "number:8"}, [0], None),  # 0 giving 7 would be the one returned
+    ({0: "number:7", 1: "number:7", 2: "number:8"}, [3, 4], None),  # 3 and 4 agreeing on 8 make it a majority
+    ({0: "number:7", 1: "number:7", 2: None, 3: None}, [4], 0),
+    ({0: "number:7", 1: None, 2: None, 3: None}, [4], None),  # one vote: the medoid may still decide
+    ({0: "number:7", 1: "number:7", 2: "number:7", 3: "number:8", 4: "number:9", 5: "number:6"}, [6, 7], 0),
+])
+def test_a_plurality_no_pending_answer_can_change_is_settled(keys, pending, winner):
+    verdict = settled(keys, pending)
+    assert (verdict.winner if verdict else None) == winner
+    if verdict is not None:
+        assert verdict.method == "plurality" and verdict.consensus == sum(1 for k in keys.values() if k == keys[winner])
+
+
+def _text(key: str | None) -> str:
+    return PROSE if key is None else key.split(":", 1)[1]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6])
+def test_a_settled_verdict_is_what_every_ending_of_the_rest_decides(n):
+    """Every state of n candidates (each finished with one of three answers or prose, or pending):
+    where `settled` decides, every way the pending ones could end (an answer given, a new one,
+    two pending ones agreeing on a new one, prose, or failing) gives `decide` the same winner."""
+    answers = ["number:1", "number:2", "number:3", None]
+    endings = ["number:1", "number:2", "number:3", "number:8", "number:9", None, "failed"]
+    seen = 0
+    for states in itertools.product([*answers, "pending"], repeat=n):
+        keys = {c: state for c, state in enumerate(states) if state != "pending"}
+        pending = [c for c, state in enumerate(states) if state == "pending"]
+        verdict = settled(keys, pending)
+        if verdict is None:
+            continue
+        seen += 1
+        assert early(keys, n) is None or early(keys, n).winner == verdict.winner
+        for ending in itertools.product(endings, repeat=len(pending)):
+            texts = {c: _text(k) for c, k in keys.items()}
+            texts.update({c: _text(k) for c, k in zip(pending, ending) if k != "failed"})
+            assert decide(texts, n).winner == verdict.winner, (keys, pending, ending)
+    assert seen > 0
