@@ -340,15 +340,18 @@ def fresh_invoice(i: int) -> str:
     return f"Invoice text:\n{document}\nCopy the invoice text exactly:\n"
 
 
-def conclave_floor(line, prompt: Sequence[int], candidates: list[list[int]]) -> float:
+def conclave_floor(line, prompt: Sequence[int], candidates: list[list[int]],
+                   earlier: Sequence[Sequence[int]] = ()) -> float:
     """The least time a Conclave's decoding could take on the cost line, given what its
-    candidates wrote: as many steps as the candidate needing most, where each drafts from text
-    seen (bench/text_oracle.py from occurrences matching as many tokens as the node's sources
-    need: its prompt, its own text, its siblings' whole texts), and a row for every token after
-    each candidate's first, a prefix that several candidates share counted once (identical
-    candidates ride one row). The prompt's prefill and the first tokens are left out, so it is
-    below what any schedule of this work takes."""
-    steps = max((oracle_steps(prompt, c, [s for s in candidates if s is not c], min_match=SOURCES_MIN_MATCH)
+    candidates wrote (their generated tokens): as many steps as the candidate needing most,
+    where each drafts from text seen (bench/text_oracle.py from occurrences matching as many
+    tokens as the node's sources need: its prompt, its own text, its siblings' whole texts and
+    `earlier`, every prompt and answer the engine had before, which the Palimpsest holds), and a
+    row for every token after each candidate's first, a prefix that several candidates share
+    counted once (identical candidates ride one row). The prompt's prefill and the first tokens
+    are left out, so it is below what any schedule of this work takes."""
+    steps = max((oracle_steps(prompt, c, [*(s for s in candidates if s is not c), *earlier],
+                              min_match=SOURCES_MIN_MATCH)
                  for c in candidates if c), default=0)
     rows = len({tuple(c[:j]) for c in candidates for j in range(2, len(c) + 1)})
     return fewest_seconds(line, steps, rows) if steps and rows else 0.0
@@ -380,12 +383,16 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
         text = f"Invoice text:\n{DOCUMENT}\nCopy the invoice text exactly:\n"
         request = greedy(own, text, 48, True, temperature=0.8)
 
+        seen: list[tuple[int, ...]] = []  # every prompt and answer so far, in order
+
         async def one(asked=request) -> float:
             start = time.perf_counter()
-            await own.submit(asked, asyncio.get_running_loop()).collect()
+            _, end = await own.submit(asked, asyncio.get_running_loop()).collect()
+            seen.append((*asked.prompt_tokens, *end.generated))
             return time.perf_counter() - start
 
-        written: list[tuple[tuple[int, ...], list[list[int]]]] = []  # each Conclave's prompt and candidates' tokens
+        # each Conclave's prompt, its candidates' tokens, and how many of `seen` came before it
+        written: list[tuple[tuple[int, ...], list[list[int]], int]] = []
         prefilled: list[float] = []  # each Conclave's prompt computed: from admission to its first token
 
         async def conclave(asked=request) -> float:
@@ -398,7 +405,10 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
             spent = time.perf_counter() - start
             first = run.candidates[0].finished
             prefilled.append(first.timings.get("prefill_s", 0.0) if first is not None else 0.0)
-            written.append((asked.prompt_tokens, [own.tokenize(c.text, add_bos=False) for c in run.candidates]))
+            tokens = [list(c.finished.generated) if c.finished is not None else own.tokenize(c.text, add_bos=False)
+                      for c in run.candidates]
+            written.append((asked.prompt_tokens, tokens, len(seen)))
+            seen.extend((*asked.prompt_tokens, *t) for t in tokens)
             return spent
 
         def snap() -> dict:
@@ -434,7 +444,7 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
             line = engine_costs(own)
-            decoding = sum(conclave_floor(line, prompt, texts) for prompt, texts in written)
+            decoding = sum(conclave_floor(line, prompt, texts, seen[:before]) for prompt, texts, before in written)
             return spent[0], spent[1], decoding, decoding + sum(prefilled)
 
         t1, t5, s1, s5 = asyncio.run(rounds())
