@@ -176,15 +176,15 @@ def settled(keys: Mapping[int, str | None], pending: Sequence[int]) -> Verdict |
     if not pending or not counts:
         return None
     leader = max(counts, key=lambda key: _standing(counts, key))
-    votes, first = _standing(counts, leader)
+    votes, first = len(counts[leader]), counts[leader][0]
     spare, lowest = len(pending), min(pending)
-    if votes < 2 or lowest < -first:
+    if votes < 2 or lowest < first:
         return None
     rivals = [(len(members) + spare, -min(members[0], lowest)) for key, members in counts.items() if key != leader]
     rivals.append((spare, -lowest))  # an answer none of the finished gave, given by every pending one
-    if any(rival >= (votes, first) for rival in rivals):
+    if any(rival >= _standing(counts, leader) for rival in rivals):
         return None
-    return Verdict(-first, "plurality", votes, votes_of(counts))
+    return Verdict(first, "plurality", votes, votes_of(counts))
 
 
 def decide(texts: Mapping[int, str], n_total: int, *, json_only: bool = False) -> Verdict:
