@@ -70,7 +70,8 @@ class Drafting:
         if not self.enabled or not seq.request.speculation:
             return None
         draft_seq = DraftSeq(seq.key, seq.group, seq.prompt, not seq.request.sampling.greedy, seq.request.sampling,
-                             grammar=seq.constraint, seed=seq.sampler.seed if seq.sampler is not None else seq.seed)
+                             grammar=seq.constraint, seed=seq.sampler.seed if seq.sampler is not None else seq.seed,
+                             voted=seq.request.voted)
         self._guard("begin", lambda: self.speculator.begin(draft_seq))
         return draft_seq
 

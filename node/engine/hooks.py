@@ -71,6 +71,7 @@ class DraftSeq:
     sampling: SamplingParams | None = None
     grammar: Forcing | None = None  # the sequence's parse state, when its output is constrained
     seed: int | None = None    # the sequence's sampling seed (a draft model derives its own from it)
+    voted: bool = False        # its group's vote may end it before its slowest member (a Conclave)
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,10 @@ class GenerationRequest:
     # The tenant whose prefix states the request may restore and store (node/serving/tenants.py;
     # "": the open tenant of a node without keys); identical prompts of two tenants share no prefill.
     cache_scope: str = ""
+    # One of a group whose vote may end it before every member finished (a Conclave's candidates):
+    # the batch is then not bound by its slowest member, and the planner values every kept token
+    # of it as a plain token's (node/speculative/draining.py).
+    voted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ early stop and KV accounting are in tests/node/engine/test_engine_conclave.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from arca.archive import ArchiveConfig
@@ -57,7 +59,8 @@ async def test_candidate_zero_is_the_request_unchanged_and_explorers_sample_seed
     plan = service.plan_chat(parse_chat({**CHAT, "conclave": 5}))
     await answer(service, plan)
     first = service.engine.groups[0]
-    assert first[0] == plan.jobs[0].request  # greedy stays greedy
+    assert first[0] == dataclasses.replace(plan.jobs[0].request, voted=True)  # greedy stays greedy
+    assert all(r.voted for r in first)  # the planner knows the vote may end them early
     assert [r.sampling.seed for r in first[1:]] == [1, 2]
     assert all(r.sampling.temperature == 0.7 and r.prompt_tokens == first[0].prompt_tokens for r in first[1:])
 

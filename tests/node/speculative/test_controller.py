@@ -12,6 +12,7 @@ from node.speculative.controller import (ANY, BACKOFF_START, EMA, PRIOR, PRIOR_C
 from node.speculative import costs as costs_module
 from node.speculative.cost_store import CostStore
 from node.speculative.costs import BEND_LIMITS, CostCurve
+from node.speculative.draining import Draining
 
 
 class Fixed:
@@ -705,3 +706,35 @@ def test_a_fresh_estimate_is_the_mean_of_what_it_saw_then_a_moving_average():
     controller.verified(SEQ, Draft((0,), "new"), 1)
     assert p[0] == pytest.approx(before + EMA * (1.0 - before))
 
+
+
+def test_a_vote_s_candidates_draft_though_the_slowest_would_hold_the_batch():
+    """Two candidates of one Conclave, 40 tokens left each: one writes what nothing drafts, the
+    other copies, its drafts kept 90% of the time. Bound by its slowest, the batch would not
+    end sooner for the copy's kept tokens (worth their rows alone: it waits); but the vote may
+    end the Conclave when the copy ends, so a candidate (`voted`) drafts as in an open batch."""
+    def plan(voted: bool) -> list[int]:
+        costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+        controller = Controller([Own(k) for k in range(2)], ControllerConfig(max_draft=16), costs=costs)
+        ran_to_their_limit(controller)
+        seqs = [DraftSeq(k, 7, (), False, voted=voted) for k in range(2)]  # one group
+        for seq, p in zip(seqs, (0.0, 0.9)):
+            establish(controller, f"s{seq.key}", [p] * 16, ANY)
+            controller.begin(seq)
+        drafts = controller.plan(2, [DraftAsk(seq, [1] * 30, 16, 40) for seq in seqs], 0, 256, 0).drafts
+        return [len(drafts[s.key].tokens) if s.key in drafts else 0 for s in seqs]
+
+    held, racing = plan(False), plan(True)
+    assert racing[0] == 0 and racing[1] > held[1]
+
+
+def test_beside_other_users_a_vote_s_candidates_neither_bound_the_batch_nor_wait():
+    """A user's sequence with 40 tokens left beside two candidates of a Conclave with 47: the
+    user bounds the batch (its kept tokens shorten it), the candidates are left out of the bound
+    and each kept token of theirs is worth a plain token."""
+    user = DraftSeq(1, 1, (), False)
+    candidates = [DraftSeq(k, 9, (), False, voted=True) for k in (2, 3)]
+    asks = [DraftAsk(user, [1], 16, 40)] + [DraftAsk(c, [1], 16, 47) for c in candidates]
+    drain = Draining.of(asks, 0, 3, 0.003, 3 / 0.021, {1: 1.0, 2: 1.0, 3: 1.0}, 1.0)
+    assert drain is not None and drain.bound == frozenset({1})
+    assert drain.worth(2) == drain.worth(3) == 1.0 and drain.worth(1) > 1.0
