@@ -62,9 +62,9 @@ class ConclavePolicy:
 
 
 def candidate_requests(request: GenerationRequest, n: int, policy: ConclavePolicy) -> list[GenerationRequest]:
-    """Candidate 0 is the request unchanged; candidate i samples with seed + i, hotter. Every
-    one is `voted`: the engine's planner values their kept tokens knowing the vote may end the
-    Conclave at any candidate's end, not at its slowest's."""
+    """Candidate 0 samples as the request asks; candidate i with seed + i, hotter. Every one is
+    `voted`: the engine's planner values their kept tokens knowing the vote may end the Conclave
+    at any candidate's end, not at its slowest's."""
     request = dataclasses.replace(request, voted=n > 1)
     sampling = request.sampling
     base = sampling.seed if sampling.seed is not None else policy.seed
