@@ -13,7 +13,9 @@ fleet tier and the session turns.
   bounded by `prefetch_timeout_s` (a slow archive costs only the speed-up).
 - `submit(job)`, `submit_group(requests)`, `start_conclave(job)`, `submit_best_of(job)`:
   the engine's handles; the engine's typed errors become the serving layer's here and
-  nowhere else (`engine_errors()`).
+  nowhere else (`engine_errors()`). A Conclave starts as the node's `conclave_starts` says
+  (node/serving/conclave/start.py: its first candidates, or all at once where the last ones
+  mostly needed every candidate).
 - `replayed(job, stored)`: an L1 answer served (the ledger counts it as replayed).
 - `finish(job, choices, generated, computed=...)`: a generated job whose choices all ended,
   plain, Conclave or best_of alike: the generated tokens are counted (`computed`: every
@@ -45,6 +47,7 @@ from node.engine.grammar_limits import short_error
 from node.engine.types import COMPLETED, GenerationHandle, GenerationRequest
 from node.serving import structure
 from node.serving.conclave.runner import SEED_SPACE, ConclaveRun
+from node.serving.conclave.start import StartRecord
 from node.serving.engine_client import EngineClient
 from node.serving.errors import ContextLengthExceeded, InvalidRequest, Overloaded
 from node.serving.grammar_workers import GrammarWorkers
@@ -80,6 +83,7 @@ class Jobs:
                       if sessions is not None else None)
         self._writes: set[asyncio.Task[None]] = set()
         self.live_first = LiveFirst(options.batch_interval_s)  # batch lines' loop work waits for live requests
+        self.conclave_starts = StartRecord()  # how adaptive Conclaves start, from how the last ones went
 
     # ---- before the engine --------------------------------------------------------------
 
@@ -149,7 +153,7 @@ class Jobs:
 
     def start_conclave(self, job: Job) -> ConclaveRun:
         """The job's Conclave with its first candidates submitted (failing as a submit does)."""
-        run = ConclaveRun(self.submit_group, job.request, job.conclave, self.options.conclave)
+        run = ConclaveRun(self.submit_group, job.request, job.conclave, self.options.conclave, self.conclave_starts)
         run.start()
         self.metrics.conclave_requests.inc()
         return run

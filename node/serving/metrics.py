@@ -220,6 +220,8 @@ class Metrics:
         self.conclave_candidates = Counter("reame_conclave_candidates",
                                            "Conclave candidates: finished, stopped mid-generation (cancelled) "
                                            "or never started (skipped)", ["outcome"], registry=self.registry)
+        self.conclave_starts = Counter("reame_conclave_starts", "Conclaves by how they started: their first "
+                                       "candidates (adaptive), or all at once", ["start"], registry=self.registry)
         self.embedding_inputs = Counter("reame_embedding_inputs", "Inputs embedded, by L1 outcome (hit: computed "
                                         "nothing)", ["cache"], registry=self.registry)
         self.embedding_tokens = Counter("reame_embedding_tokens", "Tokens of embedded inputs, by L1 outcome",
@@ -234,6 +236,7 @@ class Metrics:
         self.conclave_candidates.labels("finished").inc(outcome.started - outcome.cancelled)
         self.conclave_candidates.labels("cancelled").inc(outcome.cancelled)
         self.conclave_candidates.labels("skipped").inc(outcome.candidates - outcome.started)
+        self.conclave_starts.labels("all_at_once" if outcome.at_once else "first").inc()
 
     def watch(self, live: Collector) -> None:
         self.registry.register(live)

@@ -14,7 +14,8 @@ longer make an absolute majority (the leading answer's votes + the candidates st
 < N // 2 + 1), every remaining candidate starts at once; a candidate started while a sibling
 still holds the prompt in the KV clones it (one token of prefill), otherwise it prefills
 again (the prefix cache restoring what it holds). When the first candidates agree, the rest
-never run.
+never run. Where the node's recent Conclaves of this N mostly needed their rest, a new one
+starts all N at once instead (start.py, `StartRecord`): two rounds of decoding become one.
 
 Every time a candidate finishes, the vote (vote.py) is taken: an absolute majority of N, or a
 plurality that no answers of the candidates still running or not started could change
@@ -34,6 +35,7 @@ from typing import Callable, Sequence
 from node.config import ConclaveSettings
 from node.engine.errors import EngineError
 from node.engine.types import COMPLETED, Finished, GenerationHandle, GenerationRequest, TextDelta
+from node.serving.conclave.start import StartRecord, first_sufficed
 from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, settled, tally
 from node.serving.errors import GenerationFailed, ServingError, generation_failure
 from node.serving.l1 import Piece
@@ -113,6 +115,7 @@ class Outcome:
     started: int          # candidates that ran (some perhaps stopped early)
     stopped_early: bool   # candidates were cancelled or never started because the vote was decided
     cancelled: int        # candidates stopped mid-generation
+    at_once: bool = False  # every candidate started at the start (not adaptive, or the StartRecord's say)
 
     def summary(self) -> dict[str, object]:
         """The response's `reame` object."""
@@ -123,12 +126,17 @@ class Outcome:
 
 class ConclaveRun:
     """One Conclave: `start()` submits the first candidates (failing like any submit),
-    `await decide()` returns the Outcome, `cancel()` stops everything (a client gone)."""
+    `await decide()` returns the Outcome, `cancel()` stops everything (a client gone).
+    `record`: the node's StartRecord, read for how an adaptive Conclave starts and told how it
+    went (None: adaptive starting as configured, nothing learned)."""
 
-    def __init__(self, submit: Submit, request: GenerationRequest, n: int, policy: ConclavePolicy) -> None:
+    def __init__(self, submit: Submit, request: GenerationRequest, n: int, policy: ConclavePolicy,
+                 record: StartRecord | None = None) -> None:
         self._submit = submit
         self.n = n
         self.policy = policy
+        self._record = record if policy.adaptive else None
+        self._at_once = self._record is not None and self._record.all_at_once(n)
         self._requests = candidate_requests(request, n, policy)
         self._candidates: list[Candidate] = []
         self._tasks: dict[int, asyncio.Task[Candidate]] = {}
@@ -138,10 +146,14 @@ class ConclaveRun:
         self._json_only = grammar is not None and grammar.kind == "json_schema"  # the vote counts parsed values only
 
     @property
-    def initial(self) -> int:
-        if not self.policy.adaptive:
-            return self.n
+    def first(self) -> int:
+        """The candidates adaptive starting runs first."""
         return min(self.n, self.policy.initial or majority(self.n))
+
+    @property
+    def initial(self) -> int:
+        """The candidates this Conclave starts with."""
+        return self.n if not self.policy.adaptive or self._at_once else self.first
 
     def start(self) -> None:
         first = self.initial
@@ -203,7 +215,10 @@ class ConclaveRun:
                 verdict = decide(texts, self.n, json_only=self._json_only)
         cancelled = await self._stop_running()
         stopped = cancelled > 0 or len(self._candidates) < len(self._requests)
-        return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled)
+        if self._record is not None:
+            self._record.record(self.n, needed=not first_sufficed(verdict, keys, self.n, self.first))
+        return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled,
+                       self.initial == self.n)
 
     def _pending(self, finished: set[int]) -> list[int]:
         """The candidates that may still vote: running, or not started yet."""
