@@ -23,6 +23,8 @@ Cases (targets in docs/BENCHMARKS.md):
   sampled   a seeded sampled request (temperature 0.8) sent again, L1 not involved
   sampled_rewrite  the rewrite at temperature 0.5, seeded
   conclave  a Conclave of 5 (all started, 48 tokens, sampled) against one answer, speculation on
+  conclave_start  the node's default Conclave (adaptive start) on the same new requests, with the
+            node's start record (node/serving/conclave/start.py) and without it
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ def case_conclave(engine, args) -> list[str]:
     varies from one invoice to the next, so a few pairs say little)."""
     lines = []
     for shared in (True, False):
-        t1, t5, s1, s5, line, fresh = _in_own_process(_conclave_run, engine.config.model_path, shared, args)
+        t1, t5, s1, s5, line, fresh, _ = _in_own_process(_conclave_run, engine.config.model_path, shared, args)
         r1 = s1["batch_tokens"] / max(1, s1["steps"])
         lockstep = line.seconds(5) / line.seconds(1)
         drafting = line.seconds(round(5 * r1)) / line.seconds(round(r1))
@@ -364,9 +366,37 @@ def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
                for k in range(longest + 1))
 
 
-def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, dict, CostCurve, tuple[float, float, float, float]]:
+def case_conclave_start(engine, args) -> list[str]:
+    """The node's default Conclave of 5 (adaptive: an absolute majority first, the rest on
+    disagreement) over the conclave case's new requests, with the node's start record (a
+    Conclave starts whole where the last ones mostly needed every candidate) and without it,
+    each in an engine and process of its own, as `case_conclave` runs: the same request asked
+    twice first (its explorers disagree), then `--fresh` pairs of new ones."""
+    lines = []
+    spent = {}
+    for start in ("learned", "adaptive"):
+        *_, line, fresh, starts = _in_own_process(_conclave_run, engine.config.model_path, True, args, start)
+        spent[start] = fresh[1]
+        label = "default conclave" + (", start record" if start == "learned" else ", adaptive only")
+        lines += [f"conclave engine's cost line: {line.describe()}",
+                  f"{label:34s} one {fresh[0]:6.2f} s  conclave {fresh[1]:6.2f} s  {fresh[1] / fresh[0]:5.2f}x one "
+                  f"answer over {args.fresh} new requests each side; started {starts.count(True)} whole, "
+                  f"{starts.count(False)} with their first candidates  load {os.getloadavg()[0]:.1f}"]
+    # the one answers draft from what the Conclaves wrote before them (the Palimpsest), so their
+    # sums differ between the two processes too: the Conclaves' own sums compare the policies
+    lines.append(f"{'start record against adaptive only':34s} conclaves {spent['learned']:6.2f} s against "
+                 f"{spent['adaptive']:6.2f} s, {spent['adaptive'] / spent['learned']:.2f}x faster")
+    return lines
+
+
+def _conclave_run(model_path, shared: bool, args, start: str = "all") -> tuple[float, float, dict, dict, CostCurve,
+                                                                               tuple[float, float, float, float],
+                                                                               list[bool]]:
+    """`start`: "all" (every candidate at once), "adaptive" (the node's default policy) or
+    "learned" (the default policy with the node's start record)."""
     from node.engine.engine import Engine, EngineConfig
     from node.serving.conclave.runner import ConclavePolicy, ConclaveRun
+    from node.serving.conclave.start import StartRecord
     from node.speculative.controller import Controller, ControllerConfig
     from node.speculative.lookup import PromptLookup
     from node.speculative.palimpsest import Palimpsest
@@ -386,23 +416,28 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
         seen: list[tuple[int, ...]] = []  # every prompt and answer so far, in order
 
         async def one(asked=request) -> float:
-            start = time.perf_counter()
+            began = time.perf_counter()
             _, end = await own.submit(asked, asyncio.get_running_loop()).collect()
             seen.append((*asked.prompt_tokens, *end.generated))
-            return time.perf_counter() - start
+            return time.perf_counter() - began
 
         # each Conclave's prompt, its candidates' tokens, and how many of `seen` came before it
         written: list[tuple[tuple[int, ...], list[list[int]], int]] = []
         prefilled: list[float] = []  # each Conclave's prompt computed: from admission to its first token
 
+        policy = ConclavePolicy(adaptive=start != "all")
+        record = StartRecord() if start == "learned" else None
+        starts: list[bool] = []  # each new request's Conclave: started whole
+
         async def conclave(asked=request) -> float:
             loop = asyncio.get_running_loop()
-            start = time.perf_counter()
+            began = time.perf_counter()
             run = ConclaveRun(lambda reqs, spare, group: own.submit_group(reqs, loop, spare=spare, group=group),
-                              asked, 5, ConclavePolicy(adaptive=False))
+                              asked, 5, policy, record)
             run.start()
-            await run.decide()
-            spent = time.perf_counter() - start
+            outcome = await run.decide()
+            spent = time.perf_counter() - began
+            starts.append(outcome.at_once)
             first = run.candidates[0].finished
             prefilled.append(first.timings.get("prefill_s", 0.0) if first is not None else 0.0)
             tokens = [list(c.finished.generated) if c.finished is not None else own.tokenize(c.text, add_bos=False)
@@ -437,7 +472,7 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
             plus the Conclaves' prompts as they were computed (a new prompt, as long as the one
             answer's: no schedule computes it for less)."""
             spent = [0.0, 0.0]
-            del written[:], prefilled[:]
+            del written[:], prefilled[:], starts[:]
             for r in range(args.fresh):
                 pair = (greedy(own, fresh_invoice(2 * r), 48, True, temperature=0.8),
                         greedy(own, fresh_invoice(2 * r + 1), 48, True, temperature=0.8))
@@ -449,7 +484,7 @@ def _conclave_run(model_path, shared: bool, args) -> tuple[float, float, dict, d
 
         t1, t5, s1, s5 = asyncio.run(rounds())
         new = asyncio.run(fresh())
-        return t1, t5, s1, s5, engine_costs(own), new
+        return t1, t5, s1, s5, engine_costs(own), new, starts
     finally:
         own.close()
 
@@ -625,7 +660,7 @@ def case_nightly(engine, args) -> list[str]:
 
 CASES = {"repeat": case_repeat, "fleet": case_fleet, "rewrite": case_rewrite, "extract": case_extract,
          "prose": case_prose, "users4": case_users4, "nightly": case_nightly, "sampled": case_sampled,
-         "sampled_rewrite": case_sampled_rewrite, "conclave": case_conclave}
+         "sampled_rewrite": case_sampled_rewrite, "conclave": case_conclave, "conclave_start": case_conclave_start}
 
 
 def main() -> int:
