@@ -523,8 +523,10 @@ class Scheduler:
         asks = [ask for seq in decoding if not (live and seq.request.priority > INTERACTIVE)
                 for ask in [self._drafting.ask(seq)] if ask is not None]
         asking = {ask.seq.key for ask in asks}
-        draining = None if joining else max((seq.tokens_left for seq in decoding if seq.key not in asking),
-                                            default=0)
+        # what the sequences that draft nothing hold the batch to (a vote's candidate holds it to
+        # nothing: its vote may end it at any step)
+        draining = None if joining else max((seq.tokens_left for seq in decoding
+                                             if seq.key not in asking and not seq.request.voted), default=0)
         used = sum(len(seq.pending) for seq in decoding)
         room = (self._limits.step_token_budget if decoding else self._batch.capacity) - used
         room = min(room, self._batch.capacity - used)

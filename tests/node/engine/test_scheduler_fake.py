@@ -426,6 +426,17 @@ def test_the_planner_hears_when_the_batch_drains_and_who_bounds_it():
     assert spec.plans == [(None, (5,)), (8, (4,)), (7, (3,)), (6, (2,)), (5, ()), (4, ()), (3, ()), (2, ()),
                           (1, ())]
 
+    # a vote's candidate may be ended by its vote at any step, so one that drafts nothing does not
+    # bound the batch either (its planned counterpart: node/speculative/draining.py's `voted`)
+    spec = ScriptedSpeculator(k=2, right=0)
+    sched, _ = make(SchedulerLimits(n_parallel=2, max_queue=16, step_token_budget=16, max_draft=2), speculator=spec)
+    candidate, = seqs(request("a b", max_tokens=9, speculation=False, voted=True))
+    drafting, = seqs(request("c d", max_tokens=5))
+    sched.enqueue([candidate, drafting])
+    run(sched, candidate, drafting)
+    assert spec.plans == [(None, (5,)), (0, (4,)), (0, (3,)), (0, (2,)), (1, ()),  # the drafting one's last token
+                          (0, ()), (0, ()), (0, ()), (0, ())]  # the candidate alone
+
 
 # -- prefix states and resident slots ----------------------------------------------------------
 
