@@ -122,7 +122,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("conclave", "seed", int, 0,
          "Base seed of the explorers (candidate i: seed + i) when the request gives none."),
     _opt("conclave", "adaptive", bool, True,
-         "Start an absolute majority of the N candidates; the rest only when they disagree."),
+         "Start an absolute majority of the N candidates, the rest only when they disagree; all N at once "
+         "while most of the node's last 8 Conclaves of N needed their rest."),
     _opt("arca", "remote", str, "",
          "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
          "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),
