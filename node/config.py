@@ -123,7 +123,7 @@ OPTIONS: tuple[Option, ...] = (
          "Base seed of the explorers (candidate i: seed + i) when the request gives none."),
     _opt("conclave", "adaptive", bool, True,
          "Start an absolute majority of the N candidates, the rest only when they disagree; all N at once "
-         "while most of the node's last 8 Conclaves of N needed their rest."),
+         "while half or more of the node's last 8 Conclaves of N needed their rest."),
     _opt("arca", "remote", str, "",
          "Shared archive: host:port, arca:// or redis://[user:password@]host:port, rediss:// (TLS), "
          "redis+cluster://host:port,host:port,... or rediss+cluster://...; empty = embedded in this node."),

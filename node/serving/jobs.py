@@ -15,7 +15,7 @@ fleet tier and the session turns.
   the engine's handles; the engine's typed errors become the serving layer's here and
   nowhere else (`engine_errors()`). A Conclave starts as the node's `conclave_starts` says
   (node/serving/conclave/start.py: its first candidates, or all at once where the last ones
-  mostly needed every candidate).
+  needed every candidate, half or more of them).
 - `replayed(job, stored)`: an L1 answer served (the ledger counts it as replayed).
 - `finish(job, choices, generated, computed=...)`: a generated job whose choices all ended,
   plain, Conclave or best_of alike: the generated tokens are counted (`computed`: every

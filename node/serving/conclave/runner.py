@@ -14,7 +14,7 @@ longer make an absolute majority (the leading answer's votes + the candidates st
 < N // 2 + 1), every remaining candidate starts at once; a candidate started while a sibling
 still holds the prompt in the KV clones it (one token of prefill), otherwise it prefills
 again (the prefix cache restoring what it holds). When the first candidates agree, the rest
-never run. Where the node's recent Conclaves of this N mostly needed their rest, a new one
+never run. Where half or more of the node's recent Conclaves of this N needed their rest, a new one
 starts all N at once instead (start.py, `StartRecord`): two rounds of decoding become one.
 
 Every time a candidate finishes, the vote (vote.py) is taken: an absolute majority of N, or a
