@@ -369,7 +369,7 @@ def _best_drafting(line, m: int, p: float, longest: int = 16) -> float:
 def case_conclave_start(engine, args) -> list[str]:
     """The node's default Conclave of 5 (adaptive: an absolute majority first, the rest on
     disagreement) over the conclave case's new requests, with the node's start record (a
-    Conclave starts whole where the last ones mostly needed every candidate) and without it,
+    Conclave starts whole where half or more of the last ones needed every candidate) and without it,
     each in an engine and process of its own, as `case_conclave` runs: the same request asked
     twice first (its explorers disagree), then `--fresh` pairs of new ones."""
     lines = []

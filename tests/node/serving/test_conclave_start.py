@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from node.api.schemas import parse_chat
+from node.serving.conclave.runner import ConclavePolicy
 from node.serving.conclave.start import MIN_SEEN, WINDOW, StartRecord, first_sufficed
 from node.serving.conclave.vote import Verdict
 from tests.node.serving.test_conclave_service import CHAT, by_seed, done_of, make_service
@@ -75,8 +76,6 @@ async def test_a_node_whose_conclaves_disagree_starts_them_whole_and_returns_to_
 
 
 async def test_a_node_that_does_not_start_adaptively_learns_nothing(tmp_path):
-    from node.serving.conclave.runner import ConclavePolicy
-
     service = make_service(tmp_path, ConclavePolicy(adaptive=False))
     service.engine.answers = by_seed({None: "It is 42", 1: "It is 41", 2: "It is 40", 3: "It is 42", 4: "It is 42"})
     for _ in range(MIN_SEEN + 1):
