@@ -15,10 +15,10 @@ host. A divergence at a wider gap is a defect.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from node.engine.types import Finished
+    from node.engine.types import Finished, SamplingParams
 
 NEAR_TIE = 0.4
 
@@ -33,3 +33,31 @@ def assert_same_up_to_near_ties(reference: tuple[Finished, list], got: Finished)
         return
     gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]
     assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
+
+
+def draw_near_an_edge(params: SamplingParams, n_vocab: int, position: int, top: Sequence[tuple[int, float]]) -> bool:
+    """Whether a seeded draw at `position`, replayed by the engine's own sampler over a plain run's
+    top logprobs (`top`: token id and logprob, the rest of the vocabulary left out), changes when
+    one of those logits moves by NEAR_TIE: the draw fell near a tie of scores or near an edge of
+    the top_p / min_p cut, where another step's shape may draw otherwise. A seeded sample may part
+    from the plain one only at such a draw."""
+    import numpy as np
+
+    from node.engine.sampling import TokenSampler
+
+    logits = np.full(n_vocab, -1e30, dtype=np.float32)
+    for token, logprob in top:
+        logits[token] = logprob
+    history = [0] * position
+
+    def pick(row: np.ndarray) -> int:
+        return TokenSampler(params, n_vocab).choose(row, history).token
+
+    plain = pick(logits)
+    for token, _ in top:
+        for shift in (-NEAR_TIE, NEAR_TIE):
+            moved = logits.copy()
+            moved[token] += shift
+            if pick(moved) != plain:
+                return True
+    return False

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 from typing import NamedTuple
 
 import aiohttp
@@ -22,7 +23,7 @@ import jsonschema
 import pytest
 
 from tests.node.api.live import LiveNode, drafting_node, http_json, metric, node_settings, settled
-from tests.node.near_ties import NEAR_TIE
+from tests.node.near_ties import NEAR_TIE, draw_near_an_edge
 
 pytestmark = pytest.mark.model
 
@@ -170,42 +171,22 @@ def assert_near_boundary(node, body: dict, other: str) -> None:
     token ids (`gumbel(seed, position, DRAW, ids)`). The sampler is replayed whole over the plain
     run's top logprobs, each at its token's id (an alternative whose text is not one token is
     left out), so an edge of the top_p / min_p cut counts as well as a near-tie of scores."""
-    import numpy as np
-
-    from node.engine.sampling import TokenSampler
     from node.engine.types import SamplingParams
 
     engine = node.state.engine
-    n_vocab = engine._model.n_vocab
     entries, prompt_tokens = plain_run(node, body)
     params = SamplingParams(temperature=body["temperature"], top_k=body.get("top_k", 40),
                             top_p=body.get("top_p", 0.95), min_p=body.get("min_p", 0.05), seed=body["seed"])
 
     def near_edge(i: int) -> bool:
-        position = prompt_tokens + i
         ids = [engine.tokenize(alt, add_bos=False, special=False) for alt in entries[i].alternatives]
         known = [(one[0], logprob) for one, logprob in zip(ids, entries[i].top) if len(one) == 1]
-        logits = np.full(n_vocab, -1e30, dtype=np.float32)
-        for token, logprob in known:
-            logits[token] = logprob
-        history = [0] * position
-
-        def pick(row: np.ndarray) -> int:
-            return TokenSampler(params, n_vocab).choose(row, history).token
-
-        plain = pick(logits)
-        moves = []
-        for token, _ in known:
-            for shift in (-NEAR_TIE, NEAR_TIE):
-                moved = logits.copy()
-                moved[token] += shift
-                moves.append(moved)
-        return any(pick(moved) != plain for moved in moves)
+        return draw_near_an_edge(params, engine._model.n_vocab, prompt_tokens + i, known)
 
     places = partings(entries, other)
     assert any(near_edge(place) for place in places), (
         f"the sample parted at token {places[-1]} where its draw was far from any edge of "
-        f"{np.exp(entries[places[-1]].top)}: {other!r}")
+        f"{[round(math.exp(value), 4) for value in entries[places[-1]].top]}: {other!r}")
 
 
 def lookup_stats(node) -> dict:

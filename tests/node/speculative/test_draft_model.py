@@ -15,6 +15,7 @@ from node.engine.types import GenerationRequest, SamplingParams
 from node.speculative.controller import Controller, ControllerConfig
 from node.speculative.costs import CostCurve
 from node.speculative.draft_model import DraftModel, VocabularyMismatch, check_vocabularies
+from tests.node.near_ties import draw_near_an_edge
 from tests.node.speculative.test_speculation_engine import (GREEDY, PROSE, REPEATS, assert_same_distribution,
                                                           assert_same_up_to_near_ties)
 
@@ -128,13 +129,20 @@ def test_a_seeded_sampled_request_with_a_draft_model_gives_the_same_text_every_t
     verified as deterministic ones, so the text is plain decoding's with that seed, whatever
     draft lengths the controller chose as it learned (with rejection sampling the text followed
     them, and the second run here parted from the first at its 15th token). The draft model is
-    the target itself: coupled draws agree nearly always."""
+    the target itself: coupled draws agree nearly always. Plain decoding's text is matched up to
+    a draw near an edge, which a verify step's shape may move (on repacked kernels it parted at
+    its 12th token, where a logit move under NEAR_TIE draws otherwise)."""
     eng, controller, _ = drafted
     sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, min_p=0.0, seed=4242)
     stats = controller.stats["model"]
     before, kept_before = stats.drafted, stats.accepted
-    plain = generate(eng, PROSE, 24, speculation=False, sampling=sampling)[-1].generated
+    plain_events = generate(eng, PROSE, 24, speculation=False, sampling=sampling, logprobs=20)
+    plain, logprobs = plain_events[-1].generated, [entry for event in plain_events[:-1] for entry in event.logprobs]
     runs = [generate(eng, PROSE, 24, sampling=sampling)[-1].generated for _ in range(3)]
     assert stats.drafted > before and stats.accepted - kept_before >= 0.8 * (stats.drafted - before)
     assert runs[0] == runs[1] == runs[2]
-    assert runs[0] == plain, "the seeded text left plain decoding's"
+    first = next((i for i, (a, b) in enumerate(zip(plain, runs[0])) if a != b), None)
+    if first is not None:  # a verify step's rows may move a logit a little (tests/node/near_ties.py)
+        top = [(token, logprob) for token, _, logprob in logprobs[first].top]
+        assert draw_near_an_edge(sampling, eng._model.n_vocab, len(eng.tokenize(PROSE)) + first, top), (
+            f"the seeded text left plain decoding's at token {first}, where its draw was far from any edge")

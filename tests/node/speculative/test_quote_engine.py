@@ -1,6 +1,6 @@
 """`grammar.quote` on the real Gemma model: an extraction under a JSON Schema copies the
 document's values, the source drafts their rest from the document's text, those drafts are
-kept, and the answer is exactly constrained decoding's without speculation."""
+kept, and the answer is constrained decoding's without speculation, up to near-ties."""
 
 from __future__ import annotations
 
@@ -9,20 +9,23 @@ import json
 import pytest
 
 from node.engine.engine import Engine, EngineConfig
-from node.engine.types import GenerationRequest, GrammarSpec, SamplingParams
+from node.engine.types import Finished, GenerationRequest, GrammarSpec, SamplingParams
 from node.serving.structure import canonical_json
 from node.speculative.controller import Controller, ControllerConfig
 from node.speculative.costs import CostCurve
 from node.speculative.format import Suggeritore
 from node.speculative.lookup import PromptLookup
+from tests.node.near_ties import assert_same_up_to_near_ties
 
 pytestmark = [pytest.mark.model]
 
 DOCUMENT = ("Invoice 4471 from Dunmore Supplies Ltd, dated 3 March 2025, to Harlow Bakery, 12 Mill Lane, Ashby. "
             "Delivery charge 15.00. Total due 234.00, payable within 30 days to account 20-44-18 0039 1122. "
             "Contact: Maria Keane, accounts department, telephone 01632 960 118.")
-SCHEMA = {"type": "object", "properties": {"contact": {"type": "string"}, "supplier": {"type": "string"},
-                                            "customer": {"type": "string"}, "telephone": {"type": "string"}},
+# Values of three characters or more, asked for by name: with the prompt "The invoice as a JSON record"
+# and plain strings, greedy decoding wrote every value empty under some hosts' kernels.
+TEXT = {"type": "string", "minLength": 3}
+SCHEMA = {"type": "object", "properties": {"contact": TEXT, "supplier": TEXT, "customer": TEXT, "telephone": TEXT},
           "required": ["contact", "supplier", "customer", "telephone"], "additionalProperties": False}
 
 
@@ -34,20 +37,20 @@ def test_an_extraction_copies_the_documents_values_as_drafts(gemma_path):
     controller.bind_vocabulary(engine.token_piece, lambda text: engine.tokenize(text, add_bos=False, special=False))
     try:
         spec = GrammarSpec("json_schema", canonical_json(SCHEMA))
-        prompt = tuple(engine.tokenize(f"Document:\n{DOCUMENT}\n\nThe invoice as a JSON record:\n"))
+        prompt = tuple(engine.tokenize(f"Document:\n{DOCUMENT}\n\nThe contact, supplier, customer and telephone as a JSON record:\n"))
 
-        def answer(speculation: bool) -> str:
-            request = GenerationRequest(prompt, max_tokens=120, speculation=speculation,
+        def answer(speculation: bool) -> tuple[Finished, list]:
+            request = GenerationRequest(prompt, max_tokens=120, speculation=speculation, logprobs=2,
                                         sampling=SamplingParams(temperature=0.0, grammar=spec))
             events = list(engine.submit(request).iter_sync(timeout=300))
             assert events[-1].reason == "stop", events[-1]
-            return "".join(e.text for e in events[:-1])
+            return events[-1], [entry for event in events[:-1] for entry in event.logprobs]
 
         answer(False)  # the first prefills the whole prompt; the others continue from its resident slot
         plain = answer(False)
-        drafted = answer(True)
-        assert drafted == plain
-        record = json.loads(drafted)
+        drafted, _ = answer(True)
+        assert_same_up_to_near_ties(plain, drafted)  # verify steps' rows may move a logit a little
+        record = json.loads(engine.detokenize(drafted.generated).decode())
         assert any(value in DOCUMENT and len(value) > 6 for value in record.values()), record  # it copies
         kept = controller.stats["grammar.quote"].accepted
         assert kept > 0, controller.stats.snapshot()["grammar.quote"]
