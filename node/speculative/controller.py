@@ -160,7 +160,7 @@ class Controller:
         self._store = store  # the curve measured at an earlier start, and where this one's goes
         kept = store.load() if store is not None and not self.costs.measured else None
         if kept:
-            self.costs.restore(kept)
+            self.costs.restore(*kept)
             log.info("verify cost curve as measured at an earlier start: %s", self.costs.describe())
         self._sources = {s.name: _SourceState(s, float(getattr(s, "prior", PRIOR))) for s in sources}
         self.stats = SpeculationStats(list(self._sources), config.max_draft)
@@ -190,7 +190,7 @@ class Controller:
         done = self.costs.calibrations
         self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft)
         if self._store is not None and self.costs.calibrations > done:
-            self._store.save(self.costs.points)
+            self._store.save(self.costs.points, self.costs.spread)
 
     def calibration_due(self) -> bool:
         """The host's speed moved, or the curve was never measured (the first calibration gave
@@ -311,7 +311,7 @@ class Controller:
         paces = {ask.seq.key: own.pace(len(ask.context)) for ask in asks
                  for own in [self._seqs.get(ask.seq.key)] if own is not None}
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2) * (1.0 - refill)
-        return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised)
+        return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised, self.costs.shed_seconds(n))
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],

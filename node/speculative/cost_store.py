@@ -31,26 +31,28 @@ class CostStore:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self) -> dict[int, float] | None:
-        """The step sizes' measured seconds, or None (no file, or one that cannot be used)."""
+    def load(self) -> tuple[dict[int, float], dict[int, float]] | None:
+        """The step sizes' measured seconds and those of k sequences' one token each (empty in a
+        file kept before they were measured), or None (no file, or one that cannot be used)."""
         try:
             data = orjson.loads(self.path.read_bytes())
             if data.get("layout") != LAYOUT:
                 return None
             points = {int(n): float(s) for n, s in data["points"].items()}
+            spread = {int(n): float(s) for n, s in data.get("spread", {}).items()}
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("verify cost curve: ignoring unreadable %s (%s)", self.path, exc)
             return None
-        if not points or any(n < 1 or not 0 < s < 60 for n, s in points.items()):
+        if not points or any(n < 1 or not 0 < s < 60 for n, s in (*points.items(), *spread.items())):
             log.warning("verify cost curve: ignoring %s (sizes or times out of range)", self.path)
             return None
-        return points
+        return points, spread
 
-    def save(self, points: dict[int, float]) -> None:
+    def save(self, points: dict[int, float], spread: dict[int, float] | None = None) -> None:
         record = {"layout": LAYOUT, "points": {str(n): s for n, s in sorted(points.items())},
-                  "measured_at": time.time()}
+                  "spread": {str(n): s for n, s in sorted((spread or {}).items())}, "measured_at": time.time()}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temp = self.path.with_suffix(f".tmp{os.getpid()}")

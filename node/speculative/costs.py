@@ -11,6 +11,13 @@ output projection's kernels work in tiles of rows; on an AMX-trapping Xeon a ste
 with logits costs what 8 cost, 14 ms more than 4, so the sizes calibrated include both sides
 of each tile up to 17).
 
+Beside the sizes, the calibration measures steps of k sequences with one token each, k up to
+the slots (`spread`): what a step costs less when one of its sequences has finished
+(`shed_seconds`), the worth of a token kept by a sequence that ends before the batch does
+(node/speculative/draining.py). It is not the line's slope where the kernels work in tiles of
+rows: on an AMD EPYC with repacked weights 3 sequences' step cost what 4 did (the slope said
+4.2 ms less), 2 sequences' 10 ms more than one.
+
 It is measured by the engine (`calibrate`) only while no request waits, never inside a
 request's latency: every step shape is decoded once unmeasured first (the first multi-row
 step pays one-off costs: buffers, repacked weights), then REPEATS rounds over the sizes of
@@ -79,6 +86,7 @@ class CostCurve:
         self.measured = False
         self.points: dict[int, float] = {}
         self.bends: dict[int, float] = {}  # calibrated size -> measured / shape
+        self.spread: dict[int, float] = {}  # k sequences of one token each -> a step's measured seconds
         self._bent_at: dict[int, float] = {}   # each size's shape seconds times its bend, unscaled
         self._bent_of: dict[int, float] | None = None  # the bends `_bent_at` was worked out from
         self._shape_of: CostLine | None = None  # and the shape
@@ -111,9 +119,10 @@ class CostCurve:
     def tail(self) -> float:
         return self.shape.tail
 
-    def restore(self, points: dict[int, float]) -> None:
+    def restore(self, points: dict[int, float], spread: dict[int, float] | None = None) -> None:
         """Take a curve calibrated at an earlier start (cost_store.py) as this run's first."""
         self.fit(points)
+        self.spread = dict(spread or {})
         if self._start_rate is None and self.measured:
             self._start_rate = 1.0 / (self.intercept + self.slope)
 
@@ -142,15 +151,16 @@ class CostCurve:
             return
         started = time.monotonic()
         retrying = (self.calibrations > 0 and self._drift_steps >= DRIFT_STEPS) or not self.measured
-        shapes = _shapes(n_parallel, max_draft)
-        samples: dict[int, list[float]] = {}
-        if all(measure(n_seqs, k) is not None for n_seqs, k in shapes.values()):  # warm-up, unmeasured
-            for done in range(1, REPEATS + 1):  # rounds over every size: a burst of load touches all of them alike
-                for size, (n_seqs, k) in shapes.items():
-                    seconds = measure(n_seqs, k)
+        shapes, spread = _shapes(n_parallel, max_draft), _spread(n_parallel)
+        runs = _runs(n_parallel, max_draft)
+        samples: dict[tuple[int, int], list[float]] = {}
+        if all(measure(n_seqs, k) is not None for n_seqs, k in runs):  # warm-up, unmeasured
+            for done in range(1, REPEATS + 1):  # rounds over every shape: a burst of load touches all of them alike
+                for shape in runs:
+                    seconds = measure(*shape)
                     if seconds is None:
                         break
-                    samples.setdefault(size, []).append(seconds)
+                    samples.setdefault(shape, []).append(seconds)
                 else:
                     if done < MIN_ROUNDS or time.monotonic() - started < budget_s:
                         continue
@@ -158,13 +168,17 @@ class CostCurve:
         self._calibrated_at = time.monotonic()
         self._recalibrate_after = (min(self._recalibrate_after * 2, RECALIBRATE_MAX_S) if retrying
                                    else RECALIBRATE_MIN_S)
-        points = {size: statistics.median(values) for size, values in samples.items()}
+        rounds = min(len(samples[shape]) for shape in runs) if len(samples) == len(runs) else 0
+        points = {size: statistics.median(samples[shape][:rounds] or samples[shape])
+                  for size, shape in shapes.items() if shape in samples}
         if len(points) < MIN_CALIBRATED_SIZES:
             self._drift_steps = 0
             log.info("verify cost curve: calibration gave way after %d sizes; the line stays %.1f ms + %.2f ms "
                      "per token", len(points), self.intercept * 1000, self.slope * 1000)
             return
         self.fit(points)
+        if rounds:  # every shape measured alike; else the last calibration's stands
+            self.spread = {n_seqs: statistics.median(samples[shape][:rounds]) for n_seqs, shape in spread.items()}
         if self._start_rate is None:
             self._start_rate = 1.0 / (self.intercept + self.slope)
         self.calibrations += 1
@@ -174,6 +188,9 @@ class CostCurve:
                  self.describe(), min(len(v) for v in samples.values()),
                  ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in sorted(points.items())),
                  time.monotonic() - started)
+        if self.spread:
+            log.info("verify cost curve: one token each of %s", ", ".join(
+                f"{k} sequences {s * 1000:.1f} ms" for k, s in sorted(self.spread.items())))
 
     def plain_rate(self) -> float | None:
         """Tokens per second of plain single-stream decoding (one token a step) as the first
@@ -213,6 +230,14 @@ class CostCurve:
     def row_seconds(self) -> float:
         """What one more token with logits costs on the line, the staircase aside."""
         return self.slope * self.scale
+
+    def shed_seconds(self, n_seqs: int) -> float:
+        """What a step of n_seqs sequences, one token each, costs less with one of them finished:
+        as calibrated (`spread`), else a row on the line."""
+        more, fewer = self.spread.get(n_seqs), self.spread.get(n_seqs - 1)
+        if more is None or fewer is None:
+            return self.row_seconds()
+        return max(0.0, more - fewer) * self.scale
 
     def line(self) -> CostLine:
         """The line (and staircase) as it stands now, the scale included."""
@@ -321,3 +346,13 @@ def _shapes(n_parallel: int, max_draft: int) -> dict[int, tuple[int, int]]:
         elif size % n_parallel == 0 and size // n_parallel - 1 <= max_draft:
             shapes[size] = (n_parallel, size // n_parallel - 1)
     return shapes
+
+
+def _spread(n_parallel: int) -> dict[int, tuple[int, int]]:
+    """Sequences -> the step shape of that many sequences with one token each."""
+    return {n_seqs: (n_seqs, 0) for n_seqs in range(1, n_parallel + 1)}
+
+
+def _runs(n_parallel: int, max_draft: int) -> list[tuple[int, int]]:
+    """The step shapes a calibration round measures, each once: the sizes', then the spread's."""
+    return list(dict.fromkeys([*_shapes(n_parallel, max_draft).values(), *_spread(n_parallel).values()]))

@@ -9,7 +9,12 @@ sequences whose steps still to go (the tokens they may still generate, at the pa
 so far) are within a step of the most. A token kept by one of k of them is worth its row plus
 1/k of the step's fixed part, as far as the other k - 1 get ahead too (`Draining.together`).
 The others' kept tokens are worth their rows alone, so their drafts go in only where a row is
-nearly free (a tile's spare rows) or kept almost surely.
+nearly free (a tile's spare rows) or kept almost surely. Their row is the one a later step sheds
+once such a sequence has finished: what a step of n sequences costs less with n - 1, as the
+calibration measured it (`spare_share`; costs.py `shed_seconds`), not the line's slope. Where
+the kernels work in tiles of 4 rows (an AMD EPYC with repacked weights), 3 sequences' step
+cost what 4 did, so a sequence ending before the bound saved next to nothing; priced at the
+slope, its long drafts made the non-repetitive mix slower than plain decoding.
 
 A Conclave's candidates (`DraftSeq.voted`) are left out of all this: the vote may end the
 Conclave at any candidate's end (an absolute majority of the first to finish, or a plurality
@@ -76,10 +81,12 @@ class Draining:
     headroom: float = float("inf")  # tokens the bound may keep before the next sequence bounds the batch
     lifted: frozenset[int] = frozenset()  # sequences in the bound at their past pace, out of it at their promise
     voted: frozenset[int] = frozenset()   # candidates of a vote: each kept token a plain token's worth
+    spare_share: float | None = None  # the row a step sheds with one sequence fewer, per plain token (row_share if None)
 
     @classmethod
     def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,
-           paces: dict[int, float], binding: float, promised: dict[int, float] | None = None) -> Draining | None:
+           paces: dict[int, float], binding: float, promised: dict[int, float] | None = None,
+           spare_s: float | None = None) -> Draining | None:
         """The weights of a step of n decoding sequences (`plain`: plain decoding's tokens per
         second; `row_s`: a row's seconds; `paces`: each asking sequence's tokens a step so far;
         `promised`: the tokens a step its drafts promised when it last asked; `draining` as the
@@ -112,15 +119,22 @@ class Draining:
         headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
+        spare = None if spare_s is None else min(max(spare_s, 0.0), per_token) / per_token
         return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding,
-                   {key: paces[key] - 1.0 for key in bound}, headroom, lifted, voted)
+                   {key: paces[key] - 1.0 for key in bound}, headroom, lifted, voted, spare)
 
     def worth(self, key: int, covered: float = 1.0) -> float:
         """A kept token of sequence `key`, where the rest of the bound gets as far with chance
         `covered`; of a vote's candidate, a plain token."""
         if key in self.voted:
             return 1.0
-        return self._counted(self.row_share + (self.fixed_share * covered if key in self.bound else 0.0))
+        if key not in self.bound:
+            return self._counted(self._spare())
+        return self._counted(self.row_share + self.fixed_share * covered)
+
+    def _spare(self) -> float:
+        """A kept token of a sequence that finishes before the bound: the row it sheds from a later step."""
+        return self.row_share if self.spare_share is None else self.spare_share
 
     def worth_bound(self) -> float:
         """A kept token of a sequence that bounds the batch, the rest of the bound getting as far."""
@@ -160,7 +174,9 @@ class Draining:
         least = min(min(kept.values()) if len(self.bound) > 1 else float("inf"), self.headroom)
         if least == float("inf"):
             return False
-        rows_only, fixed = self._counted(self.row_share), self.binding * self.fixed_share
+        # a covered token shortens the batch (its row and a share of the fixed part); one beyond
+        # the least gets its sequence ahead of the bound, so it sheds a row of a later step
+        covered_worth, ahead_worth = self.worth_bound(), self._counted(self._spare())
         changed = False
         for o in members:
             chances = o.chances or []
@@ -169,7 +185,8 @@ class Draining:
                 continue
             reached, gains = 0.0, []
             for p in chances:  # p: the chance the position is kept; the part of it the bound covers
-                gains.append(p * rows_only + fixed * min(max(least - reached, 0.0), p))
+                covered = min(max(least - reached, 0.0), p)
+                gains.append(covered * covered_worth + (p - covered) * ahead_worth)
                 reached += p
             o.gains, o.least, changed = gains, least, True
         return changed

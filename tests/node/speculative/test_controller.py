@@ -108,9 +108,9 @@ def test_a_slow_host_still_gets_three_rounds_of_calibration():
 
 
 def test_calibration_gives_way_to_waiting_requests():
-    from node.speculative.costs import _shapes
+    from node.speculative.costs import _runs
 
-    warm_up = len(_shapes(4, 16))
+    warm_up = len(_runs(4, 16))
     answers = iter([0.01] * warm_up + [0.01, 0.011, 0.012, None])
     curve = CostCurve()
     curve.calibrate(lambda n_seqs, k: next(answers), n_parallel=4, max_draft=16)
@@ -738,3 +738,53 @@ def test_beside_other_users_a_vote_s_candidates_neither_bound_the_batch_nor_wait
     drain = Draining.of(asks, 0, 3, 0.003, 3 / 0.021, {1: 1.0, 2: 1.0, 3: 1.0}, 1.0)
     assert drain is not None and drain.bound == frozenset({1})
     assert drain.worth(2) == drain.worth(3) == 1.0 and drain.worth(1) > 1.0
+
+
+def test_a_sequence_ending_before_the_bound_is_worth_the_step_its_end_sheds():
+    """Two sequences, none waiting: one copies (90% kept) with 8 tokens left, the other writes
+    what nothing drafts with 40 and bounds the batch. The copy's kept tokens only end it sooner,
+    and what that saves is the step of two sequences against one, as calibrated (`spread`).
+    Where the kernels make a lone sequence's step 10 ms cheaper than two's (the line's slope
+    says 3 ms), ending the copy early pays and it drafts; where one sequence fewer saves 1 ms
+    (4-row tiles) or the slope's 3 ms, its rows buy nothing and it drafts nothing."""
+    def plan(spread: dict[int, float]) -> int:
+        costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+        costs.spread = spread
+        controller = Controller([Own(k) for k in range(2)], ControllerConfig(max_draft=16), costs=costs)
+        ran_to_their_limit(controller)
+        seqs = [DraftSeq(k, k, (), False) for k in range(2)]
+        for seq, p in zip(seqs, (0.9, 0.0)):
+            establish(controller, f"s{seq.key}", [p] * 16, ANY)
+            controller.begin(seq)
+        asks = [DraftAsk(seqs[0], [1] * 30, 16, 8), DraftAsk(seqs[1], [1] * 30, 16, 40)]
+        drafts = controller.plan(2, asks, 0, 256, 0).drafts
+        assert seqs[1].key not in drafts
+        return len(drafts[0].tokens) if 0 in drafts else 0
+
+    assert plan({1: 0.010, 2: 0.020}) > 0
+    assert plan({1: 0.015, 2: 0.016}) == 0
+    assert plan({}) == 0  # not calibrated: a row on the line
+
+
+def test_the_calibration_measures_what_a_step_sheds_with_one_sequence_fewer(tmp_path):
+    """Steps of k sequences with one token each are measured beside the sizes; `shed_seconds`
+    reads them (the line's row before they are), and the next start gets them from the store."""
+    def measure(n_seqs: int, k: int) -> float:
+        rows = n_seqs * (k + 1)
+        tiles = -(-rows // 4)  # kernels working in tiles of 4 rows
+        return 0.010 + 0.012 * tiles + 0.0005 * rows + (0.0 if n_seqs == 1 and k == 0 else 0.004)
+
+    curve = CostCurve()
+    assert curve.shed_seconds(4) == curve.row_seconds()
+    store = CostStore(tmp_path / "costs.json")
+    controller = Controller([], ControllerConfig(max_draft=16, n_parallel=4), costs=curve, store=store)
+    controller.calibrate(measure)
+    assert sorted(curve.spread) == [1, 2, 3, 4]
+    assert curve.shed_seconds(4) == pytest.approx(0.0005 * curve.scale)  # 4 rows in one tile as 3
+    assert curve.shed_seconds(2) == pytest.approx(0.0045 * curve.scale)  # a lone sequence's step is cheaper
+    assert curve.shed_seconds(5) == curve.row_seconds()  # not measured
+    again = Controller([], ControllerConfig(max_draft=16, n_parallel=4), store=store)
+    assert again.costs.spread == curve.spread
+    (tmp_path / "old.json").write_bytes(b'{"layout": 1, "points": {"1": 0.02, "2": 0.025, "4": 0.03}}')
+    kept = Controller([], store=CostStore(tmp_path / "old.json")).costs  # kept before spreads were measured
+    assert kept.measured and kept.spread == {} and kept.shed_seconds(4) == kept.row_seconds()
