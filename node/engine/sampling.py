@@ -381,7 +381,7 @@ DRAW, REDRAW, ACCEPT, RESIDUAL, DRAFT = range(5)
 # (tests/node/near_ties.py, 0.4 nats): 0.13 + 0.26 < 0.4. The widest margin that bound allows:
 # two verify rows of different shapes can each move a gap, so a stored answer drafted again may
 # meet its near-tie moved twice (on an AMD EPYC with repacked weights, the 4 users' free request
-# left its stored answer in 4 of 19 repeated rounds at 0.1 nats, 1 of 10 at 0.13, 0 of 13 at
+# left its stored answer in 5 of 16 repeated rounds at 0.1 nats, 1 of 10 at 0.13, 0 of 13 at
 # 0.15 and above; docs/BENCHMARKS.md).
 DRAFT_TIE_NATS = 0.13
 # Rivals on the truncation's edge a seeded draw sets aside before it gives up a draft's token.
