@@ -5,7 +5,8 @@ prices them on a default line without the host's staircase, and a node under loa
 first second is never idle to calibrate: on the AMX-trapping Xeon of docs/BENCHMARKS.md a
 whole 4-client run planned 5-row and 9-row steps, the costliest sizes there, believing them
 cheap. So a node measures the curve before it serves (node/assembly.py) and keeps the
-medians it measured here: the next start with the same model file, llama.cpp build, CPU,
+medians it measured here (the sizes', and the steps of 1 to n sequences with one token each,
+`spread`): the next start with the same model file, llama.cpp build, CPU,
 threads, kernels, slots and draft length plans on them from its first step, and measures
 again in the background (the engine's first calibration gives way to requests).
 
