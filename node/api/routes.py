@@ -231,7 +231,9 @@ def speculation_health(state: NodeState) -> dict:
                                   "calibrations": controller.costs.calibrations,
                                   "refits": controller.costs.refits,
                                   "sizes_off_the_line": {str(n): round(b, 3) for n, b in
-                                                         sorted(controller.costs.bends.items()) if b != 1.0}}}
+                                                         sorted(controller.costs.bends.items()) if b != 1.0},
+                                  "one_token_each_ms": {str(n): round(s * 1000, 2) for n, s in
+                                                        sorted(controller.costs.spread.items())}}}
 
 
 def cache_health(state: NodeState) -> dict:
