@@ -81,7 +81,7 @@ class Draining:
     headroom: float = float("inf")  # tokens the bound may keep before the next sequence bounds the batch
     lifted: frozenset[int] = frozenset()  # sequences in the bound at their past pace, out of it at their promise
     voted: frozenset[int] = frozenset()   # candidates of a vote: each kept token a plain token's worth
-    spare_share: float | None = None  # the row a step sheds with one sequence fewer, per plain token (row_share if None)
+    spare_share: float | None = None  # a step's row shed with one sequence fewer, per plain token (None: row_share)
 
     @classmethod
     def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,

@@ -216,7 +216,7 @@ class ConclaveRun:
         cancelled = await self._stop_running()
         stopped = cancelled > 0 or len(self._candidates) < len(self._requests)
         if self._record is not None:
-            self._record.record(self.n, needed=not first_sufficed(verdict, keys, self.n, self.first))
+            self._record.record(self.n, needed=not first_sufficed(verdict, keys, self.n, self.first), first=self.first)
         return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled,
                        self.initial == self.n)
 

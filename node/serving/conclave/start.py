@@ -60,16 +60,17 @@ class StartRecord:
         seen = self._needed.get(n)
         return seen is not None and len(seen) >= self.min_seen and sum(seen) >= self.share * len(seen)
 
-    def record(self, n: int, needed: bool) -> None:
-        """A decided Conclave of n: whether it needed more than its first candidates."""
+    def record(self, n: int, needed: bool, first: int | None = None) -> None:
+        """A decided Conclave of n: whether it needed more than its `first` candidates (a
+        majority of n unless its policy starts another count)."""
         before = self.all_at_once(n)
         self._needed.setdefault(n, collections.deque(maxlen=self.window)).append(needed)
         after = self.all_at_once(n)
         if after != before:
-            seen = self._needed[n]
+            seen, first = self._needed[n], majority(n) if first is None else first
             log.info("conclave of %d: %d of the last %d needed more than their first %d candidates; "
-                     "they start %s", n, sum(seen), len(seen), majority(n),
-                     f"all {n} at once" if after else f"{majority(n)} first again")
+                     "they start %s", n, sum(seen), len(seen), first,
+                     f"all {n} at once" if after else f"{first} first again")
 
     def snapshot(self) -> dict[int, dict[str, object]]:
         """Per N: the Conclaves remembered, how many needed their rest, how the next one starts."""

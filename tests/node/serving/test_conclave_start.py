@@ -4,6 +4,8 @@ answers each candidate by its seed."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from node.api.schemas import parse_chat
@@ -84,3 +86,13 @@ async def test_a_node_that_does_not_start_adaptively_learns_nothing(tmp_path):
     assert service.jobs.conclave_starts.snapshot() == {}
     await service.drain()
     await service.archive.close()
+
+
+def test_the_switch_is_logged_with_the_first_candidates_the_policy_starts(caplog):
+    """The log line names the candidates the Conclave started first: a majority of N unless its
+    policy starts another count."""
+    record = StartRecord(window=4, min_seen=2, share=0.5)
+    with caplog.at_level(logging.INFO, logger="node.serving.conclave.start"):
+        record.record(7, needed=True, first=2)
+        record.record(7, needed=True, first=2)
+    assert "needed more than their first 2 candidates; they start all 7 at once" in caplog.text
