@@ -22,6 +22,7 @@ import aiohttp
 import jsonschema
 import pytest
 
+from node.serving.conclave.start import StartRecord
 from tests.node.api.live import LiveNode, drafting_node, http_json, metric, node_settings, settled
 from tests.node.near_ties import NEAR_TIE, draw_near_an_edge
 
@@ -395,8 +396,18 @@ def test_answers_cut_by_max_tokens_never_vote_in_a_structured_conclave(node):
             "temperature": 0, "seed": 45, "conclave": 3,
             "response_format": {"type": "json_schema", "json_schema": {"name": "note", "schema": NOTE,
                                                                        "strict": True}}}
-    with watching(node) as runs:
-        reply, _ = chat(node, body)
+    # A start record of its own: the module's Conclaves before this one mostly disagreed, so the
+    # node's record would start all three at once, and then the two short answers can agree
+    # (a majority) while candidate 0 is still writing its number, cancelling it before its
+    # max_tokens. Majority-first, candidates 0 and 1 run, 1's short answer cannot settle it while
+    # 0 runs, 0 is cut, and only then does 2 start.
+    jobs = node.state.service.jobs
+    kept, jobs.conclave_starts = jobs.conclave_starts, StartRecord()
+    try:
+        with watching(node) as runs:
+            reply, _ = chat(node, body)
+    finally:
+        jobs.conclave_starts = kept
     assert_freed(node)
     candidates = runs[0].candidates
     whole = [c for c in candidates if c.finished.reason == "stop"]
