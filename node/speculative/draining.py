@@ -76,12 +76,12 @@ class Draining:
     bound: frozenset[int]
     fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
     row_share: float     # a row, per plain token
+    spare_share: float   # the row a later step sheds once a sequence ending before the bound is done, per plain token
     binding: float       # how far the tokens sequences have left predict when the batch's work ends
     kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
     headroom: float = float("inf")  # tokens the bound may keep before the next sequence bounds the batch
     lifted: frozenset[int] = frozenset()  # sequences in the bound at their past pace, out of it at their promise
     voted: frozenset[int] = frozenset()   # candidates of a vote: each kept token a plain token's worth
-    spare_share: float | None = None  # a step's row shed with one sequence fewer, per plain token (None: row_share)
 
     @classmethod
     def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,
@@ -119,9 +119,9 @@ class Draining:
         headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
-        spare = None if spare_s is None else min(max(spare_s, 0.0), per_token) / per_token
-        return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, binding,
-                   {key: paces[key] - 1.0 for key in bound}, headroom, lifted, voted, spare)
+        spare = row_s / per_token if spare_s is None else min(max(spare_s, 0.0), per_token) / per_token
+        return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, spare, binding,
+                   {key: paces[key] - 1.0 for key in bound}, headroom, lifted, voted)
 
     def worth(self, key: int, covered: float = 1.0) -> float:
         """A kept token of sequence `key`, where the rest of the bound gets as far with chance
@@ -129,12 +129,8 @@ class Draining:
         if key in self.voted:
             return 1.0
         if key not in self.bound:
-            return self._counted(self._spare())
+            return self._counted(self.spare_share)
         return self._counted(self.row_share + self.fixed_share * covered)
-
-    def _spare(self) -> float:
-        """A kept token of a sequence that finishes before the bound: the row it sheds from a later step."""
-        return self.row_share if self.spare_share is None else self.spare_share
 
     def worth_bound(self) -> float:
         """A kept token of a sequence that bounds the batch, the rest of the bound getting as far."""
@@ -176,7 +172,7 @@ class Draining:
             return False
         # a covered token shortens the batch (its row and a share of the fixed part); one beyond
         # the least gets its sequence ahead of the bound, so it sheds a row of a later step
-        covered_worth, ahead_worth = self.worth_bound(), self._counted(self._spare())
+        covered_worth, ahead_worth = self.worth_bound(), self._counted(self.spare_share)
         changed = False
         for o in members:
             chances = o.chances or []

@@ -60,14 +60,13 @@ class StartRecord:
         seen = self._needed.get(n)
         return seen is not None and len(seen) >= self.min_seen and sum(seen) >= self.share * len(seen)
 
-    def record(self, n: int, needed: bool, first: int | None = None) -> None:
-        """A decided Conclave of n: whether it needed more than its `first` candidates (a
-        majority of n unless its policy starts another count)."""
+    def record(self, n: int, needed: bool, first: int) -> None:
+        """A decided Conclave of n: whether it needed more than its `first` candidates."""
         before = self.all_at_once(n)
         self._needed.setdefault(n, collections.deque(maxlen=self.window)).append(needed)
         after = self.all_at_once(n)
         if after != before:
-            seen, first = self._needed[n], majority(n) if first is None else first
+            seen = self._needed[n]
             log.info("conclave of %d: %d of the last %d needed more than their first %d candidates; "
                      "they start %s", n, sum(seen), len(seen), first,
                      f"all {n} at once" if after else f"{first} first again")

@@ -37,12 +37,12 @@ def test_the_first_candidates_sufficed_only_where_their_majority_needed_no_one_e
 def test_the_record_starts_all_once_enough_recent_conclaves_needed_their_rest():
     record = StartRecord()
     for _ in range(MIN_SEEN - 1):
-        record.record(5, needed=True)
+        record.record(5, needed=True, first=3)
     assert not record.all_at_once(5)  # too few known
-    record.record(5, needed=True)
+    record.record(5, needed=True, first=3)
     assert record.all_at_once(5) and not record.all_at_once(3)  # per N
     for _ in range(WINDOW // 2 + 1):  # the workload turns agreeable: the window forgets the rest
-        record.record(5, needed=False)
+        record.record(5, needed=False, first=3)
     assert not record.all_at_once(5)
     assert record.snapshot()[5] == {"seen": WINDOW, "needed_rest": WINDOW // 2 - 1, "all_at_once": False}
 
