@@ -23,11 +23,24 @@ if TYPE_CHECKING:
 NEAR_TIE = 0.4
 
 
+def reference_of(events: list) -> tuple[Finished, list]:
+    """A run's events as `assert_same_up_to_near_ties` takes its reference: the Finished and the
+    logprobs of every token, in order."""
+    from node.engine.types import TextDelta
+
+    return events[-1], [lp for e in events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
+
+
+def first_parting(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (None where one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def assert_same_up_to_near_ties(reference: tuple[Finished, list], got: Finished) -> None:
     """`got` generated what the reference run did (its Finished and its logprobs, top 2 at least),
     or parted from it only where the reference's two best tokens were within NEAR_TIE."""
     (expected, logprobs), a, b = reference, reference[0].generated, got.generated
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    first = first_parting(a, b)
     if first is None:
         assert a == b
         return

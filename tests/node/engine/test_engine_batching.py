@@ -22,7 +22,7 @@ import pytest
 from node.engine.engine import Engine, EngineConfig
 from node.engine.errors import EngineOverloaded
 from node.engine.types import GenerationRequest, SamplingParams, TextDelta
-from tests.node.near_ties import NEAR_TIE
+from tests.node.near_ties import NEAR_TIE, first_parting, reference_of
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ("One, two, three,", "The capital of France is", "def fib(n):", "My favourite colour is")
@@ -33,8 +33,7 @@ def greedy(engine, text: str, n: int = 16, **kw) -> GenerationRequest:
 
 
 def finish(handle):
-    events = list(handle.iter_sync(timeout=180))
-    return events[-1], [lp for e in events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
+    return reference_of(list(handle.iter_sync(timeout=180)))
 
 
 def test_four_together_match_each_alone_up_to_near_ties(engine):
@@ -44,7 +43,7 @@ def test_four_together_match_each_alone_up_to_near_ties(engine):
     for (solo, logprobs), batched in zip(alone, together):
         assert solo.reason in ("length", "stop") and batched.reason in ("length", "stop")
         a, b = solo.generated, batched.generated
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        first = first_parting(a, b)
         if first is None:
             continue
         gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]

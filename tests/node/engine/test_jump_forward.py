@@ -16,9 +16,9 @@ import json
 import numpy as np
 import pytest
 
-from node.engine.types import Finished, GenerationRequest, GrammarSpec, SamplingParams, TextDelta
+from node.engine.types import Finished, GenerationRequest, GrammarSpec, SamplingParams
 from node.serving.structure import canonical_json
-from tests.node.near_ties import NEAR_TIE
+from tests.node.near_ties import NEAR_TIE, first_parting, reference_of
 
 pytestmark = [pytest.mark.model]
 
@@ -43,7 +43,7 @@ def answer(engine, logprobs: int | None):
     events = list(engine.submit(req).iter_sync(timeout=600))
     final = events[-1]
     assert isinstance(final, Finished) and final.reason == "stop", final.error
-    return final, [lp for e in events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
+    return reference_of(events)
 
 
 def test_forced_tokens_are_jumped_and_the_json_is_unchanged(engine):
@@ -54,7 +54,7 @@ def test_forced_tokens_are_jumped_and_the_json_is_unchanged(engine):
     n_jumped = engine.stats()["jumped_tokens"] - jumped
     assert n_jumped >= 8  # the keys and the punctuation between them (10 measured)
     a, b = reference.generated, final.generated
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    first = first_parting(a, b)
     if first is None:
         assert a == b
     else:

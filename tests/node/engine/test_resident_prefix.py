@@ -15,7 +15,7 @@ import pytest
 from node.engine.budget import common_prefix
 from node.engine.engine import Engine, EngineConfig
 from node.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
-from tests.node.near_ties import assert_same_up_to_near_ties
+from tests.node.near_ties import assert_same_up_to_near_ties, reference_of
 
 pytestmark = [pytest.mark.model]
 
@@ -43,7 +43,7 @@ def run(engine: Engine, prompt, max_tokens: int = 10, logprobs: int | None = Non
     events = list(engine.submit(req).iter_sync(timeout=300))
     final = events[-1]
     assert isinstance(final, Finished) and final.reason in ("stop", "length"), final.error
-    return final, [lp for e in events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
+    return reference_of(events)
 
 
 @pytest.fixture(scope="module")

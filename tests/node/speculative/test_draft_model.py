@@ -15,7 +15,7 @@ from node.engine.types import GenerationRequest, SamplingParams
 from node.speculative.controller import Controller, ControllerConfig
 from node.speculative.costs import CostCurve
 from node.speculative.draft_model import DraftModel, VocabularyMismatch, check_vocabularies
-from tests.node.near_ties import draw_near_an_edge
+from tests.node.near_ties import draw_near_an_edge, first_parting, reference_of
 from tests.node.speculative.test_speculation_engine import (GREEDY, PROSE, REPEATS, assert_same_distribution,
                                                           assert_same_up_to_near_ties)
 
@@ -136,12 +136,12 @@ def test_a_seeded_sampled_request_with_a_draft_model_gives_the_same_text_every_t
     sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, min_p=0.0, seed=4242)
     stats = controller.stats["model"]
     before, kept_before = stats.drafted, stats.accepted
-    plain_events = generate(eng, PROSE, 24, speculation=False, sampling=sampling, logprobs=20)
-    plain, logprobs = plain_events[-1].generated, [entry for event in plain_events[:-1] for entry in event.logprobs]
+    final, logprobs = reference_of(generate(eng, PROSE, 24, speculation=False, sampling=sampling, logprobs=20))
+    plain = final.generated
     runs = [generate(eng, PROSE, 24, sampling=sampling)[-1].generated for _ in range(3)]
     assert stats.drafted > before and stats.accepted - kept_before >= 0.8 * (stats.drafted - before)
     assert runs[0] == runs[1] == runs[2]
-    first = next((i for i, (a, b) in enumerate(zip(plain, runs[0])) if a != b), None)
+    first = first_parting(plain, runs[0])
     if first is not None:  # a verify step's rows may move a logit a little (tests/node/near_ties.py)
         top = [(token, logprob) for token, _, logprob in logprobs[first].top]
         assert draw_near_an_edge(sampling, eng._model.n_vocab, len(eng.tokenize(PROSE)) + first, top), (

@@ -15,7 +15,7 @@ from node.speculative.controller import Controller, ControllerConfig
 from node.speculative.costs import CostCurve
 from node.speculative.format import Suggeritore
 from node.speculative.lookup import PromptLookup
-from tests.node.near_ties import assert_same_up_to_near_ties
+from tests.node.near_ties import assert_same_up_to_near_ties, reference_of
 
 pytestmark = [pytest.mark.model]
 
@@ -44,7 +44,7 @@ def test_an_extraction_copies_the_documents_values_as_drafts(gemma_path):
                                         sampling=SamplingParams(temperature=0.0, grammar=spec))
             events = list(engine.submit(request).iter_sync(timeout=300))
             assert events[-1].reason == "stop", events[-1]
-            return events[-1], [entry for event in events[:-1] for entry in event.logprobs]
+            return reference_of(events)
 
         answer(False)  # the first prefills the whole prompt; the others continue from its resident slot
         plain = answer(False)
