@@ -36,7 +36,7 @@ from node.config import ConclaveSettings
 from node.engine.errors import EngineError
 from node.engine.types import COMPLETED, Finished, GenerationHandle, GenerationRequest, TextDelta
 from node.serving.conclave.start import StartRecord, first_sufficed
-from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, settled, tally
+from node.serving.conclave.vote import Verdict, answer_key, decide, early, majority, settled, tally, votes_of
 from node.serving.errors import GenerationFailed, ServingError, generation_failure
 from node.serving.l1 import Piece
 
@@ -214,23 +214,46 @@ class ConclaveRun:
                     raise GenerationFailed(f"Every Conclave candidate failed: {reason or 'no detail'}")
                 verdict = decide(texts, self.n, json_only=self._json_only)
         cancelled = await self._stop_running()
+        verdict = self._count_late(verdict, keys, finished)
         stopped = cancelled > 0 or len(self._candidates) < len(self._requests)
         if self._record is not None:
             self._record.record(self.n, needed=not first_sufficed(verdict, keys, self.n, self.first), first=self.first)
         return Outcome(verdict, self._candidates[verdict.winner], self.n, len(self._candidates), stopped, cancelled,
                        self.initial == self.n)
 
+    def _count_late(self, verdict: Verdict, keys: dict[int, str | None], finished: set[int]) -> Verdict:
+        """The verdict with the votes of candidates that ended on their own after it was taken
+        (in the same engine step as the deciding one, or before their cancel was applied): a
+        candidate that finished its answer always shows in `votes`. The winner stands: a
+        majority or a settled plurality is one no pending answer could change."""
+        late = False
+        while not self._done.empty():
+            candidate = self._done.get_nowait()
+            finished.add(candidate.number)
+            if candidate.completed:
+                keys[candidate.number] = answer_key(candidate.text, json_only=self._json_only)
+                late = True
+        if not late:
+            return verdict
+        counts = tally(keys)
+        consensus = next((len(members) for members in counts.values() if verdict.winner in members),
+                         verdict.consensus)
+        return dataclasses.replace(verdict, consensus=consensus, votes=votes_of(counts))
+
     def _pending(self, finished: set[int]) -> list[int]:
         """The candidates that may still vote: running, or not started yet."""
         return [number for number in range(len(self._requests)) if number not in finished]
 
     async def _stop_running(self) -> int:
+        """Cancels the candidates still running and waits for their ends; returns how many the
+        cancel stopped (one that finished its answer before the engine applied it is not counted)."""
         running = [c for c in self._candidates if not self._tasks[c.number].done()]
         for candidate in running:
             candidate.handle.cancel()
         if running:
             await asyncio.wait([self._tasks[c.number] for c in running], timeout=CANCEL_WAIT_S)
-        return len(running)
+            await asyncio.sleep(0)  # the done callbacks of the tasks just ended queue their candidates
+        return sum(1 for c in running if not c.completed)
 
     def cancel(self) -> None:
         for candidate in self._candidates:
