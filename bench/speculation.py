@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -292,7 +293,8 @@ def case_conclave(engine, args) -> list[str]:
     varies from one invoice to the next, so a few pairs say little)."""
     lines = []
     for shared in (True, False):
-        t1, t5, s1, s5, line, fresh, _ = _in_own_process(_conclave_run, engine.config.model_path, shared, args)
+        run = _in_own_process(_conclave_run, engine.config.model_path, shared, args)
+        t1, t5, s1, s5, line, fresh = run.one_s, run.conclave_s, run.one_stats, run.conclave_stats, run.line, run.fresh
         r1 = s1["batch_tokens"] / max(1, s1["steps"])
         lockstep = line.seconds(5) / line.seconds(1)
         drafting = line.seconds(round(5 * r1)) / line.seconds(round(r1))
@@ -305,12 +307,13 @@ def case_conclave(engine, args) -> list[str]:
                   f"ceilings sharing nothing: 5 rows cost {lockstep:.2f} steps, 5 x the one answer's {r1:.1f} rows a "
                   f"step {drafting:.2f}x, each drafting its best length at the kept share {kept:.2f} "
                   f"{best:.2f}x)  load {os.getloadavg()[0]:.1f}",
-                  f"{label + ', new requests':34s} one {fresh[0]:6.2f} s  conclave {fresh[1]:6.2f} s  "
-                  f"{fresh[1] / fresh[0]:5.2f}x one answer  (target <= 2.0x; {args.fresh} new requests each side, "
-                  f"summed; 5 rows cost {lockstep:.2f} steps; ceiling from what the candidates wrote "
-                  f"{fresh[3] / fresh[0]:.2f}x: their decoding, drafted from every text they saw, at least "
-                  f"{fresh[2]:.2f} s on the line, and their prompts {fresh[3] - fresh[2]:.2f} s as computed; the "
-                  f"decoding alone {fresh[2] / fresh[0]:.2f}x)  load {os.getloadavg()[0]:.1f}"]
+                  f"{label + ', new requests':34s} one {fresh.one_s:6.2f} s  conclave {fresh.conclave_s:6.2f} s  "
+                  f"{fresh.conclave_s / fresh.one_s:5.2f}x one answer  (target <= 2.0x; {args.fresh} new requests "
+                  f"each side, summed; 5 rows cost {lockstep:.2f} steps; ceiling from what the candidates wrote "
+                  f"{fresh.floor_s / fresh.one_s:.2f}x: their decoding, drafted from every text they saw, at least "
+                  f"{fresh.decoding_floor_s:.2f} s on the line, and their prompts "
+                  f"{fresh.floor_s - fresh.decoding_floor_s:.2f} s as computed; the decoding alone "
+                  f"{fresh.decoding_floor_s / fresh.one_s:.2f}x)  load {os.getloadavg()[0]:.1f}"]
     return lines
 
 
@@ -375,11 +378,13 @@ def case_conclave_start(engine, args) -> list[str]:
     lines = []
     spent = {}
     for start in ("learned", "adaptive"):
-        *_, line, fresh, starts = _in_own_process(_conclave_run, engine.config.model_path, True, args, start)
-        spent[start] = fresh[1]
+        run = _in_own_process(_conclave_run, engine.config.model_path, True, args, start)
+        fresh, starts = run.fresh, run.starts
+        spent[start] = fresh.conclave_s
         label = "default conclave" + (", start record" if start == "learned" else ", adaptive only")
-        lines += [f"conclave engine's cost line: {line.describe()}",
-                  f"{label:34s} one {fresh[0]:6.2f} s  conclave {fresh[1]:6.2f} s  {fresh[1] / fresh[0]:5.2f}x one "
+        lines += [f"conclave engine's cost line: {run.line.describe()}",
+                  f"{label:34s} one {fresh.one_s:6.2f} s  conclave {fresh.conclave_s:6.2f} s  "
+                  f"{fresh.conclave_s / fresh.one_s:5.2f}x one "
                   f"answer over {args.fresh} new requests each side; started {starts.count(True)} whole, "
                   f"{starts.count(False)} with their first candidates  load {os.getloadavg()[0]:.1f}"]
     # the one answers draft from what the Conclaves wrote before them (the Palimpsest), so their
@@ -389,9 +394,33 @@ def case_conclave_start(engine, args) -> list[str]:
     return lines
 
 
-def _conclave_run(model_path, shared: bool, args, start: str = "all") -> tuple[float, float, dict, dict, CostCurve,
-                                                                               tuple[float, float, float, float],
-                                                                               list[bool]]:
+@dataclass(frozen=True, slots=True)
+class FreshSums:
+    """New requests each side, summed: one answer's seconds, the Conclaves', and the least the
+    Conclaves could have taken on the cost line (their decoding alone, and with their prompts)."""
+
+    one_s: float
+    conclave_s: float
+    decoding_floor_s: float
+    floor_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConclaveSides:
+    """What `_conclave_run` measured: the same request answered once and by a Conclave (best of
+    rounds, with each side's engine counters for its best round), the engine's cost line, the
+    new requests' sums, and whether each new request's Conclave started whole."""
+
+    one_s: float
+    conclave_s: float
+    one_stats: dict
+    conclave_stats: dict
+    line: CostCurve
+    fresh: FreshSums
+    starts: list[bool]
+
+
+def _conclave_run(model_path, shared: bool, args, start: str = "all") -> ConclaveSides:
     """`start`: "all" (every candidate at once), "adaptive" (the node's default policy) or
     "learned" (the default policy with the node's start record)."""
     from node.engine.engine import Engine, EngineConfig
@@ -466,7 +495,7 @@ def _conclave_run(model_path, shared: bool, args, start: str = "all") -> tuple[f
                     all_stats = _delta(mid, after)
             return min(ones), min(alls), one_stats, all_stats
 
-        async def fresh() -> tuple[float, float, float, float]:
+        async def fresh() -> FreshSums:
             """New requests each round: one answer to one, the Conclave over another; the least
             the Conclaves' candidates' decoding could have taken (`conclave_floor`), and that
             plus the Conclaves' prompts as they were computed (a new prompt, as long as the one
@@ -480,11 +509,11 @@ def _conclave_run(model_path, shared: bool, args, start: str = "all") -> tuple[f
                     spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
             line = engine_costs(own)
             decoding = sum(conclave_floor(line, prompt, texts, seen[:before]) for prompt, texts, before in written)
-            return spent[0], spent[1], decoding, decoding + sum(prefilled)
+            return FreshSums(spent[0], spent[1], decoding, decoding + sum(prefilled))
 
         t1, t5, s1, s5 = asyncio.run(rounds())
         new = asyncio.run(fresh())
-        return t1, t5, s1, s5, engine_costs(own), new, starts
+        return ConclaveSides(t1, t5, s1, s5, engine_costs(own), new, starts)
     finally:
         own.close()
 

@@ -19,13 +19,13 @@ import time
 import pytest
 
 from node.engine.engine import Engine, EngineConfig
-from node.engine.types import GenerationRequest, SamplingParams, TextDelta
+from node.engine.types import GenerationRequest, SamplingParams
 from node.speculative.controller import Controller, ControllerConfig
 from node.speculative.costs import CostCurve
 from node.speculative.lookup import PromptLookup
 from node.speculative.palimpsest import Palimpsest
 from tests.node.engine.test_engine_hooks import DictPrefixCache
-from tests.node.near_ties import NEAR_TIE
+from tests.node.near_ties import assert_same_up_to_near_ties, reference_of
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
@@ -60,18 +60,6 @@ def run_events(eng: Engine, text: str, n_tokens: int = 32, *, speculation: bool 
     return [list(h.iter_sync(timeout=300)) for h in handles]
 
 
-def assert_same_up_to_near_ties(plain_events, generated) -> None:
-    """plain_events: a plain run with logprobs=2; generated: the tokens of the run compared with it."""
-    plain = plain_events[-1].generated
-    logprobs = [lp for e in plain_events[:-1] if isinstance(e, TextDelta) for lp in e.logprobs]
-    first = next((i for i, (x, y) in enumerate(zip(plain, generated)) if x != y), None)
-    if first is None:
-        assert len(plain) == len(generated) or plain_events[-1].reason != "length"
-        return
-    gap = logprobs[first].top[0][2] - logprobs[first].top[1][2]
-    assert gap < NEAR_TIE, f"diverged at token {first} with a clear margin {gap:.3f}"
-
-
 def assert_same_distribution(tally: dict[bool, collections.Counter], firsts: dict[bool, collections.Counter],
                              n: int, tv_bound: float) -> None:
     """Speculation on (True) against off (False), n samples each: total variation of the first
@@ -95,7 +83,7 @@ def test_greedy_output_is_the_same_with_and_without_speculation(spec):
         # repacked weights a 5-row step moves the top-2 gap by up to 0.17 nats): the same up to near-ties
         off = run_events(eng, text, speculation=False, logprobs=2)[0]
         on = run(eng, text)[0]
-        assert_same_up_to_near_ties(off, on.generated)
+        assert_same_up_to_near_ties(reference_of(off), on)
     assert eng.stats()["draft_accepted"] > before  # the copy task kept drafts
     assert controller.stats["lookup"].accepted > 0
 
@@ -107,8 +95,8 @@ def test_the_same_request_again_drafts_from_the_palimpsest(spec):
     first = run(eng, text, 40)[0]
     kept = {name: controller.stats[name].accepted for name in ("archive", "lookup")}
     second = run(eng, text, 40)[0]
-    assert_same_up_to_near_ties(plain, first.generated)
-    assert_same_up_to_near_ties(plain, second.generated)
+    assert_same_up_to_near_ties(reference_of(plain), first)
+    assert_same_up_to_near_ties(reference_of(plain), second)
     # where the answer loops (the base model does on some hosts' kernels), prompt lookup's draft of
     # the loop can be worth as much as the stored answer's: the two together keep most of the answer,
     # the Palimpsest some of it
@@ -139,7 +127,7 @@ def test_four_interleaved_users_get_their_plain_output(spec):
     on, off = together(True), together(False)
     assert eng.stats()["draft_accepted"] > accepted
     for plain, spec_run in zip(off, on):
-        assert_same_up_to_near_ties(plain, spec_run[-1].generated)
+        assert_same_up_to_near_ties(reference_of(plain), spec_run[-1])
 
 
 def test_siblings_draft_for_each_other_and_keep_their_output(spec):
@@ -148,7 +136,7 @@ def test_siblings_draft_for_each_other_and_keep_their_output(spec):
     kept = controller.stats["lookup"].accepted + controller.stats["archive"].accepted
     on = run(eng, PROSE, 24, n=3)
     for plain, spec_run in zip(off, on):
-        assert_same_up_to_near_ties(plain, spec_run.generated)
+        assert_same_up_to_near_ties(reference_of(plain), spec_run)
     assert controller.stats["lookup"].accepted + controller.stats["archive"].accepted > kept
 
 
@@ -222,4 +210,4 @@ def test_the_row_budget_keeps_every_users_plain_output(budgeted):
     on = together(True)
     assert eng.stats()["draft_accepted"] > accepted
     for plain, spec_run in zip(off, on):
-        assert_same_up_to_near_ties(plain, spec_run[-1].generated)
+        assert_same_up_to_near_ties(reference_of(plain), spec_run[-1])
