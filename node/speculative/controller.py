@@ -311,7 +311,7 @@ class Controller:
         paces = {ask.seq.key: own.pace(len(ask.context)) for ask in asks
                  for own in [self._seqs.get(ask.seq.key)] if own is not None}
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2) * (1.0 - refill)
-        return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised, self.costs.shed_seconds(n))
+        return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised, self.costs.shed_seconds)
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],

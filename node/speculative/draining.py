@@ -10,11 +10,16 @@ so far) are within a step of the most. A token kept by one of k of them is worth
 1/k of the step's fixed part, as far as the other k - 1 get ahead too (`Draining.together`).
 The others' kept tokens are worth their rows alone, so their drafts go in only where a row is
 nearly free (a tile's spare rows) or kept almost surely. Their row is the one a later step sheds
-once such a sequence has finished: what a step of n sequences costs less with n - 1, as the
-calibration measured it (`spare_share`; costs.py `shed_seconds`), not the line's slope. Where
-the kernels work in tiles of 4 rows (an AMD EPYC with repacked weights), 3 sequences' step
-cost what 4 did, so a sequence ending before the bound saved next to nothing; priced at the
-slope, its long drafts made the non-repetitive mix slower than plain decoding.
+once such a sequence has finished: what a step of m sequences costs less with m - 1, as the
+calibration measured it (`spare`; costs.py `shed_seconds`), not the line's slope, where m is
+the sequences still running when it ends: itself and those expected to end after it (the
+batch's tail loses its sequences one by one, the one ending first at a step of all of them,
+the one ending last before the bound at a step of two). Where the kernels work in tiles of 4
+rows (an AMD EPYC with repacked weights), 3 sequences' step cost what 4 did, so the first of
+four to end saved next to nothing; priced at the slope, its long drafts made the
+non-repetitive mix slower than plain decoding. A lone sequence's step there runs cheaper
+kernels (12.5 ms against 27.2 ms for two), so the one ending just before the bound saves 15 ms
+a token it keeps: the batch's last stretch runs at one sequence's cost.
 
 A Conclave's candidates (`DraftSeq.voted`) are left out of all this: the vote may end the
 Conclave at any candidate's end (an absolute majority of the first to finish, or a plurality
@@ -35,7 +40,7 @@ kept by any sequence brings a request in sooner and is worth a plain token, as w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
 
@@ -76,7 +81,8 @@ class Draining:
     bound: frozenset[int]
     fixed_share: float   # the step's fixed part over the bounding sequences, per plain token
     row_share: float     # a row, per plain token
-    spare_share: float   # the row a later step sheds once a sequence ending before the bound is done, per plain token
+    spare: Mapping[int, float]  # by sequence not in the bound: what a later step sheds once it is done, per plain token
+    ahead_share: float   # the same for a bounding sequence that gets ahead of the rest of the bound
     binding: float       # how far the tokens sequences have left predict when the batch's work ends
     kept_so_far: dict[int, float]  # the tokens a step each bounding sequence kept so far (its pace less one)
     headroom: float = float("inf")  # tokens the bound may keep before the next sequence bounds the batch
@@ -86,13 +92,14 @@ class Draining:
     @classmethod
     def of(cls, asks: Sequence[DraftAsk], draining: int | None, n: int, row_s: float, plain: float,
            paces: dict[int, float], binding: float, promised: dict[int, float] | None = None,
-           spare_s: float | None = None) -> Draining | None:
+           shed: Callable[[int], float] | None = None) -> Draining | None:
         """The weights of a step of n decoding sequences (`plain`: plain decoding's tokens per
         second; `row_s`: a row's seconds; `paces`: each asking sequence's tokens a step so far;
         `promised`: the tokens a step its drafts promised when it last asked; `draining` as the
         scheduler tells it: None while requests wait, else the most tokens a decoding sequence
-        that did not ask may still generate). None while requests wait, or where a sequence does
-        not say what it has left.
+        that did not ask may still generate; `shed(m)`: what a step of m sequences costs less
+        with one of them finished, None for a row). None while requests wait, or where a
+        sequence does not say what it has left.
 
         A sequence's steps to go are what it has left at the faster of its pace so far and the
         pace its drafts promise: one that has just begun to draft a long match (its pace so far
@@ -119,9 +126,17 @@ class Draining:
         headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
-        spare = row_s / per_token if spare_s is None else min(max(spare_s, 0.0), per_token) / per_token
-        return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, spare, binding,
-                   {key: paces[key] - 1.0 for key in bound}, headroom, lifted, voted)
+        others = max(0, n - len(togo))  # decoding without a pace here: at most `draining` tokens to go
+
+        def share(m: int) -> float:
+            return (row_s if shed is None else min(max(shed(m), 0.0), per_token)) / per_token
+
+        spare = {key: share(1 + sum(1 for other, to in togo.items() if other != key and to >= steps)
+                            + (others if draining >= steps else 0))
+                 for key, steps in togo.items() if key not in bound}
+        return cls(bound, fixed / max(1, len(bound)) / per_token, row_s / per_token, spare,
+                   share(max(2, len(bound))), binding, {key: paces[key] - 1.0 for key in bound}, headroom, lifted,
+                   voted)
 
     def worth(self, key: int, covered: float = 1.0) -> float:
         """A kept token of sequence `key`, where the rest of the bound gets as far with chance
@@ -129,7 +144,7 @@ class Draining:
         if key in self.voted:
             return 1.0
         if key not in self.bound:
-            return self._counted(self.spare_share)
+            return self._counted(self.spare.get(key, self.row_share))
         return self._counted(self.row_share + self.fixed_share * covered)
 
     def worth_bound(self) -> float:
@@ -172,7 +187,7 @@ class Draining:
             return False
         # a covered token shortens the batch (its row and a share of the fixed part); one beyond
         # the least gets its sequence ahead of the bound, so it sheds a row of a later step
-        covered_worth, ahead_worth = self.worth_bound(), self._counted(self.spare_share)
+        covered_worth, ahead_worth = self.worth_bound(), self._counted(self.ahead_share)
         changed = False
         for o in members:
             chances = o.chances or []

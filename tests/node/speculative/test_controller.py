@@ -766,6 +766,27 @@ def test_a_sequence_ending_before_the_bound_is_worth_the_step_its_end_sheds():
     assert plan({}) == 0  # not calibrated: a row on the line
 
 
+def test_a_sequence_ending_before_the_bound_sheds_the_step_of_those_still_running_at_its_end():
+    """Three sequences, none waiting: one writes what nothing drafts with 40 tokens left and
+    bounds the batch; two copy (90% kept), one with 24 left, one with 8. The one with 8 ends
+    first, at a step of all three, which costs 1 ms more than one of two: its rows buy nothing.
+    The one with 24 ends at a step of two, 10 ms dearer than the bound's lone steps after it:
+    it drafts. Priced at the step of three both would draft nothing."""
+    costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    costs.spread = {1: 0.010, 2: 0.020, 3: 0.021}
+    controller = Controller([Own(k) for k in range(3)], ControllerConfig(max_draft=16), costs=costs)
+    ran_to_their_limit(controller)
+    seqs = [DraftSeq(k, k, (), False) for k in range(3)]
+    for seq, p in zip(seqs, (0.0, 0.9, 0.9)):
+        establish(controller, f"s{seq.key}", [p] * 16, ANY)
+        controller.begin(seq)
+    asks = [DraftAsk(seqs[0], [1] * 30, 16, 40), DraftAsk(seqs[1], [1] * 30, 16, 24),
+            DraftAsk(seqs[2], [1] * 30, 16, 8)]
+    drafts = controller.plan(3, asks, 0, 256, 0).drafts
+    assert 0 not in drafts and 2 not in drafts
+    assert len(drafts[1].tokens) > 0
+
+
 def test_the_calibration_measures_what_a_step_sheds_with_one_sequence_fewer(tmp_path):
     """Steps of k sequences with one token each are measured beside the sizes; `shed_seconds`
     reads them (the line's row before they are), and the next start gets them from the store."""
