@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 import pytest
 
@@ -438,6 +439,24 @@ def test_where_freed_slots_are_taken_again_at_once_a_draining_batch_drafts_as_an
     assert ahead[0] == 0 < ahead[1] < ahead[2] == open_batch[0][0]
 
 
+def draining_batch(kept: Sequence[float], *, spread: dict[int, float] | None = None,
+                   voted: bool = False) -> tuple[Controller, list[DraftSeq]]:
+    """A controller on the line 12 ms + 3 ms a row (steps of one token per sequence calibrated
+    at `spread`, if given) whose earlier sequences ran to their limit, and one sequence per
+    entry of `kept` (its own source's drafts kept with that chance at every position), begun;
+    `voted`: the sequences are candidates of one Conclave."""
+    costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+    if spread is not None:
+        costs.spread = spread
+    controller = Controller([Own(k) for k in range(len(kept))], ControllerConfig(max_draft=16), costs=costs)
+    ran_to_their_limit(controller)
+    seqs = [DraftSeq(k, 7 if voted else k, (), False, voted=voted) for k in range(len(kept))]
+    for seq, p in zip(seqs, kept):
+        establish(controller, f"s{seq.key}", [p] * 16, ANY)
+        controller.begin(seq)
+    return controller, seqs
+
+
 def ran_to_their_limit(controller: Controller, n: int = 16) -> None:
     """n earlier sequences that each generated all they had left at their last ask (their
     max_tokens was their end), so the planner takes what a sequence has left to bound it."""
@@ -475,13 +494,7 @@ def test_a_bound_sequence_that_kept_pace_so_far_holds_nobody_back_in_a_step_with
     step so far (its drafts will be back), it keeps pace over the run and the others draft as
     usual; if it never kept one (prose), their kept tokens would not shorten the batch."""
     def plan(kept_a_step: float) -> list[int]:
-        costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
-        controller = Controller([Own(k) for k in range(3)], ControllerConfig(max_draft=16), costs=costs)
-        ran_to_their_limit(controller)
-        seqs = [DraftSeq(k, k, (), False) for k in range(3)]
-        for seq, p in zip(seqs, (0.9, 0.9, 0.0)):
-            establish(controller, f"s{seq.key}", [p] * 16, ANY)
-            controller.begin(seq)
+        controller, seqs = draining_batch((0.9, 0.9, 0.0))
         context = [1] * 30  # 30 tokens since each first asked: a step each for the first two
         for seq in seqs:
             own = controller._seqs[seq.key]
@@ -714,13 +727,7 @@ def test_a_vote_s_candidates_draft_though_the_slowest_would_hold_the_batch():
     end sooner for the copy's kept tokens (worth their rows alone: it waits); but the vote may
     end the Conclave when the copy ends, so a candidate (`voted`) drafts as in an open batch."""
     def plan(voted: bool) -> list[int]:
-        costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
-        controller = Controller([Own(k) for k in range(2)], ControllerConfig(max_draft=16), costs=costs)
-        ran_to_their_limit(controller)
-        seqs = [DraftSeq(k, 7, (), False, voted=voted) for k in range(2)]  # one group
-        for seq, p in zip(seqs, (0.0, 0.9)):
-            establish(controller, f"s{seq.key}", [p] * 16, ANY)
-            controller.begin(seq)
+        controller, seqs = draining_batch((0.0, 0.9), voted=voted)
         drafts = controller.plan(2, [DraftAsk(seq, [1] * 30, 16, 40) for seq in seqs], 0, 256, 0).drafts
         return [len(drafts[s.key].tokens) if s.key in drafts else 0 for s in seqs]
 
@@ -748,14 +755,7 @@ def test_a_sequence_ending_before_the_bound_is_worth_the_step_its_end_sheds():
     says 3 ms), ending the copy early pays and it drafts; where one sequence fewer saves 1 ms
     (4-row tiles) or the slope's 3 ms, its rows buy nothing and it drafts nothing."""
     def plan(spread: dict[int, float]) -> int:
-        costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
-        costs.spread = spread
-        controller = Controller([Own(k) for k in range(2)], ControllerConfig(max_draft=16), costs=costs)
-        ran_to_their_limit(controller)
-        seqs = [DraftSeq(k, k, (), False) for k in range(2)]
-        for seq, p in zip(seqs, (0.9, 0.0)):
-            establish(controller, f"s{seq.key}", [p] * 16, ANY)
-            controller.begin(seq)
+        controller, seqs = draining_batch((0.9, 0.0), spread=spread)
         asks = [DraftAsk(seqs[0], [1] * 30, 16, 8), DraftAsk(seqs[1], [1] * 30, 16, 40)]
         drafts = controller.plan(2, asks, 0, 256, 0).drafts
         assert seqs[1].key not in drafts
@@ -772,14 +772,7 @@ def test_a_sequence_ending_before_the_bound_sheds_the_step_of_those_still_runnin
     first, at a step of all three, which costs 1 ms more than one of two: its rows buy nothing.
     The one with 24 ends at a step of two, 10 ms dearer than the bound's lone steps after it:
     it drafts. Priced at the step of three both would draft nothing."""
-    costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
-    costs.spread = {1: 0.010, 2: 0.020, 3: 0.021}
-    controller = Controller([Own(k) for k in range(3)], ControllerConfig(max_draft=16), costs=costs)
-    ran_to_their_limit(controller)
-    seqs = [DraftSeq(k, k, (), False) for k in range(3)]
-    for seq, p in zip(seqs, (0.0, 0.9, 0.9)):
-        establish(controller, f"s{seq.key}", [p] * 16, ANY)
-        controller.begin(seq)
+    controller, seqs = draining_batch((0.0, 0.9, 0.9), spread={1: 0.010, 2: 0.020, 3: 0.021})
     asks = [DraftAsk(seqs[0], [1] * 30, 16, 40), DraftAsk(seqs[1], [1] * 30, 16, 24),
             DraftAsk(seqs[2], [1] * 30, 16, 8)]
     drafts = controller.plan(3, asks, 0, 256, 0).drafts
