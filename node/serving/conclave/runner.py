@@ -225,16 +225,15 @@ class ConclaveRun:
         """The verdict with the votes of candidates that ended on their own after it was taken
         (in the same engine step as the deciding one, or before their cancel was applied): a
         candidate that finished its answer always shows in `votes`. The winner stands: a
-        majority or a settled plurality is one no pending answer could change."""
-        late = False
-        while not self._done.empty():
-            candidate = self._done.get_nowait()
-            finished.add(candidate.number)
-            if candidate.completed:
-                keys[candidate.number] = answer_key(candidate.text, json_only=self._json_only)
-                late = True
+        majority or a settled plurality is one no pending answer could change. Read from the
+        candidates themselves (a task that has returned has its end), not from the queue their
+        done callbacks fill, which may not have run yet."""
+        late = [c for c in self._candidates
+                if c.number not in finished and self._tasks[c.number].done() and c.completed]
         if not late:
             return verdict
+        for candidate in late:
+            keys[candidate.number] = answer_key(candidate.text, json_only=self._json_only)
         counts = tally(keys)
         consensus = next((len(members) for members in counts.values() if verdict.winner in members),
                          verdict.consensus)
@@ -252,7 +251,6 @@ class ConclaveRun:
             candidate.handle.cancel()
         if running:
             await asyncio.wait([self._tasks[c.number] for c in running], timeout=CANCEL_WAIT_S)
-            await asyncio.sleep(0)  # the done callbacks of the tasks just ended queue their candidates
         return sum(1 for c in running if not c.completed)
 
     def cancel(self) -> None:
