@@ -152,7 +152,7 @@ class CostCurve:
         started = time.monotonic()
         retrying = (self.calibrations > 0 and self._drift_steps >= DRIFT_STEPS) or not self.measured
         shapes, spread = _shapes(n_parallel, max_draft), _spread(n_parallel)
-        runs = _runs(n_parallel, max_draft)
+        runs = _runs(shapes, spread)
         samples: dict[tuple[int, int], list[float]] = {}
         if all(measure(n_seqs, k) is not None for n_seqs, k in runs):  # warm-up, unmeasured
             for done in range(1, REPEATS + 1):  # rounds over every shape: a burst of load touches all of them alike
@@ -353,6 +353,6 @@ def _spread(n_parallel: int) -> dict[int, tuple[int, int]]:
     return {n_seqs: (n_seqs, 0) for n_seqs in range(1, n_parallel + 1)}
 
 
-def _runs(n_parallel: int, max_draft: int) -> list[tuple[int, int]]:
+def _runs(shapes: dict[int, tuple[int, int]], spread: dict[int, tuple[int, int]]) -> list[tuple[int, int]]:
     """The step shapes a calibration round measures, each once: the sizes', then the spread's."""
-    return list(dict.fromkeys([*_shapes(n_parallel, max_draft).values(), *_spread(n_parallel).values()]))
+    return list(dict.fromkeys([*shapes.values(), *spread.values()]))

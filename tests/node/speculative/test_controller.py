@@ -109,9 +109,9 @@ def test_a_slow_host_still_gets_three_rounds_of_calibration():
 
 
 def test_calibration_gives_way_to_waiting_requests():
-    from node.speculative.costs import _runs
+    from node.speculative.costs import _runs, _shapes, _spread
 
-    warm_up = len(_runs(4, 16))
+    warm_up = len(_runs(_shapes(4, 16), _spread(4)))
     answers = iter([0.01] * warm_up + [0.01, 0.011, 0.012, None])
     curve = CostCurve()
     curve.calibrate(lambda n_seqs, k: next(answers), n_parallel=4, max_draft=16)
