@@ -4,6 +4,7 @@ kept, and the answer is constrained decoding's without speculation, up to near-t
 
 from __future__ import annotations
 
+import difflib
 import json
 
 import pytest
@@ -23,7 +24,13 @@ DOCUMENT = ("Invoice 4471 from Dunmore Supplies Ltd, dated 3 March 2025, to Harl
             "Delivery charge 15.00. Total due 234.00, payable within 30 days to account 20-44-18 0039 1122. "
             "Contact: Maria Keane, accounts department, telephone 01632 960 118.")
 # Values of three characters or more, asked for by name: with the prompt "The invoice as a JSON record"
-# and plain strings, greedy decoding wrote every value empty under some hosts' kernels.
+# and plain strings, greedy decoding wrote every value empty under some hosts' kernels; without the worked
+# example before it, an AMX-trapping Xeon's wrote every value as ": 01632 960 118, ", which opens no quote.
+EXAMPLE = ("Document:\nInvoice 908 from Corran Timber, dated 9 May 2024, to Elm Street Joinery, 4 Quay Road, "
+           "Fenwick. Contact: Owen Price, sales office, telephone 01632 960 441.\n\n"
+           "The contact, supplier, customer and telephone as a JSON record:\n"
+           '{"contact": "Owen Price", "supplier": "Corran Timber", "customer": "Elm Street Joinery", '
+           '"telephone": "01632 960 441"}\n\n')
 TEXT = {"type": "string", "minLength": 3}
 SCHEMA = {"type": "object", "properties": {"contact": TEXT, "supplier": TEXT, "customer": TEXT, "telephone": TEXT},
           "required": ["contact", "supplier", "customer", "telephone"], "additionalProperties": False}
@@ -37,7 +44,8 @@ def test_an_extraction_copies_the_documents_values_as_drafts(gemma_path):
     controller.bind_vocabulary(engine.token_piece, lambda text: engine.tokenize(text, add_bos=False, special=False))
     try:
         spec = GrammarSpec("json_schema", canonical_json(SCHEMA))
-        prompt = tuple(engine.tokenize(f"Document:\n{DOCUMENT}\n\nThe contact, supplier, customer and telephone as a JSON record:\n"))
+        prompt = tuple(engine.tokenize(f"{EXAMPLE}Document:\n{DOCUMENT}\n\n"
+                                       "The contact, supplier, customer and telephone as a JSON record:\n"))
 
         def answer(speculation: bool) -> tuple[Finished, list]:
             request = GenerationRequest(prompt, max_tokens=120, speculation=speculation, logprobs=2,
@@ -51,8 +59,16 @@ def test_an_extraction_copies_the_documents_values_as_drafts(gemma_path):
         drafted, _ = answer(True)
         assert_same_up_to_near_ties(plain, drafted)  # verify steps' rows may move a logit a little
         record = json.loads(engine.detokenize(drafted.generated).decode())
-        assert any(value in DOCUMENT and len(value) > 6 for value in record.values()), record  # it copies
+        # it copies: some value holds 7 characters or more of the document in a row (with the kernels of
+        # some hosts, greedy decoding quotes a value with the punctuation around it, ": 01632 960 118, ")
+        assert max(_quoted(value) for value in record.values()) >= 7, record
         kept = controller.stats["grammar.quote"].accepted
         assert kept > 0, controller.stats.snapshot()["grammar.quote"]
     finally:
         engine.close()
+
+
+def _quoted(value: str) -> int:
+    """The most characters in a row that the value shares with the document."""
+    matcher = difflib.SequenceMatcher(None, value, DOCUMENT, autojunk=False)
+    return matcher.find_longest_match(0, len(value), 0, len(DOCUMENT)).size
