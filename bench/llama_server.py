@@ -1,12 +1,14 @@
-"""llama.cpp's own server as the benches' peer: the binary (built once from the llama.cpp that the
-installed llama-cpp-python vendors), the kernel flag that makes it run the node's kernels, a
-running server, and the tokens it computed.
+"""llama.cpp's own server as the benches' peer: the binary (built once from the llama.cpp the node
+runs), the kernel flag that makes it run the node's kernels, a running server, and the tokens
+it computed.
 
     binary: --llama-server PATH, else $REAME_LLAMA_SERVER, else
-            ~/.cache/reame-bench/llama-server/build-<llama-cpp-python version>/bin/llama-server,
+            ~/.cache/reame-bench/llama-server/build-<the node's llama-cpp-python version>/bin/llama-server,
             else built there (nice 19, about 8 minutes on 2 cores) from --llama-source /
-            $REAME_LLAMA_SOURCE (a llama.cpp tree), else from llama-cpp-python's sdist
-            (pip download of the installed version, unpacked in the same directory).
+            $REAME_LLAMA_SOURCE (a llama.cpp tree), else from the tree deploy/llama_cpp/build.py
+            makes: the pinned release's vendored llama.cpp with the node's patches, unpacked in
+            the same directory. The node's version names its patches (`X+reame.<digest>`), so a
+            build of other patches never stands in.
 
 Same kernels: the node loads the model with or without llama.cpp's extra buffer types
 (AMX, CPU repack) by `choose_kernels` (node/engine/kernels.py); the peer gets `--no-repack`
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,14 +60,15 @@ def _source(explicit: str | None) -> Path:
     given = explicit or os.environ.get("REAME_LLAMA_SOURCE")
     if given:
         return Path(given)
-    version = _version()
-    unpacked = CACHE / f"llama_cpp_python-{version}"
-    if not unpacked.is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={version}", "-d", str(CACHE)], check=True)
-        subprocess.run(["tar", "xzf", str(CACHE / f"llama_cpp_python-{version}.tar.gz"), "-C", str(CACHE)],
-                       check=True)
-    return unpacked / "vendor" / "llama.cpp"
+    from deploy.llama_cpp import build
+
+    if build.local_version() != _version():
+        print(f"the node runs llama-cpp-python {_version()}, the patched tree is {build.local_version()}: "
+              "`make install` brings the node to it", flush=True)
+    unpacked = CACHE / f"src-{build.local_version()}"
+    if unpacked.is_dir():
+        shutil.rmtree(unpacked)  # a tree from an interrupted unpack or patch is not trusted
+    return build.source(unpacked) / "vendor" / "llama.cpp"
 
 
 def ensure_binary(explicit: str | None = None, *, build: bool = True, source: str | None = None) -> Path | None:
