@@ -7,9 +7,10 @@ about what 4 tokens of one sequence cost). So the curve is one function of the s
 token count: a line (node/engine/cost_line.py: medians of repeats, a Theil-Sen slope, the
 physical bounds that a token with logits costs neither less than nothing nor more than a
 one-token step), or a staircase on it where the measured sizes show one (`fit_steps`: the
-output projection's kernels work in tiles of rows; on an AMX-trapping Xeon a step of 5 rows
-with logits costs what 8 cost, 14 ms more than 4, so the sizes calibrated include both sides
-of each tile up to 17).
+output projection's kernels work in tiles of rows; on an AMX-trapping Xeon with llama.cpp's
+stock kernels a step of 5 rows with logits cost what 8 cost, 14 ms more than 4, so the sizes
+calibrated include both sides of each tile up to 17; the patched build, deploy/llama_cpp,
+takes those rows in the same pass and the line stays a line there).
 
 Beside the sizes, the calibration measures steps of k sequences with one token each, k up to
 the slots (`spread`): what a step costs less when one of its sequences has finished
