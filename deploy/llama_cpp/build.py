@@ -99,12 +99,17 @@ def source(into: Path) -> Path:
     return root
 
 
+def shelf() -> Path:
+    """Where this build's wheel is kept: one directory per release, patches, CMAKE_ARGS,
+    Python and machine."""
+    made_for = f"{sys.implementation.cache_tag}\0{platform.machine()}\0{os.environ.get('CMAKE_ARGS', '')}"
+    return cache_dir() / hashlib.sha256(f"{local_version()}\0{made_for}".encode()).hexdigest()[:12]
+
+
 def wheel() -> Path:
     """The patched wheel: from the cache, else built into it."""
-    made_for = f"{sys.implementation.cache_tag}\0{platform.machine()}\0{os.environ.get('CMAKE_ARGS', '')}"
-    key = hashlib.sha256(f"{local_version()}\0{made_for}".encode()).hexdigest()[:12]
-    shelf = cache_dir() / key
-    built = sorted(shelf.glob("*.whl"))
+    kept = shelf()
+    built = sorted(kept.glob("*.whl"))
     if built:
         return built[0]
     print(f"building {PACKAGE} {local_version()} (llama.cpp with {len(patches())} patch(es); about 6 minutes "
@@ -117,11 +122,11 @@ def wheel() -> Path:
         made = sorted(out.glob("*.whl"))
         if not made:
             raise SystemExit("pip wheel made no wheel")
-        shelf.mkdir(parents=True, exist_ok=True)
-        partial = shelf / (made[0].name + ".partial")
+        kept.mkdir(parents=True, exist_ok=True)
+        partial = kept / (made[0].name + ".partial")
         shutil.copy2(made[0], partial)
-        partial.rename(shelf / made[0].name)  # whole or not at all: an interrupted build leaves no wheel
-    return shelf / made[0].name
+        partial.rename(kept / made[0].name)  # whole or not at all: an interrupted build leaves no wheel
+    return kept / made[0].name
 
 
 def install(python: str, wheels: Path | None = None) -> None:
