@@ -13,7 +13,7 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # llama-cpp-python's pinned release with the kernel patches in deploy/llama_cpp/patches, built
-# once into ~/.cache/reame/wheels (deploy/llama_cpp/build.py), then the project: the pin is met.
+# once into ~/.cache/pip/reame-wheels (deploy/llama_cpp/build.py), then the project: the pin is met.
 $(LLAMA): $(PY) pyproject.toml deploy/llama_cpp/build.py $(wildcard deploy/llama_cpp/patches/*.patch)
 	$(PY) deploy/llama_cpp/build.py install
 	touch $(LLAMA)

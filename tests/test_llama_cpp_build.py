@@ -126,3 +126,9 @@ def test_the_cache_gives_back_its_wheel_and_another_cmake_args_is_another_shelf(
     assert build.wheel() == kept / "llama_cpp_python-x-py3-none-any.whl"
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")
     assert build.shelf() != kept
+
+
+def test_a_wheel_built_for_other_cpu_features_is_not_taken(patched_here, monkeypatch):
+    here = build.shelf()
+    monkeypatch.setattr(build, "cpu_flags", lambda: "fpu sse2")
+    assert build.shelf() != here

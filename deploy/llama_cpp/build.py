@@ -12,10 +12,10 @@ and `pip list` show which build runs.
 The release's source distribution comes from the package index (pip's own HTTP cache keeps
 it); its vendored llama.cpp gets `patches/*.patch` in name order (`patch -p1`, each made
 against that tree's root). The wheel is built once for each release, set of patches,
-CMAKE_ARGS, Python and machine, and kept under `~/.cache/reame/wheels/` (`$REAME_WHEEL_CACHE`):
-about 6 minutes on 2 cores the first time, a second afterwards. CMAKE_ARGS passes through to
-llama.cpp's CMake as it does for a plain `pip install llama-cpp-python` (the Dockerfile's CPU
-variants, for one).
+CMAKE_ARGS, Python, machine and CPU features, and kept beside pip's cache
+(`~/.cache/pip/reame-wheels/`, or `$REAME_WHEEL_CACHE`): about 6 minutes on 2 cores the first
+time, a second afterwards. CMAKE_ARGS passes through to llama.cpp's CMake as it does for a
+plain `pip install llama-cpp-python` (the Dockerfile's CPU variants, for one).
 
 bench/llama_server.py builds the peer, llama.cpp's own server, from the same patched tree,
 so both sides of a comparison run the same kernels.
@@ -66,8 +66,12 @@ def local_version() -> str:
 
 
 def cache_dir() -> Path:
+    """$REAME_WHEEL_CACHE, else beside pip's own cache ($PIP_CACHE_DIR or ~/.cache/pip), so
+    whatever keeps pip's cache between runs keeps this wheel too."""
     base = os.environ.get("REAME_WHEEL_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "reame" / "wheels"
+    if base:
+        return Path(base)
+    return Path(os.environ.get("PIP_CACHE_DIR") or Path.home() / ".cache" / "pip") / "reame-wheels"
 
 
 def _sdist(into: Path) -> Path:
@@ -99,10 +103,25 @@ def source(into: Path) -> Path:
     return root
 
 
+def cpu_flags() -> str:
+    """The CPU's feature list (Linux: /proc/cpuinfo's flags or Features line; else empty). A
+    build with llama.cpp's defaults (GGML_NATIVE) uses every instruction of the CPU it was
+    built on, so a wheel kept in a home shared by other CPUs must not be taken there."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
+
+
 def shelf() -> Path:
     """Where this build's wheel is kept: one directory per release, patches, CMAKE_ARGS,
-    Python and machine."""
-    made_for = f"{sys.implementation.cache_tag}\0{platform.machine()}\0{os.environ.get('CMAKE_ARGS', '')}"
+    Python, machine and CPU features."""
+    made_for = (f"{sys.implementation.cache_tag}\0{platform.machine()}\0{os.environ.get('CMAKE_ARGS', '')}"
+                f"\0{cpu_flags()}")
     return cache_dir() / hashlib.sha256(f"{local_version()}\0{made_for}".encode()).hexdigest()[:12]
 
 
