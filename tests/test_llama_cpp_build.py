@@ -60,6 +60,10 @@ PATCH_2 = """second: builds on the first
 """
 
 
+def _no_build(*args, **kwargs):
+    raise AssertionError(f"built again: {args}")
+
+
 @pytest.fixture
 def patched_here(tmp_path, monkeypatch):
     """The build module with the test's sdist and patches directory."""
@@ -96,16 +100,13 @@ def test_a_patch_that_does_not_apply_stops_the_build(patched_here, tmp_path):
 
 
 def test_a_built_wheel_is_taken_again_without_building(patched_here, tmp_path, monkeypatch):
-    def no_build(*args, **kwargs):
-        raise AssertionError(f"built again: {args}")
-
     name = f"llama_cpp_python-{build.local_version()}-py3-none-linux_x86_64.whl"
     wheels = tmp_path / "given"
     wheels.mkdir()
     (wheels / name).write_bytes(b"wheel")
     installed: list[list[str]] = []
     monkeypatch.setattr(build.subprocess, "run", lambda cmd, **kw: installed.append(cmd))
-    monkeypatch.setattr(build, "source", no_build)
+    monkeypatch.setattr(build, "source", _no_build)
     build.install("python-of-the-env", wheels)  # a wheel of this very build in a wheels directory
     assert installed[-1][-1] == str(wheels / name) and installed[-1][0] == "python-of-the-env"
 
@@ -116,13 +117,10 @@ def test_a_built_wheel_is_taken_again_without_building(patched_here, tmp_path, m
 
 
 def test_the_cache_gives_back_its_wheel_and_another_cmake_args_is_another_shelf(patched_here, monkeypatch):
-    def no_build(*args, **kwargs):
-        raise AssertionError(f"built again: {args}")
-
     kept = build.shelf()
     kept.mkdir(parents=True)
     (kept / "llama_cpp_python-x-py3-none-any.whl").write_bytes(b"wheel")
-    monkeypatch.setattr(build, "source", no_build)
+    monkeypatch.setattr(build, "source", _no_build)
     assert build.wheel() == kept / "llama_cpp_python-x-py3-none-any.whl"
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")
     assert build.shelf() != kept

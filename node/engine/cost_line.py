@@ -120,9 +120,10 @@ def fit_steps(points: Mapping[int, float]) -> CostLine | None:
 
     The output projection's kernels work on tiles of rows: with llama.cpp's stock kernels on the
     AVX-512 hosts measured here a step of 5, 6 or 7 tokens with logits costs about what 8 cost,
-    and one of 9 more than one of 12, while up to 4 the cost is a line (the patched build,
-    deploy/llama_cpp, removes that staircase); on another (an AVX2-only EPYC) every odd count past 2
-    costs what the next even one does, and a lone row, decoded by matrix-vector kernels, costs
+    and one of 9 more than one of 12, while up to 4 the cost is a line; on another (an AVX2-only
+    EPYC) every odd count past 2 costs what the next even one does (the patched build,
+    deploy/llama_cpp, removes the first, and the odd counts' second pass of an AVX2 build measured
+    on the Xeon); and a lone row, decoded by matrix-vector kernels, costs
     a third less than the line through 2, 4, 8 and 16 rows says. So for each candidate tile
     (TILES, or none) and with or without the lone row apart, the line is fitted through the
     sizes left smooth (up to the tile, and its multiples; the lone row left out when apart),
