@@ -36,14 +36,16 @@ def host_line() -> str:
 def kernel_header(model: Path | None = None, *, threads: int | None = None, setting: str = "auto") -> str:
     """The three header lines for benches that run the model (`model`: default the offline one)."""
     from bench.offline_model import default_model
+    from node.engine import huge_pages
     from node.engine.kernels import choose_kernels, describe, probe_kernels
     from node.engine.llama import cpu_variant, system_info
 
     path = model or default_model()
     n_threads = threads or os.cpu_count() or 1
     choice = choose_kernels(path, setting=setting, n_threads=n_threads)
-    fresh = probe_kernels(path, n_threads=n_threads, modes="on" if choice.extra_buffers else "off")
-    report = choice.report(system_info(), fresh.buffers or choice.buffers, cpu_variant())
+    fresh = probe_kernels(path, n_threads=n_threads, modes="on" if choice.extra_buffers else "off",
+                          huge_pages=huge_pages.wanted("auto"))
+    report = choice.report(system_info(), fresh.buffers or choice.buffers, cpu_variant(), fresh.huge_mib)
     line = fresh.line.as_dict() if fresh.line is not None else None
     kernels = describe({**report, "probe_line_ms": None})
     cost = (f"{line['per_step']:.1f} ms + {line['per_token']:.2f} ms per token with logits "

@@ -37,8 +37,14 @@ OPTIONS: tuple[Option, ...] = (
          "llama.cpp's extra buffer types (AMX, CPU weight repacking): auto = a probe at start decides "
          "(off where they crash, else the faster way; cached in <home>/kernels), on, off.",
          ("auto", "on", "off")),
-    _opt("memory", "use_mmap", bool, True, "Map the model file instead of reading it into RAM."),
+    _opt("memory", "use_mmap", bool, True,
+         "Map the model file instead of reading it into RAM (not with huge_pages, which reads it)."),
     _opt("memory", "use_mlock", bool, False, "Lock the model in RAM (never swapped out)."),
+    _opt("memory", "huge_pages", str, "auto",
+         "Read the model's weights into 2 MiB pages (Linux transparent huge pages): steps of 2-12 rows "
+         "~10% faster by measurement, 0.6 s more at start for 235 MiB. auto = where the kernel offers "
+         "them (always or madvise), on (an error where it does not), off.",
+         ("auto", "on", "off")),
     _opt("memory", "kv_cache_type", str, "auto",
          "KV cache element type: f16, q8_0 or q4_0; auto = f16 when it fits in RAM, else smaller.",
          KV_TYPES),
@@ -170,6 +176,7 @@ class MemorySettings:
     kv_cache_type: str
     use_mmap: bool
     use_mlock: bool
+    huge_pages: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ class EngineConfig:
     kv_type: str = "f16"              # f16 | q8_0 | q4_0
     use_mmap: bool = True
     use_mlock: bool = False
+    huge_pages: str = "auto"          # weights read into 2 MiB pages: auto (where offered), on, off (huge_pages.py)
     max_queue: int = 64               # waiting requests beyond which submit raises EngineOverloaded
     step_token_budget: int = 256      # tokens per step while others are decoding (prefill chunk bound)
     prefix_cache: PrefixCacheHook | None = None
@@ -47,8 +48,9 @@ class EngineConfig:
     on_progress: Callable[[float], object] | None = None  # model load progress, 0.0 .. 1.0
 
     def check(self) -> None:
-        if self.extra_buffers not in ("auto", "on", "off"):
-            raise InvalidRequest(f"extra_buffers must be auto, on or off, got {self.extra_buffers!r}")
+        for name in ("extra_buffers", "huge_pages"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise InvalidRequest(f"{name} must be auto, on or off, got {getattr(self, name)!r}")
         if self.kv_type not in KV_TYPE_NAMES:
             raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPE_NAMES)}, got {self.kv_type!r}")
         if self.n_parallel < 1 or self.n_ctx < 16 or self.n_batch < 1 or self.max_queue < 1:

@@ -32,6 +32,7 @@ from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
+from node.engine import huge_pages
 from node.engine.config import EngineConfig
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
@@ -105,7 +106,8 @@ class Engine:
         self.kernels = choose_kernels(config.model_path, setting=config.extra_buffers,
                                       cache_dir=config.kernel_cache, n_threads=self._ctx_threads)
         self._model = LlamaModel(config.model_path, use_mmap=config.use_mmap, use_mlock=config.use_mlock,
-                                 progress=config.on_progress, extra_buffers=self.kernels.extra_buffers)
+                                 progress=config.on_progress, extra_buffers=self.kernels.extra_buffers,
+                                 huge_pages=huge_pages.wanted(config.huge_pages))
         try:
             self._ctx = LlamaContext(
                 self._model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
@@ -156,7 +158,9 @@ class Engine:
     def kernel_report(self) -> dict:
         """The kernel path: llama.cpp's CPU features, extra buffer types in use and why, the
         buffer types the weights went to (node/engine/kernels.py)."""
-        return self.kernels.report(system_info(), self._model.buffers, cpu_variant())
+        collapsed = self._model.collapsed
+        return self.kernels.report(system_info(), self._model.buffers, cpu_variant(),
+                                   collapsed.huge / 2**20 if collapsed is not None else None)
 
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
         return self._model.tokenize(text, add_bos=add_bos, special=special)

@@ -1,9 +1,10 @@
 """The kernel probe's child process: load the model each way asked, decode batches with logits
 on every row, and print what each step cost.
 
-    python -m node.engine.kernel_probe MODEL --modes off,on [--threads N] [--repeats R]
+    python -m node.engine.kernel_probe MODEL --modes off,on [--threads N] [--repeats R] [--huge-pages]
 
-For each mode in order it loads the model with llama.cpp's extra buffer types on or off,
+For each mode in order it loads the model with llama.cpp's extra buffer types on or off
+(with --huge-pages its weights read into 2 MiB pages, as a node does where the kernel offers them),
 runs a warm-up of every step shape (the first multi-row step pays for its buffers), then
 `repeats` rounds of steps of 1 row (one sequence), 3 rows (one sequence, as a verified
 draft) and 8 rows (four sequences of two), and prints one JSON line:
@@ -41,11 +42,11 @@ def _inject_fault() -> None:
         os.kill(os.getpid(), getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
 
 
-def probe(path: Path, extra_buffers: bool, n_threads: int, repeats: int) -> dict:
+def probe(path: Path, extra_buffers: bool, n_threads: int, repeats: int, huge_pages: bool = False) -> dict:
     from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
 
     t0 = time.perf_counter()
-    model = LlamaModel(path, extra_buffers=extra_buffers)
+    model = LlamaModel(path, extra_buffers=extra_buffers, huge_pages=huge_pages)
     load_s = time.perf_counter() - t0
     ctx = LlamaContext(model, n_ctx=256, n_batch=16, n_ubatch=16, n_seq_max=4, n_threads=n_threads,
                        max_outputs_per_seq=3)
@@ -75,6 +76,8 @@ def probe(path: Path, extra_buffers: bool, n_threads: int, repeats: int) -> dict
             samples[str(n_seqs * rows)].append(step(n_seqs, rows))
     result = {"mode": "on" if extra_buffers else "off", "buffers": model.buffers, "load_s": load_s,
               "samples": samples}
+    if model.collapsed is not None:
+        result["huge_mib"] = model.collapsed.huge / 2**20
     ctx.close()
     model.close()
     return result
@@ -86,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="off,on", help="comma-separated: on, off (in this order)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--huge-pages", action="store_true", help="the weights read into 2 MiB pages, as a node does")
     args = parser.parse_args(argv)
     for mode in args.modes.split(","):
         if mode not in ("on", "off"):
             parser.error(f"unknown mode {mode!r}")
         try:
-            line = probe(args.model, mode == "on", args.threads, max(1, args.repeats))
+            line = probe(args.model, mode == "on", args.threads, max(1, args.repeats), args.huge_pages)
         except Exception as exc:  # the parent reads it as this mode's failure
             line = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"}
         sys.stdout.buffer.write(orjson.dumps(line) + b"\n")

@@ -58,10 +58,13 @@ class KernelChoice:
     line: CostLine | None = None   # the probe's cost line for the chosen way
     buffers: dict[str, float] = field(default_factory=dict)  # the chosen way's buffer types (MiB)
     timed_out: bool = False        # the probe ran out of time: a busy host, not a verdict to keep
+    huge_mib: float | None = None  # the probe's weights in 2 MiB pages (None: not asked for)
 
-    def report(self, system_info: str, buffers: dict[str, float] | None = None, variant: str | None = None) -> dict:
+    def report(self, system_info: str, buffers: dict[str, float] | None = None, variant: str | None = None,
+               huge_mib: float | None = None) -> dict:
         """The kernel path as /health shows it; `buffers` from the engine's own load when known;
-        `variant` the CPU variant a runtime-dispatch build loaded (None: the backend is built in)."""
+        `variant` the CPU variant a runtime-dispatch build loaded (None: the backend is built in);
+        `huge_mib` the weights in 2 MiB pages (None: not asked for)."""
         features = [part.split("=")[0].strip() for part in system_info.replace("|", "\n").splitlines()
                     if part.strip().endswith("= 1")]
         return {
@@ -72,6 +75,7 @@ class KernelChoice:
             "setting": self.setting,
             "reason": self.reason,
             "buffers": {name: round(mib, 1) for name, mib in (buffers if buffers is not None else self.buffers).items()},
+            "huge_pages_mib": round(huge_mib, 1) if huge_mib is not None else None,
             "probe_line_ms": self.line.as_dict() if self.line else None,
             "probe_seconds": round(self.probe_s, 2),
             "cached": self.cached,
@@ -85,6 +89,8 @@ def describe(report: Mapping[str, Any], line_ms: Mapping[str, float] | None = No
     variant = f" (CPU variant {report['cpu_variant']})" if report.get("cpu_variant") else ""
     text = (f"{report.get('machine', '?')}{variant} {' '.join(report.get('features', ())) or '(no SIMD features)'}; "
             f"extra buffers {report.get('extra_buffers', '?')} ({report.get('reason', '')}); weights in {buffers}")
+    if report.get("huge_pages_mib") is not None:
+        text += f" ({report['huge_pages_mib']:.0f} MiB in 2 MiB pages)"
     line = line_ms if line_ms is not None else report.get("probe_line_ms")
     if line:
         text += (f"; cost line {line['per_step']:.1f} ms + {line['per_token']:.2f} ms per token with logits "
@@ -165,10 +171,10 @@ def choose_kernels(model_path: Path, *, setting: str = "auto", cache_dir: Path |
 
 
 def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_TIMEOUT_S,
-                  modes: str = "off,on", repeats: int = 5) -> KernelChoice:
+                  modes: str = "off,on", repeats: int = 5, huge_pages: bool = False) -> KernelChoice:
     """Run the probe child and judge what it printed and how it ended."""
     command = [sys.executable, "-m", "node.engine.kernel_probe", str(model_path), "--modes", modes,
-               "--threads", str(n_threads), "--repeats", str(repeats)]
+               "--threads", str(n_threads), "--repeats", str(repeats), *(["--huge-pages"] if huge_pages else [])]
     root = Path(__file__).resolve().parents[2]  # the checkout or site-packages holding `node`
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
@@ -195,7 +201,8 @@ def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_
     if "on" not in modes.split(","):  # a measurement of one way (a bench's header), no verdict
         why = "" if off_line is not None else f": {(off or {}).get('error') or ended or 'printed nothing'}"
         return KernelChoice(False, "auto", f"measured without extra buffer types{why}", probe_s=elapsed,
-                            line=off_line, buffers=_buffers(off), timed_out=returncode is None)
+                            line=off_line, buffers=_buffers(off), timed_out=returncode is None,
+                            huge_mib=(off or {}).get("huge_mib"))
     if on_line is None:
         why = (on or {}).get("error") or ended or "printed nothing"
         where = "the probe's batched decode with extra buffer types"
@@ -203,14 +210,15 @@ def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_
                             line=off_line, buffers=_buffers(off), timed_out=returncode is None)
     if off_line is None:  # extra buffers run; without them the probe failed: keep what runs
         return KernelChoice(True, "auto", "extra buffer types ran; the probe without them failed", usable=True,
-                            probe_s=elapsed, line=on_line, buffers=_buffers(on))
+                            probe_s=elapsed, line=on_line, buffers=_buffers(on), huge_mib=(on or {}).get("huge_mib"))
     on_cost, off_cost = on_line.seconds(1) + on_line.seconds(8), off_line.seconds(1) + off_line.seconds(8)
     faster = on_cost <= off_cost
     reason = (f"probe: {'on' if faster else 'off'} is faster "
               f"(1 + 8 rows: {on_cost * 1000:.1f} ms with, {off_cost * 1000:.1f} ms without)")
     chosen = on if faster else off
     return KernelChoice(faster, "auto", reason, usable=True, probe_s=elapsed,
-                        line=on_line if faster else off_line, buffers=_buffers(chosen))
+                        line=on_line if faster else off_line, buffers=_buffers(chosen),
+                        huge_mib=(chosen or {}).get("huge_mib"))
 
 
 def _line(result: dict | None) -> CostLine | None:

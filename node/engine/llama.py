@@ -32,6 +32,7 @@ import numpy as np
 import llama_cpp as ll
 from llama_cpp import llama_cpp as lib_module
 
+from node.engine import huge_pages as thp
 from node.engine.config import KV_TYPE_NAMES
 from node.engine.errors import ModelLoadError
 from node.engine.types import ModelInfo
@@ -123,19 +124,24 @@ class LlamaModel:
 
     def __init__(self, path: Path, *, use_mmap: bool = True, use_mlock: bool = False,
                  progress: Callable[[float], object] | None = None, vocab_only: bool = False,
-                 extra_buffers: bool = False) -> None:
+                 extra_buffers: bool = False, huge_pages: bool = False) -> None:
         """vocab_only: the vocabulary and metadata without the weights (to compare tokenizers).
 
         extra_buffers: let llama.cpp put weights in its extra buffer types (AMX tiles, CPU
         repacking into interleaved layouts). Off by default: on some hosts those kernels die
         by SIGILL, so only a caller that asked the kernel probe (node/engine/kernels.py)
-        turns them on. `buffers` records the buffer types the weights went to (MiB each)."""
+        turns them on. `buffers` records the buffer types the weights went to (MiB each).
+
+        huge_pages: read the weights into the process's memory (not mapped: `use_mmap` does
+        not apply) and move them into 2 MiB pages (huge_pages.py); `collapsed` says how that
+        went (None without)."""
         runtime = backend()
         if not Path(path).is_file():
             raise ModelLoadError(f"model file not found: {path}")
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0
-        params.load_mode = (ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE) | (
+        mapped = use_mmap and not huge_pages
+        params.load_mode = (ll.LLAMA_LOAD_MODE_MMAP if mapped else ll.LLAMA_LOAD_MODE_NONE) | (
             ll.LLAMA_LOAD_MODE_MLOCK if use_mlock else 0
         )
 
@@ -151,8 +157,13 @@ class LlamaModel:
         params.progress_callback = on_progress
         params.vocab_only = vocab_only
         params.use_extra_bufts = extra_buffers
+        before = thp.anonymous_mappings() if huge_pages and not vocab_only else set()
         with runtime.capture() as lines:
             self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
+        self.collapsed: thp.Collapsed | None = None
+        if self._ptr and huge_pages and not vocab_only:
+            self.collapsed = thp.collapse(thp.anonymous_mappings() - before)
+            log.info("weights: %s", self.collapsed.describe())
         self.extra_buffers = extra_buffers
         self.buffers: dict[str, float] = {}
         for line in lines:

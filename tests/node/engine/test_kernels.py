@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from node.engine import kernels
+from node.engine import huge_pages, kernels
 from node.engine.kernel_probe import FAULT_ENV
 
 pytestmark = pytest.mark.model
@@ -122,6 +122,10 @@ def test_a_node_whose_probe_traps_serves_without_extra_buffers_and_says_so(gemma
         assert kernels_seen["extra_buffers"] == "off" and "SIGILL" in kernels_seen["reason"]
         assert kernels_seen["machine"] and kernels_seen["features"] and kernels_seen["buffers"]
         assert not any(name in kernels_seen["buffers"] for name in ("AMX", "CPU_REPACK"))
+        if huge_pages.offered():  # [memory] huge_pages = auto: the weights read into 2 MiB pages
+            assert kernels_seen["huge_pages_mib"] >= 0.95 * sum(kernels_seen["buffers"].values()), kernels_seen
+        else:
+            assert kernels_seen["huge_pages_mib"] is None
         line = kernels_seen["step_cost_line_ms"]
         assert 0 <= line["per_token"] <= line["per_step"] + line["per_token"]
         assert metric(node.url, "reame_kernel_info", extra_buffers="off") == 1

@@ -1,0 +1,125 @@
+"""The model's weights in 2 MiB pages (node/engine/huge_pages.py).
+
+The setting's resolution against the kernel's mode (a sysfs file written by the test), the
+mappings a load creates found in /proc/self/maps, anonymous memory really moved into huge
+pages (where this kernel offers them: it is the kernel's, not a fake's, answer), and a model
+read into huge pages computing the logits the mapped one computes, bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from node.engine import huge_pages
+from node.engine.config import EngineConfig
+from node.engine.errors import InvalidRequest, ModelLoadError
+
+
+def _mode_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "enabled"
+    path.write_text(text)
+    return path
+
+
+def test_the_kernels_mode_is_the_bracketed_word(tmp_path):
+    assert huge_pages.thp_mode(_mode_file(tmp_path, "always [madvise] never\n")) == "madvise"
+    assert huge_pages.thp_mode(_mode_file(tmp_path, "[always] madvise never\n")) == "always"
+    assert huge_pages.thp_mode(_mode_file(tmp_path, "always madvise [never]\n")) == "never"
+    assert huge_pages.thp_mode(tmp_path / "absent") == ""
+
+
+def test_auto_follows_the_kernel_and_on_refuses_where_it_offers_none(tmp_path):
+    madvise = _mode_file(tmp_path, "always [madvise] never\n")
+    assert huge_pages.wanted("auto", madvise) is True
+    assert huge_pages.wanted("on", madvise) is True
+    assert huge_pages.wanted("off", madvise) is False
+    never = _mode_file(tmp_path, "always madvise [never]\n")
+    assert huge_pages.wanted("auto", never) is False
+    with pytest.raises(ModelLoadError, match="offers no transparent huge pages"):
+        huge_pages.wanted("on", never)
+    assert huge_pages.wanted("auto", tmp_path / "absent") is False
+    with pytest.raises(ModelLoadError, match="huge_pages must be one of"):
+        huge_pages.wanted("yes", madvise)
+
+
+def test_the_engine_config_refuses_an_unknown_setting():
+    with pytest.raises(InvalidRequest, match="huge_pages must be auto, on or off"):
+        EngineConfig(model_path=Path("m.gguf"), huge_pages="maybe").check()
+
+
+def test_huge_bytes_counts_only_entries_inside_the_ranges(tmp_path):
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        "7f0000000000-7f0000800000 rw-p 00000000 00:00 0 \n"
+        "Size:               8192 kB\nAnonHugePages:      6144 kB\n"
+        "7f0000800000-7f0000a00000 rw-p 00000000 00:00 0 \n"
+        "Size:               2048 kB\nAnonHugePages:      2048 kB\n"
+        "7f1000000000-7f1000200000 r--p 00000000 fe:00 12 /lib/x.so\n"
+        "Size:               2048 kB\nAnonHugePages:      2048 kB\n")
+    inside = [(0x7F0000000000, 0x7F0000A00000)]
+    assert huge_pages.huge_bytes(inside, smaps) == (6144 + 2048) * 1024
+    assert huge_pages.huge_bytes([(0x7F0000000000, 0x7F0000800000)], smaps) == 6144 * 1024
+
+
+def test_a_new_anonymous_mapping_is_found_and_collapsed():
+    before = huge_pages.anonymous_mappings()
+    size = 16 << 20
+    area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        area.write(b"\x01" * size)  # every page touched, as a model read into memory is
+        start = ctypes.addressof(ctypes.c_char.from_buffer(area))
+        new = huge_pages.anonymous_mappings() - before
+        assert any(lo <= start and start + size <= hi for lo, hi in new), "the new mapping was not found"
+        if not huge_pages.offered():
+            pytest.skip(f"this kernel offers no transparent huge pages ({huge_pages.thp_mode() or 'none'})")
+        done = huge_pages.collapse({(lo, hi) for lo, hi in new if lo <= start < hi})
+        assert done.mapped >= size - 2 * huge_pages.HUGE  # aligned inward to 2 MiB
+        if done.note.startswith("MADV_COLLAPSE not"):
+            pytest.skip(done.note)  # a kernel before 6.1: khugepaged's time, not the test's
+        assert not done.note, done.note
+        assert done.huge == done.mapped, done.describe()
+        assert area[:4] == b"\x01" * 4 and area[size - 4:] == b"\x01" * 4  # the contents moved with them
+    finally:
+        area.close()
+
+
+@pytest.mark.model
+def test_weights_read_into_huge_pages_give_the_mapped_models_logits(gemma_path):
+    from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
+
+    def logits(model: LlamaModel) -> np.ndarray:
+        ctx = LlamaContext(model, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_threads=2,
+                           max_outputs_per_seq=8)
+        try:
+            batch = TokenBatch(64)
+            tokens = model.tokenize("The harbour of Vellmar was built in the year of the long winter")
+            batch.add(tokens[:-6], 0, 0, logits="last")
+            assert ctx.decode(batch) == 0
+            batch.clear()
+            batch.add(tokens[-6:], len(tokens) - 6, 0, logits="all")
+            assert ctx.decode(batch) == 0
+            return np.array(ctx.logits(6), copy=True)
+        finally:
+            ctx.close()
+
+    mapped = LlamaModel(gemma_path, extra_buffers=False)
+    try:
+        assert mapped.collapsed is None and "CPU_Mapped" in mapped.buffers
+        expected = logits(mapped)
+    finally:
+        mapped.close()
+    if not huge_pages.offered():
+        pytest.skip("this kernel offers no transparent huge pages")
+    huge = LlamaModel(gemma_path, extra_buffers=False, huge_pages=True)
+    try:
+        assert huge.collapsed is not None and "CPU_Mapped" not in huge.buffers  # read, not mapped
+        weights = sum(huge.buffers.values()) * 2**20
+        assert huge.collapsed.huge >= 0.95 * weights, huge.collapsed.describe()
+        assert np.array_equal(logits(huge), expected)
+    finally:
+        huge.close()
