@@ -11,7 +11,8 @@ This module owns: whether the kernel offers them (`offered`, `wanted`), the anon
 mappings a model load created (`anonymous_mappings` before and after), and moving those into
 huge pages: madvise(MADV_HUGEPAGE) so that they stay so, then madvise(MADV_COLLAPSE), which
 copies them into huge pages at once instead of leaving it to khugepaged's slow scan (Linux
-6.1 and later; before, the first call alone, and khugepaged in its time). `collapse` says how
+6.1 and later; where it is refused, the first call stands and khugepaged collapses them in
+its time). `collapse` says how
 much of them is in huge pages (/proc/self/smaps) and what it took.
 """
 
@@ -38,6 +39,7 @@ CHUNK = 64 << 20               # MADV_COLLAPSE per call: a long copy never holds
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 SETTINGS = ("auto", "on", "off")
+UNCOLLAPSED = "MADV_COLLAPSE refused (a kernel before 6.1?): left to khugepaged's scan"
 
 Mapping = tuple[int, int]      # [start, end) of one mapping
 
@@ -152,10 +154,8 @@ def collapse(mappings: set[Mapping]) -> Collapsed:
             if libc.madvise(at, min(CHUNK, hi - at), MADV_COLLAPSE) == 0:
                 continue
             code = ctypes.get_errno()
-            if code == errno.EINVAL:  # a kernel before 6.1: khugepaged collapses them in its time
-                note = "MADV_COLLAPSE not offered by this kernel: left to khugepaged"
+            if code == errno.EINVAL:  # a kernel before 6.1, or a mapping it will not collapse now
+                note = UNCOLLAPSED
                 break
             note = f"MADV_COLLAPSE: {os.strerror(code)}"  # EAGAIN / ENOMEM: no free 2 MiB runs now
-        if note.startswith("MADV_COLLAPSE not"):
-            break
     return Collapsed(sum(hi - lo for lo, hi in ranges), huge_bytes(ranges), time.perf_counter() - began, note)
