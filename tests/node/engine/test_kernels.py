@@ -124,6 +124,8 @@ def test_a_node_whose_probe_traps_serves_without_extra_buffers_and_says_so(gemma
         assert not any(name in kernels_seen["buffers"] for name in ("AMX", "CPU_REPACK"))
         if huge_pages.offered():  # [memory] huge_pages = auto: the weights read into 2 MiB pages
             assert kernels_seen["huge_pages_mib"] >= 0.95 * sum(kernels_seen["buffers"].values()), kernels_seen
+            assert metric(node.url, "reame_weights_huge_pages_bytes") == pytest.approx(
+                kernels_seen["huge_pages_mib"] * 2**20, rel=1e-3)
         else:
             assert kernels_seen["huge_pages_mib"] is None
         line = kernels_seen["step_cost_line_ms"]
