@@ -44,7 +44,7 @@ def kernel_header(model: Path | None = None, *, threads: int | None = None, sett
     n_threads = threads or os.cpu_count() or 1
     choice = choose_kernels(path, setting=setting, n_threads=n_threads)
     fresh = probe_kernels(path, n_threads=n_threads, modes="on" if choice.extra_buffers else "off",
-                          huge_pages=huge_pages.wanted("auto"))
+                          huge_pages=huge_pages.wanted("auto", huge_pages.file_size(path)))
     report = choice.report(system_info(), fresh.buffers or choice.buffers, cpu_variant(), fresh.huge_mib)
     line = fresh.line.as_dict() if fresh.line is not None else None
     kernels = describe({**report, "probe_line_ms": None})

@@ -43,7 +43,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("memory", "huge_pages", str, "auto",
          "Read the model's weights into 2 MiB pages (Linux transparent huge pages): steps of 2-12 rows "
          "~10% faster by measurement, 0.6 s more at start for 235 MiB. auto = where the kernel offers "
-         "them (always or madvise), on (an error where it does not), off.",
+         "them (always or madvise) and the model is at most half the RAM available; on (an error where "
+         "the kernel offers none); off.",
          ("auto", "on", "off")),
     _opt("memory", "kv_cache_type", str, "auto",
          "KV cache element type: f16, q8_0 or q4_0; auto = f16 when it fits in RAM, else smaller.",

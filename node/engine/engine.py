@@ -107,7 +107,7 @@ class Engine:
                                       cache_dir=config.kernel_cache, n_threads=self._ctx_threads)
         self._model = LlamaModel(config.model_path, use_mmap=config.use_mmap, use_mlock=config.use_mlock,
                                  progress=config.on_progress, extra_buffers=self.kernels.extra_buffers,
-                                 huge_pages=huge_pages.wanted(config.huge_pages))
+                                 huge_pages=huge_pages.wanted(config.huge_pages, huge_pages.file_size(config.model_path)))
         try:
             self._ctx = LlamaContext(
                 self._model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,

@@ -72,19 +72,49 @@ def offered(path: Path = THP_ENABLED) -> bool:
     return sys.platform.startswith("linux") and thp_mode(path) in ("always", "madvise")
 
 
-def wanted(setting: str, path: Path = THP_ENABLED) -> bool:
-    """The `[memory] huge_pages` setting resolved: auto = where the kernel offers them; on
-    where it does not is an error, not a quiet fallback."""
+def file_size(path: str | os.PathLike[str]) -> int:
+    """A model file's bytes (0 where it cannot be read: the load says why)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable in bytes, None where the kernel does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def wanted(setting: str, model_bytes: int = 0, path: Path = THP_ENABLED,
+           meminfo: Path = Path("/proc/meminfo")) -> bool:
+    """The `[memory] huge_pages` setting resolved for a model of `model_bytes`: auto = where the
+    kernel offers them and the model takes at most half the RAM available (read weights are
+    the node's own memory, which the kernel cannot drop and read again from the file as it
+    can a mapping's pages: a tight box keeps the mapping); on where the kernel offers none is
+    an error, not a quiet fallback."""
     if setting not in SETTINGS:
         raise ModelLoadError(f"huge_pages must be one of {', '.join(SETTINGS)}, got {setting!r}")
     if setting == "off":
         return False
-    if offered(path):
-        return True
+    if not offered(path):
+        if setting == "on":
+            mode = thp_mode(path) or f"no {path}"
+            raise ModelLoadError(f"huge_pages = on, but this kernel offers no transparent huge pages ({mode})")
+        return False
     if setting == "on":
-        mode = thp_mode(path) or f"no {path}"
-        raise ModelLoadError(f"huge_pages = on, but this kernel offers no transparent huge pages ({mode})")
-    return False
+        return True
+    available = available_ram(meminfo)
+    if available is not None and 2 * model_bytes > available:
+        log.info("weights mapped, not in 2 MiB pages: the model (%d MiB) is more than half the RAM available "
+                 "(%d MiB)", model_bytes >> 20, available >> 20)
+        return False
+    return True
 
 
 def anonymous_mappings(maps: Path = Path("/proc/self/maps")) -> set[Mapping]:

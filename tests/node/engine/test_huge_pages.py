@@ -35,16 +35,28 @@ def test_the_kernels_mode_is_the_bracketed_word(tmp_path):
 
 def test_auto_follows_the_kernel_and_on_refuses_where_it_offers_none(tmp_path):
     madvise = _mode_file(tmp_path, "always [madvise] never\n")
-    assert huge_pages.wanted("auto", madvise) is True
-    assert huge_pages.wanted("on", madvise) is True
-    assert huge_pages.wanted("off", madvise) is False
+    assert huge_pages.wanted("auto", path=madvise) is True
+    assert huge_pages.wanted("on", path=madvise) is True
+    assert huge_pages.wanted("off", path=madvise) is False
     never = _mode_file(tmp_path, "always madvise [never]\n")
-    assert huge_pages.wanted("auto", never) is False
+    assert huge_pages.wanted("auto", path=never) is False
     with pytest.raises(ModelLoadError, match="offers no transparent huge pages"):
-        huge_pages.wanted("on", never)
-    assert huge_pages.wanted("auto", tmp_path / "absent") is False
+        huge_pages.wanted("on", path=never)
+    assert huge_pages.wanted("auto", path=tmp_path / "absent") is False
     with pytest.raises(ModelLoadError, match="huge_pages must be one of"):
-        huge_pages.wanted("yes", madvise)
+        huge_pages.wanted("yes", path=madvise)
+
+
+def test_auto_keeps_the_mapping_for_a_model_over_half_the_available_ram(tmp_path):
+    madvise = _mode_file(tmp_path, "always [madvise] never\n")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        2048000 kB\nMemFree:          900000 kB\nMemAvailable:    1000000 kB\n")
+    available = 1000000 * 1024
+    assert huge_pages.available_ram(meminfo) == available
+    assert huge_pages.wanted("auto", available // 2, madvise, meminfo) is True
+    assert huge_pages.wanted("auto", available // 2 + 1, madvise, meminfo) is False
+    assert huge_pages.wanted("on", available, madvise, meminfo) is True  # asked for: the user's call
+    assert huge_pages.wanted("auto", available, madvise, tmp_path / "absent") is True  # nothing known
 
 
 def test_the_engine_config_refuses_an_unknown_setting():
