@@ -19,7 +19,7 @@ pass (one review, one rewrite, one question), so 3 of its 19 requests are repeat
 Servers: reame (a node with its defaults: L1, prefix cache, speculation, embedded archive,
 fresh home, the weights in 2 MiB pages where the kernel offers them), and llama-server `-np 4
 -c 8192` once per setting in PEERS: no speculation (the model mapped, and read with
---no-mmap, as the node reads it: llama.cpp asks for no huge pages either way), and
+`--load-mode none`, as the node reads it: llama.cpp asks for no huge pages either way), and
 every speculative type of its own that drafts from the text alone, each with sizes that can
 draft within a 48-token answer (ngram-mod's defaults, n_match 24 and n_min 48, cannot: a
 draft needs 48 tokens found in a chain, as many as the whole answer). Reported per server and
@@ -70,7 +70,7 @@ REPEATED = (0, 8, 10)  # first-pass requests the second pass sends again: a revi
 # that can draft in a 48-token answer (draft lengths 16, as the node's).
 PEERS: tuple[tuple[str, list[str]], ...] = (
     ("none", []),
-    ("none-no-mmap", ["--no-mmap"]),  # the model read into memory, as a node with huge pages reads it
+    ("none-read", ["--load-mode", "none"]),  # the model read into memory, as a node with huge pages reads it
     ("ngram-mod", ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "8", "--spec-ngram-mod-n-min", "2",
                    "--spec-ngram-mod-n-max", "16"]),
     ("ngram-simple", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
