@@ -33,7 +33,8 @@ from node.engine.errors import ModelLoadError
 log = logging.getLogger("reame.engine")
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-HUGE = 2 << 20                 # the huge page size collapse aims at (x86-64 and arm64 with 4 KiB pages)
+HPAGE_PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+HUGE = 2 << 20                 # the huge page size where the kernel does not say (x86-64; arm64 with 4 KiB pages)
 MIN_MAPPING = 4 << 20          # smaller new mappings are not worth a huge page
 CHUNK = 64 << 20               # MADV_COLLAPSE per call: a long copy never holds the mm for long
 MADV_HUGEPAGE = 14
@@ -52,10 +53,22 @@ class Collapsed:
     huge: int                  # bytes of them in huge pages afterwards
     seconds: float
     note: str = ""             # why less than all, if so
+    page: int = HUGE           # the huge page size
 
     def describe(self) -> str:
-        text = f"{self.huge / 2**20:.0f} of {self.mapped / 2**20:.0f} MiB in 2 MiB pages ({self.seconds:.2f} s)"
+        text = (f"{self.huge / 2**20:.0f} of {self.mapped / 2**20:.0f} MiB in {self.page >> 20} MiB pages "
+                f"({self.seconds:.2f} s)")
         return f"{text}; {self.note}" if self.note else text
+
+
+def page_size(path: Path = HPAGE_PMD_SIZE) -> int:
+    """The size of the huge pages the kernel collapses into (2 MiB on x86-64, 512 MiB on an
+    arm64 kernel with 64 KiB pages)."""
+    try:
+        size = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return HUGE
+    return size if size > 0 and size & (size - 1) == 0 else HUGE
 
 
 def thp_mode(path: Path = THP_ENABLED) -> str:
@@ -111,7 +124,7 @@ def wanted(setting: str, model_bytes: int = 0, path: Path = THP_ENABLED,
         return True
     available = available_ram(meminfo)
     if available is not None and 2 * model_bytes > available:
-        log.info("weights mapped, not in 2 MiB pages: the model (%d MiB) is more than half the RAM available "
+        log.info("weights mapped, not in huge pages: the model (%d MiB) is more than half the RAM available "
                  "(%d MiB)", model_bytes >> 20, available >> 20)
         return False
     return True
@@ -168,12 +181,13 @@ def collapse(mappings: set[Mapping]) -> Collapsed:
     """Move the anonymous mappings (those a model load created) into huge pages."""
     began = time.perf_counter()
     ranges: list[Mapping] = []
+    huge = page_size()
     for start, end in sorted(mappings):
-        lo, hi = (start + HUGE - 1) // HUGE * HUGE, end // HUGE * HUGE
-        if hi - lo >= MIN_MAPPING:
+        lo, hi = (start + huge - 1) // huge * huge, end // huge * huge
+        if hi - lo >= max(MIN_MAPPING, huge):
             ranges.append((lo, hi))
     if not ranges:
-        return Collapsed(0, 0, 0.0, "no new mapping of 4 MiB or more")
+        return Collapsed(0, 0, 0.0, "no new mapping of a huge page or more", huge)
     libc = _libc()
     note = ""
     for lo, hi in ranges:
@@ -187,5 +201,5 @@ def collapse(mappings: set[Mapping]) -> Collapsed:
             if code == errno.EINVAL:  # a kernel before 6.1, or a mapping it will not collapse now
                 note = UNCOLLAPSED
                 break
-            note = f"MADV_COLLAPSE: {os.strerror(code)}"  # EAGAIN / ENOMEM: no free 2 MiB runs now
-    return Collapsed(sum(hi - lo for lo, hi in ranges), huge_bytes(ranges), time.perf_counter() - began, note)
+            note = f"MADV_COLLAPSE: {os.strerror(code)}"  # EAGAIN / ENOMEM: no free huge page now
+    return Collapsed(sum(hi - lo for lo, hi in ranges), huge_bytes(ranges), time.perf_counter() - began, note, huge)

@@ -90,7 +90,7 @@ def describe(report: Mapping[str, Any], line_ms: Mapping[str, float] | None = No
     text = (f"{report.get('machine', '?')}{variant} {' '.join(report.get('features', ())) or '(no SIMD features)'}; "
             f"extra buffers {report.get('extra_buffers', '?')} ({report.get('reason', '')}); weights in {buffers}")
     if report.get("huge_pages_mib") is not None:
-        text += f" ({report['huge_pages_mib']:.0f} MiB in 2 MiB pages)"
+        text += f" ({report['huge_pages_mib']:.0f} MiB in huge pages)"
     line = line_ms if line_ms is not None else report.get("probe_line_ms")
     if line:
         text += (f"; cost line {line['per_step']:.1f} ms + {line['per_token']:.2f} ms per token with logits "

@@ -84,7 +84,7 @@ class KernelSeries(Collector):
                          str(report.get("reason", ""))], 1.0)
         yield info
         if report.get("huge_pages_mib") is not None:
-            yield GaugeMetricFamily("reame_weights_huge_pages_bytes", "The model's weights in 2 MiB pages "
+            yield GaugeMetricFamily("reame_weights_huge_pages_bytes", "The model's weights in huge pages "
                                     "([memory] huge_pages)", value=float(report["huge_pages_mib"]) * 2**20)
         line = self.line_ms()
         if line:

@@ -59,6 +59,15 @@ def test_auto_keeps_the_mapping_for_a_model_over_half_the_available_ram(tmp_path
     assert huge_pages.wanted("auto", available, madvise, tmp_path / "absent") is True  # nothing known
 
 
+def test_the_huge_page_size_is_the_kernels(tmp_path):
+    size = tmp_path / "hpage_pmd_size"
+    size.write_text("536870912\n")  # an arm64 kernel with 64 KiB pages
+    assert huge_pages.page_size(size) == 512 << 20
+    size.write_text("junk\n")
+    assert huge_pages.page_size(size) == huge_pages.HUGE
+    assert huge_pages.page_size(tmp_path / "absent") == huge_pages.HUGE
+
+
 def test_the_engine_config_refuses_an_unknown_setting():
     with pytest.raises(InvalidRequest, match="huge_pages must be auto, on or off"):
         EngineConfig(model_path=Path("m.gguf"), huge_pages="maybe").check()
@@ -90,7 +99,7 @@ def test_a_new_anonymous_mapping_is_found_and_collapsed():
         if not huge_pages.offered():
             pytest.skip(f"this kernel offers no transparent huge pages ({huge_pages.thp_mode() or 'none'})")
         done = huge_pages.collapse({(lo, hi) for lo, hi in new if lo <= start < hi})
-        assert done.mapped >= size - 2 * huge_pages.HUGE  # aligned inward to 2 MiB
+        assert done.mapped >= size - 2 * huge_pages.page_size()  # aligned inward to whole huge pages
         if done.note == huge_pages.UNCOLLAPSED:
             pytest.skip(done.note)  # a kernel before 6.1: khugepaged's time, not the test's
         assert not done.note, done.note
