@@ -8,7 +8,8 @@ in 2 MiB pages, one-row steps and prompt chunks the same. llama.cpp maps the mod
 neither way; where the kernel gives them only on request (`madvise` mode), nothing does.
 
 This module owns: whether the kernel offers them (`offered`, `wanted`), the anonymous
-mappings a model load created (`anonymous_mappings` before and after), and moving those into
+mappings a model load created (`anonymous_mappings` before and after) and of those the ones
+holding its weight buffers (`holding`), and moving those into
 huge pages: madvise(MADV_HUGEPAGE) so that they stay so, then madvise(MADV_COLLAPSE), which
 copies them into huge pages at once instead of leaving it to khugepaged's slow scan (Linux
 6.1 and later; where it is refused, the first call stands and khugepaged collapses them in
@@ -145,6 +146,19 @@ def anonymous_mappings(maps: Path = Path("/proc/self/maps")) -> set[Mapping]:
             continue
         start, _, end = fields[0].partition("-")
         found.add((int(start, 16), int(end, 16)))
+    return found
+
+
+def holding(mappings: set[Mapping], sizes: list[int], slack: int = 4 << 20) -> set[Mapping]:
+    """Of the mappings a load created, those holding buffers of `sizes` bytes (llama.cpp's
+    weight buffers, as its load reports them): for each size, the smallest mapping at least
+    that large and at most `slack` larger. Other allocations the load made (the vocabulary's
+    tables, another thread's) are left as they are."""
+    found: set[Mapping] = set()
+    for size in sorted(sizes, reverse=True):
+        fits = [m for m in mappings - found if size - (64 << 10) <= m[1] - m[0] <= size + slack]
+        if fits:
+            found.add(min(fits, key=lambda m: m[1] - m[0]))
     return found
 
 

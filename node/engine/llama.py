@@ -160,16 +160,18 @@ class LlamaModel:
         before = thp.anonymous_mappings() if huge_pages and not vocab_only else set()
         with runtime.capture() as lines:
             self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
-        self.collapsed: thp.Collapsed | None = None
-        if self._ptr and huge_pages and not vocab_only:
-            self.collapsed = thp.collapse(thp.anonymous_mappings() - before)
-            log.info("weights: %s", self.collapsed.describe())
         self.extra_buffers = extra_buffers
         self.buffers: dict[str, float] = {}
+        sizes: list[int] = []
         for line in lines:
             match = _BUFFER_LINE.search(line)
             if match:
                 self.buffers[match.group(1)] = self.buffers.get(match.group(1), 0.0) + float(match.group(2))
+                sizes.append(int(float(match.group(2)) * 2**20))
+        self.collapsed: thp.Collapsed | None = None
+        if self._ptr and huge_pages and not vocab_only:
+            self.collapsed = thp.collapse(thp.holding(thp.anonymous_mappings() - before, sizes))
+            log.info("weights: %s", self.collapsed.describe())
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF it supports?)")
         self.path = Path(path)
