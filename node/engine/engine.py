@@ -158,9 +158,7 @@ class Engine:
     def kernel_report(self) -> dict:
         """The kernel path: llama.cpp's CPU features, extra buffer types in use and why, the
         buffer types the weights went to (node/engine/kernels.py)."""
-        collapsed = self._model.collapsed
-        return self.kernels.report(system_info(), self._model.buffers, cpu_variant(),
-                                   collapsed.huge / 2**20 if collapsed is not None else None)
+        return self.kernels.report(system_info(), self._model.buffers, cpu_variant(), self._model.huge_mib)
 
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
         return self._model.tokenize(text, add_bos=add_bos, special=special)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from node.engine.errors import ModelLoadError
 
-log = logging.getLogger("reame.engine")
+log = logging.getLogger(__name__)
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 HPAGE_PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")

@@ -76,8 +76,8 @@ def probe(path: Path, extra_buffers: bool, n_threads: int, repeats: int, huge_pa
             samples[str(n_seqs * rows)].append(step(n_seqs, rows))
     result = {"mode": "on" if extra_buffers else "off", "buffers": model.buffers, "load_s": load_s,
               "samples": samples}
-    if model.collapsed is not None:
-        result["huge_mib"] = model.collapsed.huge / 2**20
+    if model.huge_mib is not None:
+        result["huge_mib"] = model.huge_mib
     ctx.close()
     model.close()
     return result

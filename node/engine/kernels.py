@@ -202,7 +202,7 @@ def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_
         why = "" if off_line is not None else f": {(off or {}).get('error') or ended or 'printed nothing'}"
         return KernelChoice(False, "auto", f"measured without extra buffer types{why}", probe_s=elapsed,
                             line=off_line, buffers=_buffers(off), timed_out=returncode is None,
-                            huge_mib=(off or {}).get("huge_mib"))
+                            huge_mib=_huge_mib(off))
     if on_line is None:
         why = (on or {}).get("error") or ended or "printed nothing"
         where = "the probe's batched decode with extra buffer types"
@@ -210,7 +210,7 @@ def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_
                             line=off_line, buffers=_buffers(off), timed_out=returncode is None)
     if off_line is None:  # extra buffers run; without them the probe failed: keep what runs
         return KernelChoice(True, "auto", "extra buffer types ran; the probe without them failed", usable=True,
-                            probe_s=elapsed, line=on_line, buffers=_buffers(on), huge_mib=(on or {}).get("huge_mib"))
+                            probe_s=elapsed, line=on_line, buffers=_buffers(on), huge_mib=_huge_mib(on))
     on_cost, off_cost = on_line.seconds(1) + on_line.seconds(8), off_line.seconds(1) + off_line.seconds(8)
     faster = on_cost <= off_cost
     reason = (f"probe: {'on' if faster else 'off'} is faster "
@@ -218,7 +218,7 @@ def probe_kernels(model_path: Path, *, n_threads: int, timeout_s: float = PROBE_
     chosen = on if faster else off
     return KernelChoice(faster, "auto", reason, usable=True, probe_s=elapsed,
                         line=on_line if faster else off_line, buffers=_buffers(chosen),
-                        huge_mib=(chosen or {}).get("huge_mib"))
+                        huge_mib=_huge_mib(chosen))
 
 
 def _line(result: dict | None) -> CostLine | None:
@@ -230,6 +230,10 @@ def _line(result: dict | None) -> CostLine | None:
 
 def _buffers(result: dict | None) -> dict[str, float]:
     return dict((result or {}).get("buffers") or {})
+
+
+def _huge_mib(result: dict | None) -> float | None:
+    return (result or {}).get("huge_mib")
 
 
 def _signal_name(number: int) -> str:

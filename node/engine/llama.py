@@ -157,7 +157,8 @@ class LlamaModel:
         params.progress_callback = on_progress
         params.vocab_only = vocab_only
         params.use_extra_bufts = extra_buffers
-        before = thp.anonymous_mappings() if huge_pages and not vocab_only else set()
+        collapsing = huge_pages and not vocab_only
+        before = thp.anonymous_mappings() if collapsing else set()
         with runtime.capture() as lines:
             self._ptr = ll.llama_model_load_from_file(os.fsencode(path), params)
         self.extra_buffers = extra_buffers
@@ -169,7 +170,7 @@ class LlamaModel:
                 self.buffers[match.group(1)] = self.buffers.get(match.group(1), 0.0) + float(match.group(2))
                 sizes.append(int(float(match.group(2)) * 2**20))
         self.collapsed: thp.Collapsed | None = None
-        if self._ptr and huge_pages and not vocab_only:
+        if self._ptr and collapsing:
             self.collapsed = thp.collapse(thp.holding(thp.anonymous_mappings() - before, sizes))
             log.info("weights: %s", self.collapsed.describe())
         if not self._ptr:
@@ -183,6 +184,11 @@ class LlamaModel:
     @property
     def ptr(self) -> ll.llama_model_p:
         return self._ptr
+
+    @property
+    def huge_mib(self) -> float | None:
+        """MiB of the weights in huge pages (None: not asked for)."""
+        return self.collapsed.huge / 2**20 if self.collapsed is not None else None
 
     # -- vocabulary ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from node.engine import huge_pages
 from node.models.ggufmeta import GGUFError, GGUFSummary, summarize
 from node.config import NodeSettings
 from node.models.catalog import ResolvedModel, resolve_model
@@ -58,13 +59,9 @@ def auto_threads(cores: int) -> int:
 
 def available_ram() -> int:
     """Bytes of RAM available to new allocations (MemAvailable), or total RAM as a fallback."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    available = huge_pages.available_ram()
+    if available is not None:
+        return available
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
