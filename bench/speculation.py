@@ -313,7 +313,9 @@ def case_conclave(engine, args) -> list[str]:
                   f"{fresh.floor_s / fresh.one_s:.2f}x: their decoding, drafted from every text they saw, at least "
                   f"{fresh.decoding_floor_s:.2f} s on the line, and their prompts "
                   f"{fresh.floor_s - fresh.decoding_floor_s:.2f} s as computed; the decoding alone "
-                  f"{fresh.decoding_floor_s / fresh.one_s:.2f}x)  load {os.getloadavg()[0]:.1f}"]
+                  f"{fresh.decoding_floor_s / fresh.one_s:.2f}x)  load {os.getloadavg()[0]:.1f}",
+                  f"  new requests, one answer: {_breakdown(fresh.one_stats)}",
+                  f"  new requests, conclave:   {_breakdown(fresh.conclave_stats)}"]
     return lines
 
 
@@ -403,6 +405,8 @@ class FreshSums:
     conclave_s: float
     decoding_floor_s: float
     floor_s: float
+    one_stats: dict
+    conclave_stats: dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,15 +505,18 @@ def _conclave_run(model_path, shared: bool, args, start: str = "all") -> Conclav
             plus the Conclaves' prompts as they were computed (a new prompt, as long as the one
             answer's: no schedule computes it for less)."""
             spent = [0.0, 0.0]
+            sums: list[dict] = [dict.fromkeys(STAT_KEYS, 0), dict.fromkeys(STAT_KEYS, 0)]
             del written[:], prefilled[:], starts[:]
             for r in range(args.fresh):
                 pair = (greedy(own, fresh_invoice(2 * r), 48, True, temperature=0.8),
                         greedy(own, fresh_invoice(2 * r + 1), 48, True, temperature=0.8))
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    before = snap()
                     spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
+                    sums[side] = {k: sums[side][k] + v for k, v in _delta(before, snap()).items()}
             line = engine_costs(own)
             decoding = sum(conclave_floor(line, prompt, texts, seen[:before]) for prompt, texts, before in written)
-            return FreshSums(spent[0], spent[1], decoding, decoding + sum(prefilled))
+            return FreshSums(spent[0], spent[1], decoding, decoding + sum(prefilled), sums[0], sums[1])
 
         t1, t5, s1, s5 = asyncio.run(rounds())
         new = asyncio.run(fresh())
