@@ -511,9 +511,9 @@ def _conclave_run(model_path, shared: bool, args, start: str = "all") -> Conclav
                 pair = (greedy(own, fresh_invoice(2 * r), 48, True, temperature=0.8),
                         greedy(own, fresh_invoice(2 * r + 1), 48, True, temperature=0.8))
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
-                    before = snap()
+                    at_start = snap()
                     spent[side] += await (one(pair[0]) if side == 0 else conclave(pair[1]))
-                    sums[side] = {k: sums[side][k] + v for k, v in _delta(before, snap()).items()}
+                    sums[side] = {k: sums[side][k] + v for k, v in _delta(at_start, snap()).items()}
             line = engine_costs(own)
             decoding = sum(conclave_floor(line, prompt, texts, seen[:before]) for prompt, texts, before in written)
             return FreshSums(spent[0], spent[1], decoding, decoding + sum(prefilled), sums[0], sums[1])

@@ -167,8 +167,9 @@ class LlamaModel:
         for line in lines:
             match = _BUFFER_LINE.search(line)
             if match:
-                self.buffers[match.group(1)] = self.buffers.get(match.group(1), 0.0) + float(match.group(2))
-                sizes.append(int(float(match.group(2)) * 2**20))
+                mib = float(match.group(2))
+                self.buffers[match.group(1)] = self.buffers.get(match.group(1), 0.0) + mib
+                sizes.append(int(mib * 2**20))
         self.collapsed: thp.Collapsed | None = None
         if self._ptr and collapsing:
             self.collapsed = thp.collapse(thp.holding(thp.anonymous_mappings() - before, sizes))
