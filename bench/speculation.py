@@ -128,10 +128,16 @@ def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: 
     return sum(len(o) for o in outs) / wall, outs
 
 
-def fewest_seconds(line, steps: int, rows: int) -> float:
+def fewest_seconds(line, steps: int, rows: int, live: Sequence[int] = ()) -> float:
     """The least time `rows` rows with logits take in `steps` or more decode steps on the cost
     line (staircase and lone row included), each step at least one row: a floor under every
-    schedule that does that work, whatever rows it gives to whom."""
+    schedule that does that work, whatever rows it gives to whom.
+
+    `live`: the fewest steps each of the sequences sharing the steps decodes in. A sequence has
+    a row in every step until it ends, so step t carries at least as many rows as there are
+    sequences with t steps or more. Without it, the floor may put one row in most steps and the
+    rest in a few, which concurrent sequences can never do: 4 of them sharing 44 steps would be
+    held to 1.25x plain decoding's time instead of 1.04x."""
     import numpy as np
 
     cost = np.array([line.seconds(r) for r in range(rows + 1)])
@@ -139,8 +145,9 @@ def fewest_seconds(line, steps: int, rows: int) -> float:
     best, reach = np.inf, np.full(rows + 1, np.inf)
     reach[0] = 0.0  # reach[m]: the least time of the steps so far holding m rows in all
     for taken in range(1, rows + 1):
+        least = max(1, sum(1 for s in live if s >= taken))
         shifted = np.full((rows + 1, rows + 1), np.inf)
-        for r in range(1, rows + 1):
+        for r in range(least, rows + 1):
             shifted[r:, r] = reach[:rows + 1 - r] + cost[r]
         reach = shifted.min(axis=1)
         if taken >= steps:
@@ -163,10 +170,11 @@ def text_ceiling(line, plain: list, prompts: list, learned: list, min_match: int
     fewest steps a source drafting from text seen takes over each answer plain decoding wrote
     (bench/text_oracle.py; `learned`: what the Palimpsest held before; `min_match`: the
     fewest context tokens a draft's occurrence must match), the run as many as the answer
-    needing most, a row for every token after each first; (the ratio, those steps)."""
-    steps = max(oracle_steps(p, end.generated, learned, min_match=min_match) for p, end in zip(prompts, plain))
+    needing most, each step a row for every answer still going, a row for every token after
+    each first; (the ratio, those steps)."""
+    each = [oracle_steps(p, end.generated, learned, min_match=min_match) for p, end in zip(prompts, plain)]
     rows = sum(len(end.generated) - 1 for end in plain)
-    return plain_seconds(line, plain) / fewest_seconds(line, steps, rows), steps
+    return plain_seconds(line, plain) / fewest_seconds(line, max(each), rows, each), max(each)
 
 
 def concurrent_ceiling(line, plain: list, spec: list) -> str:
@@ -175,14 +183,15 @@ def concurrent_ceiling(line, plain: list, spec: list) -> str:
     The plain run, on the line: all requests in one batch, a step per token after the first,
     rows as many as requests still going. The speculative run cannot take fewer steps than the
     request with the most (a step gives a request at most one token beyond what its drafts kept,
-    and the steps are one after another), nor fewer rows than tokens after each first one:
-    `fewest_seconds` over those. A request that drafts nothing holds the whole run to as many
-    steps as plain decoding, so the ceiling is then near 1.0x whatever the others keep."""
+    and the steps are one after another), nor fewer rows than tokens after each first one, nor
+    fewer rows in a step than requests it took part in: `fewest_seconds` over those. A request
+    that drafts nothing holds the whole run to as many steps as plain decoding, so the ceiling
+    is then near 1.0x whatever the others keep."""
     lengths = [len(end.generated) - 1 for end in plain]
     plain_s = plain_seconds(line, plain)
     steps = max(end.steps for end in spec)
     rows = sum(len(end.generated) - 1 for end in spec)
-    floor = fewest_seconds(line, steps, rows)
+    floor = fewest_seconds(line, steps, rows, [end.steps for end in spec])
     return (f"ceiling {plain_s / floor:.2f}x: the slowest request's {steps} steps and {rows} rows on the line, "
             f"against {max(lengths)} steps plain")
 
