@@ -83,3 +83,51 @@ def test_the_grammar_cuts_the_draft_and_no_grammar_no_draft():
     assert free.propose(plain, [*PROMPT, 10, 11, 12, 13], 3) is None
     source.end(seq, [])
     assert source.propose(seq, [*PROMPT, 10, 11, 12, 13], 3) is None  # its state is gone
+
+
+# a document in lower case, and an answer that writes its values in Title Case or UPPER CASE
+RECASE_PIECES = {40: b"Joined as", 41: b" senior", 42: b" accounts", 43: b" clerk", 44: b" in", 45: b" finance",
+                 46: b".\n", 47: b"Next", 10: b'{"', 11: b"job", 12: b'":"', 50: b"Senior", 51: b"SENIOR",
+                 52: b"Sen", 53: b"SeNior"}
+RECASE_PROMPT = (40, 41, 42, 43, 44, 45, 46, 47)
+RECASE_TOKENS = {" Accounts": 60, " Clerk": 61, " In": 62, " Finance": 63, ".": 64, " ACCOUNTS": 70, " CLERK": 71,
+                 "ior": 80}
+
+
+def recase() -> tuple[DocumentQuote, DraftSeq, list[str]]:
+    import re
+
+    asked: list[str] = []
+
+    def tokenize(text: str) -> list[int]:
+        asked.append(text)
+        return [RECASE_TOKENS.get(word, 99) for word in re.findall(r"\s?\w+|[^\w\s]", text)]
+
+    source = DocumentQuote()
+    source.bind(lambda token: RECASE_PIECES[token], tokenize)
+    seq = DraftSeq(1, 1, RECASE_PROMPT, False, grammar=Grammar())
+    source.begin(seq)
+    return source, seq, asked
+
+
+def test_a_value_written_in_title_case_goes_on_with_the_documents_words_in_title_case():
+    source, seq, asked = recase()
+    draft = source.propose(seq, [*RECASE_PROMPT, 10, 11, 12, 50], 3)  # {"job":"Senior
+    assert draft is not None and draft.tokens == (60, 61, 62) and draft.source == "grammar.quote"
+    assert asked == [" Accounts Clerk In Finance."]  # to the end of the document's line
+    again = source.propose(seq, [*RECASE_PROMPT, 10, 11, 12, 50], 5)
+    assert again is not None and again.tokens == (60, 61, 62, 63, 64) and len(asked) == 1  # tokenized once
+
+
+def test_upper_case_and_a_word_under_way_are_kept_as_the_answer_writes_them():
+    source, seq, asked = recase()
+    assert source.propose(seq, [*RECASE_PROMPT, 10, 11, 12, 51], 2).tokens == (70, 71)  # SENIOR ACCOUNTS CLERK
+    inside, seq2, asked2 = recase()
+    assert inside.propose(seq2, [*RECASE_PROMPT, 10, 11, 12, 52], 2).tokens == (80, 60)  # "Sen" + "ior Accounts"
+    assert asked2 == ["ior Accounts Clerk In Finance."]
+
+
+def test_a_case_that_is_none_of_the_three_drafts_nothing():
+    source, seq, asked = recase()
+    assert source.propose(seq, [*RECASE_PROMPT, 10, 11, 12, 53], 3) is None  # SeNior
+    assert asked == []
