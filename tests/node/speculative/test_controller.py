@@ -666,6 +666,35 @@ def test_a_draft_cut_by_the_grammar_carries_no_hint():
     assert plan.drafts[1].tokens == (100, 101, 102) and plan.drafts[1].after is None
 
 
+def test_structured_output_drafts_stop_before_a_sentence_ends():
+    class Any_:
+        def forced(self):
+            return []
+
+        def valid(self, tokens):
+            return len(tokens)
+
+    # 100 " 960", 101 " 118", 102 ".", 103 " Her", 104 " manager"; 105 "maria", 102 ".", 106 "ke"
+    pieces = {100: b" 960", 101: b" 118", 102: b".", 103: b" Her", 104: b" manager", 105: b"maria", 106: b"ke",
+              107: b"ane"}
+    costs = CostCurve({n: 0.012 + 0.003 * n for n in (1, 2, 4, 8, 16, 32, 68)}, fixed=True)
+
+    def planned(tokens: tuple[int, ...], grammar) -> tuple[int, ...] | None:
+        source = Fixed("src", tokens)
+        controller = Controller([source], ControllerConfig(max_draft=16), costs=costs)
+        controller.bind_vocabulary(lambda token: pieces[token], lambda text: [])
+        seq = DraftSeq(1, 1, (), False, grammar=grammar)
+        controller.begin(seq)
+        establish(controller, "src", [1.0] * 16, ANY)
+        draft = controller.plan(1, [DraftAsk(seq, [1], 8)], 0, 256).drafts.get(1)
+        return None if draft is None else draft.tokens
+
+    assert planned((100, 101, 102, 103, 104), Any_()) == (100, 101)  # "960 118" and not ". Her manager"
+    assert planned((102, 103, 104), Any_()) is None  # the value ends here: nothing to draft
+    assert planned((105, 102, 106, 107), Any_()) == (105, 102, 106, 107)  # "maria.keane": a dot inside a value
+    assert planned((100, 101, 102, 103, 104), None) == (100, 101, 102, 103, 104)  # free text: a sentence goes on
+
+
 def test_the_calibrated_curve_is_kept_for_the_next_start_and_a_bad_file_is_measured_again(tmp_path, caplog):
     path = tmp_path / "kernels" / "costs-x.json"
     store = CostStore(path)
