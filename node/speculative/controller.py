@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -177,7 +178,7 @@ class Controller:
     def bind_vocabulary(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
         """Hand the model's vocabulary to the sources that read text (Il Suggeritore's form rules)
         and keep its pieces for cutting structured output's drafts at a sentence's end."""
-        self._piece = piece
+        self._piece = functools.lru_cache(maxsize=1 << 16)(piece)  # looked up for every draft token
         for state in self._sources.values():
             bind = getattr(state.source, "bind", None)
             if bind is not None:
