@@ -34,15 +34,18 @@ def test_a_sequence_over_its_share_is_refused_at_submit(engine):
 
 
 def test_the_choices_of_one_request_hold_all_slots_but_one_and_are_never_given_up(engine):
-    handles = engine.submit_n(hog(engine, 40, max_wait_s=0.5), 4)
+    # the bound well under what the first three take: three sequences' 40 steps took 0.48 s on an
+    # AMD EPYC core pair, under the 0.5 s bound this test had; 64 steps of them take 0.3 s or more
+    # on any host of this project's size
+    handles = engine.submit_n(hog(engine, 64, max_wait_s=0.2), 4)
     peak = 0
     while not engine.stats()["queued"] == engine.stats()["active"] == 0:
         peak = max(peak, engine.stats()["active"])
         time.sleep(0.01)
     finished = [last(handle) for handle in handles]
     assert peak == 3
-    assert [f.reason for f in finished] == ["length"] * 4  # the fourth waited its turn, longer than 0.5 s
-    assert max(f.timings["queue_s"] for f in finished) > 0.5
+    assert [f.reason for f in finished] == ["length"] * 4  # the fourth waited its turn, longer than 0.2 s
+    assert max(f.timings["queue_s"] for f in finished) > 0.2
 
 
 async def test_a_request_that_finds_no_room_in_time_ends_unstarted(engine):
