@@ -167,7 +167,7 @@ class Engine:
         return self._model.detokenize(tokens)
 
     def token_piece(self, token: int) -> bytes:
-        return self._model.token_piece(token)
+        return self._scheduler.piece(token)
 
     # -- requests -------------------------------------------------------------------------------
 

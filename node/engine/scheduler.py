@@ -712,7 +712,7 @@ class Scheduler:
         verified = e.tokens[e.known:]  # the last pending token and the draft: the rows with logits
         return verify(verified, logits[e.first_row:e.first_row + len(verified)],
                       lambda row, draft: sampler.choose(row, seq.tokens, draft),
-                      lambda choice: seq.accept(choice, self._eog, self._piece), dists=dists,
+                      lambda choice: seq.accept(choice, self._eog, self.piece), dists=dists,
                       choose_against=lambda row, token, dist: sampler.choose_against(row, seq.tokens, token, dist),
                       after=after)
 
@@ -761,7 +761,7 @@ class Scheduler:
         assert seq.sampler is not None  # made at admission
         choice = seq.sampler.choose(row, seq.tokens)
         self.counters["generated_tokens"] += 1
-        reason = seq.accept(choice, self._eog, self._piece)
+        reason = seq.accept(choice, self._eog, self.piece)
         if reason is not None:
             self._end(seq, reason)
         else:
@@ -787,7 +787,7 @@ class Scheduler:
             grammar.accept(token)
             self.counters["generated_tokens"] += 1
             self.counters["jumped_tokens"] += 1
-            reason = seq.accept(Choice(token), self._eog, self._piece)
+            reason = seq.accept(Choice(token), self._eog, self.piece)
             if reason is not None:
                 self._end(seq, reason)
                 return
@@ -839,7 +839,8 @@ class Scheduler:
         n_swa = self._model.n_swa
         return n_swa == 0 or prefix_state.window_kept(n_swa, self._ctx.seq_pos_min(slot), n_tokens)
 
-    def _piece(self, token: int) -> bytes:
+    def piece(self, token: int) -> bytes:
+        """A token's text, memoised (the engine's `token_piece`: every caller shares the memo)."""
         piece = self._pieces.get(token)
         if piece is None:
             piece = self._pieces[token] = self._model.token_piece(token)

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -178,7 +177,7 @@ class Controller:
     def bind_vocabulary(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
         """Hand the model's vocabulary to the sources that read text (Il Suggeritore's form rules)
         and keep its pieces for cutting structured output's drafts at a sentence's end."""
-        self._piece = functools.lru_cache(maxsize=1 << 16)(piece)  # looked up for every draft token
+        self._piece = piece
         for state in self._sources.values():
             bind = getattr(state.source, "bind", None)
             if bind is not None:
@@ -345,9 +344,8 @@ class Controller:
                     continue
             draft = state.source.propose(ask.seq, ask.context, ask_k + 1 if making <= 0 else ask_k)
             if draft is not None and ask.seq.grammar is not None and draft.tokens:
-                draft = _grammatical(draft, ask.seq.grammar.valid(draft.tokens))
-                if draft is not None and self._piece is not None:
-                    draft = _before_sentence_end(draft, self._piece)
+                draft = _grammatical(draft, min(ask.seq.grammar.valid(draft.tokens),
+                                                _sentence_end(draft.tokens, self._piece)))
             if draft is None or not draft.tokens:
                 continue
             if state not in proposed:
@@ -609,8 +607,8 @@ class Controller:
 
 
 def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
-    """The draft cut where the grammar stops admitting it (no hint past the cut: the grammar
-    refuses the token there)."""
+    """The draft cut where the grammar stops admitting it, or where a sentence ends
+    (`_sentence_end`); no hint past the cut (the token there is not the draft's to offer)."""
     if n_valid >= len(draft.tokens):
         return draft
     if n_valid <= 0:
@@ -618,18 +616,18 @@ def _grammatical(draft: Draft, n_valid: int) -> Draft | None:
     return dataclasses.replace(draft.head(n_valid), after=None)
 
 
-def _before_sentence_end(draft: Draft, piece: Callable[[int], bytes]) -> Draft | None:
-    """Structured output's draft cut before a full stop that ends a sentence (a "." token and
-    then one that starts with a space or a newline). A draft copying a value out of a document
-    runs on into the document's next sentence, where the output closes its string instead:
-    `"phone":"01632 960 118` drafted on with ". Her manager is Tom Harlow", six rows of which
-    none was kept. A "." inside a value (an e-mail address, a decimal) is not followed by a
-    space; JSON has no full stop outside its strings."""
-    tokens = draft.tokens
-    for i in range(len(tokens) - 1):
-        if piece(int(tokens[i])) == b"." and piece(int(tokens[i + 1]))[:1] in (b" ", b"\n"):
-            return None if i == 0 else dataclasses.replace(draft.head(i), after=None)
-    return draft
+def _sentence_end(tokens: Sequence[int], piece: Callable[[int], bytes] | None) -> int:
+    """Where structured output's draft stops: before a full stop that ends a sentence (a "."
+    token and then one that starts with a space or a newline), else its length. A draft copying
+    a value out of a document runs on into the document's next sentence, where the output closes
+    its string instead: `"phone":"01632 960 118` drafted on with ". Her manager is Tom Harlow",
+    six rows of which none was kept. A "." inside a value (an e-mail address, a decimal) is not
+    followed by a space; JSON has no full stop outside its strings. Unbound (no pieces): no cut."""
+    if piece is not None:
+        for i in range(len(tokens) - 1):
+            if piece(int(tokens[i])) == b"." and piece(int(tokens[i + 1]))[:1] in (b" ", b"\n"):
+                return i
+    return len(tokens)
 
 
 def _classes(kind: int) -> set[int]:
