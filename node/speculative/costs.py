@@ -10,7 +10,8 @@ one-token step), or a staircase on it where the measured sizes show one (`fit_st
 output projection's kernels work in tiles of rows; on an AMX-trapping Xeon with llama.cpp's
 stock kernels a step of 5 rows with logits cost what 8 cost, 14 ms more than 4, so the sizes
 calibrated include both sides of each tile up to 17; the patched build, deploy/llama_cpp,
-takes those rows in the same pass and the line stays a line there).
+takes those rows in the same pass and the line stays a line there, except where AVX-512 VNNI
+puts two token columns in a register: an odd count pays for a half-empty pair).
 
 Beside the sizes, the calibration measures steps of k sequences with one token each, k up to
 the slots (`spread`): what a step costs less when one of its sequences has finished

@@ -201,11 +201,14 @@ async def test_disconnect_cancels_streamed_and_unstreamed_generations(plain, eng
     plain.call(service.drain())
     key = service.plan_chat(parse_chat(greedy)).jobs[0].key
     assert key is not None and plain.call(plain.state.archive.get(key)) is None  # a cancelled answer is not stored
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.5)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
         with pytest.raises(asyncio.TimeoutError):
             await session.post(f"{plain.url}/v1/chat/completions", json=body)
+    left_at = engine.stats()["generated_tokens"]
     await wait_idle(engine)
-    assert engine.stats()["generated_tokens"] - before < 400  # far from the 1800 asked for
+    after = engine.stats()["generated_tokens"]
+    assert after - left_at < 100  # the unstreamed one stopped within a few steps of its client leaving
+    assert after - before < 900  # neither ran to its 900 (a fast host makes a few hundred in the second)
 
 
 async def test_auth_on_everything_but_health(nodes):
