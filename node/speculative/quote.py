@@ -51,14 +51,12 @@ class DocumentQuote:
         self.name = "grammar.quote"
         self.cost_per_token = 0.0
         self.prior = 0.6
-        self._piece: Callable[[int], bytes] | None = None
-        self._pieces: dict[int, bytes] = {}  # the vocabulary's pieces met so far (a prompt repeats most)
+        self._piece: Callable[[int], bytes] | None = None  # the engine's token_piece, memoised there
         self._prompts: dict[int, _Prompt] = {}
         self._outputs: dict[int, _Output] = {}
 
     def bind(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
         self._piece = piece
-        self._pieces.clear()
 
     def begin(self, seq: DraftSeq) -> None:
         if seq.grammar is None or self._piece is None:
@@ -66,7 +64,7 @@ class DocumentQuote:
         text, starts = bytearray(), {}
         for i, token in enumerate(seq.prompt):
             starts[len(text)] = i
-            text += self._piece_of(token)
+            text += self._piece(token)
         self._prompts[seq.key] = _Prompt(bytes(text), starts, seq.prompt)
         self._outputs[seq.key] = _Output(seen=len(seq.prompt))
 
@@ -74,7 +72,7 @@ class DocumentQuote:
         prompt, out = self._prompts.get(seq.key), self._outputs.get(seq.key)
         if prompt is None or out is None or seq.grammar is None or self._piece is None:
             return None
-        self._read(out, context)
+        self._read(out, context, self._piece)
         value = bytes(out.data[out.opened:]) if out.inside else b""
         if len(value) < MIN_BYTES:
             return None
@@ -89,12 +87,12 @@ class DocumentQuote:
         self._prompts.pop(seq.key, None)
         self._outputs.pop(seq.key, None)
 
-    def _read(self, out: _Output, context: Sequence[int]) -> None:
+    def _read(self, out: _Output, context: Sequence[int], piece: Callable[[int], bytes]) -> None:
         """The output's new tokens into its text, following its strings' quotes."""
         if out.seen > len(context):  # the context went back (never in the engine): read again
             out.seen, out.data, out.inside, out.escaped = len(context), bytearray(), False, False
         for index in range(out.seen, len(context)):
-            for byte in self._piece_of(int(context[index])):
+            for byte in piece(int(context[index])):
                 out.data.append(byte)
                 if out.escaped:
                     out.escaped = False
@@ -104,13 +102,6 @@ class DocumentQuote:
                     out.inside = not out.inside
                     out.opened, out.opened_token = len(out.data), index + 1
         out.seen = len(context)
-
-    def _piece_of(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            assert self._piece is not None
-            piece = self._pieces[token] = self._piece(token)
-        return piece
 
 
 def _aligned_end(prompt: _Prompt, value: bytes) -> int | None:
