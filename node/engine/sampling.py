@@ -465,8 +465,8 @@ def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
     The vocabulary is cut into groups of BLOCK tokens that lie `n / BLOCK` apart (the columns
     of the row seen as BLOCK x n/BLOCK): the k-th largest of the groups' maxima is a lower
     bound for the k-th largest logit (k groups each hold one value at least that high), and
-    only the groups whose maximum reaches it can hold one of the k. The maxima are one
-    element-wise maximum over BLOCK contiguous rows (a reduction along a short inner axis
+    only the groups whose maximum reaches it can hold one of the k. The maxima are element-wise
+    maxima over BLOCK contiguous rows (`group_maxima`; a reduction along a short inner axis
     would cost twenty times more: it was most of a sampled token's time at Gemma's vocabulary),
     and only the few groups that reach the bound are read again before the partial sort.
     """
@@ -478,7 +478,7 @@ def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
     else:
         width = n // BLOCK
         view = logits.reshape(BLOCK, width)
-        maxima = np.maximum.reduce(view, axis=0)
+        maxima = group_maxima(view)
         floor = np.partition(maxima, width - k)[width - k]
         columns = np.flatnonzero(maxima >= floor)
         member, column = np.nonzero(view[:, columns] >= floor)
@@ -486,6 +486,26 @@ def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
         if len(ids) > k:
             ids = ids[np.argpartition(logits[ids], len(ids) - k)[len(ids) - k:]]
     return ids[np.argsort(-logits[ids], kind="stable")]
+
+
+def group_maxima(view: np.ndarray) -> np.ndarray:
+    """The maximum of each column of `view` (rows: a power of two), by halving: the two halves
+    of the row block compared element-wise, then the halves of that, down to one row.
+
+    The same numbers as `np.maximum.reduce(view, axis=0)` (a maximum is exact in any order),
+    read faster from a row that is not in cache, as every fresh row of logits is: the first
+    halving streams both halves of the row once, and the rest works on a quarter of it, in
+    cache. On an AMD EPYC (Zen 5), logits rows of a Conclave's steps read from memory: 55 us a
+    row against 79 us for the reduction, whose loop walks the columns of its 64 rows in turn
+    (bench/sampling.py)."""
+    half = len(view) // 2
+    if half == 0 or len(view) & (len(view) - 1):
+        return np.maximum.reduce(view, axis=0)
+    out = np.maximum(view[:half], view[half:])
+    while half > 1:
+        half //= 2
+        np.maximum(out[:half], out[half:2 * half], out=out[:half])
+    return out[0]
 
 
 def candidates(logits: np.ndarray, top_k: int, top_p: float, min_p: float = 0.0) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from node.engine.errors import InvalidRequest
-from node.engine.sampling import TokenSampler, apply_penalties, candidates, top_ids
+from node.engine.sampling import TokenSampler, apply_penalties, candidates, group_maxima, top_ids
 from node.engine.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -419,3 +419,15 @@ def test_bias_and_penalties_applied_in_place_choose_as_on_a_copy_and_leave_the_r
         with pytest.raises(InvalidRequest):
             TokenSampler(params, 64, constraint=Refusing()).choose(source, history)
         np.testing.assert_array_equal(source, before)
+
+
+@pytest.mark.parametrize("shape", [(64, 4096), (2, 7), (1, 5), (6, 4), (32, 3)])
+def test_group_maxima_are_the_column_maxima(shape):
+    """The halving gives numpy's reduction's numbers for every shape (powers of two by halving,
+    others by the reduction), and leaves the row as it was."""
+    rng = np.random.default_rng(shape[0])
+    view = rng.normal(0, 3, shape).astype(np.float32)
+    view[0, 0] = -np.inf
+    before = view.copy()
+    np.testing.assert_array_equal(group_maxima(view), np.maximum.reduce(view, axis=0))
+    np.testing.assert_array_equal(view, before)
