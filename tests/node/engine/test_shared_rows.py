@@ -21,12 +21,26 @@ from node.engine.types import Finished, GenerationRequest, SamplingParams
 TEXT = "Count from one to fifteen and then name an animal: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 
 
-@pytest.fixture(scope="module")
-def unshared(gemma_path):
+def fresh_engine(gemma_path, shared_rows: bool):
+    """An engine of its own: the KV cells its sequences take, and so the order in which
+    attention sums their keys, do not depend on what the session's engine served before (a
+    sampled draw at a near-tie of two tokens' scores follows those last bits)."""
     from node.engine.engine import Engine, EngineConfig
 
-    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=2048, n_parallel=4, n_batch=512, max_queue=16,
-                              step_token_budget=64, seq_cells=1024, shared_rows=False))
+    return Engine(EngineConfig(model_path=gemma_path, n_ctx=2048, n_parallel=4, n_batch=512, max_queue=16,
+                               step_token_budget=64, seq_cells=1024, shared_rows=shared_rows))
+
+
+@pytest.fixture(scope="module")
+def unshared(gemma_path):
+    eng = fresh_engine(gemma_path, shared_rows=False)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def shared(gemma_path):
+    eng = fresh_engine(gemma_path, shared_rows=True)
     yield eng
     eng.close()
 
@@ -43,13 +57,13 @@ def outputs(engine, reqs: list[GenerationRequest]) -> list[tuple[int, ...]]:
     return [[e for e in h.iter_sync(timeout=300) if isinstance(e, Finished)][0].generated for h in handles]
 
 
-def test_identical_candidates_share_rows_and_draw_what_they_draw_alone(engine, unshared):
-    before = engine.stats()["shared_rows"]
-    shared = outputs(engine, candidates(engine))
-    drawn = engine.stats()["shared_rows"] - before
+def test_identical_candidates_share_rows_and_draw_what_they_draw_alone(shared, unshared):
+    before = shared.stats()["shared_rows"]
+    riding = outputs(shared, candidates(shared))
+    drawn = shared.stats()["shared_rows"] - before
     alone = outputs(unshared, candidates(unshared))
     assert unshared.stats()["shared_rows"] == 0
-    assert shared == alone
+    assert riding == alone
     assert drawn > 0  # the candidates agreed for a while and rode a sibling's rows meanwhile
     # the model counts on with confidence, so they agree for the first tokens and shared those
     # steps; the animal is a free choice, where their own draws part them: a rider drew its own
