@@ -93,13 +93,14 @@ class Draft:
     # The token the source expects after `tokens`: no row of its own, a hint for the row after
     # the last drafted token (a greedy choice keeps it at a near-tie, as it keeps a draft token).
     after: int | None = None
+    replay: bool = False  # a past answer to the same prompt, agreeing with all the sequence wrote so far
 
     def head(self, n: int) -> Draft:
         """The first n tokens (and their distributions); the token after them becomes the hint."""
         if n >= len(self.tokens):
             return self
         return Draft(self.tokens[:n], self.source, self.dists[:n] if self.dists is not None else None, self.match,
-                     self.echo, int(self.tokens[n]))
+                     self.echo, int(self.tokens[n]), self.replay)
 
 
 @dataclass(frozen=True, slots=True)

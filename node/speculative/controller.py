@@ -11,8 +11,10 @@ lookup's n-gram ends; a long match predicts a long kept run, as in suffix decodi
 class of long matches no draft has been judged in yet starts from what the run says,
 `_run_prior`), and apart again where the match is the sequence's own output (`Draft.echo`: a
 text repeating a phrase of its own goes on as before far less often than a quote of its
-prompt, and estimates learned on quotes made prose draft rows that were not kept). The
-source's estimate is blended with the sequence's own counts of that source's drafts (its hit
+prompt, and estimates learned on quotes made prose draft rows that were not kept), and
+apart for replays (`Draft.replay`: a past answer to the same prompt, whose first estimates
+start from a run of REPLAY_RUN agreeing tokens, so the second sight of an answer is drafted
+in long runs at once). The source's estimate is blended with the sequence's own counts of that source's drafts (its hit
 history); a draft kept whole also raises the estimate of the position after it, so lengths
 grow while drafts keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
 tokens.
@@ -97,6 +99,8 @@ ENDINGS = 32          # sequences remembered for how often their max_tokens was 
 RUN_CLASS = 3         # the first match class (8+ tokens) whose fresh estimates start from the run's (`_run_prior`)
 ECHO = 8              # added to the match class of a draft that matched the sequence's own output (`Draft.echo`)
 ANY_ECHO = -2         # the estimate over every echo
+REPLAY = 5            # the class of a past answer to the same prompt (`Draft.replay`), apart from every match length
+REPLAY_RUN = 128      # the agreeing run a replay's fresh estimates start from (`_run_prior`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -638,7 +642,9 @@ def _classes(kind: int) -> set[int]:
 
 def _kind(draft: Draft) -> int:
     """The estimates a draft is judged by: its match class (ANY where the source does not say),
-    apart (ECHO more) where the match is the sequence's own output."""
+    apart (ECHO more) where the match is the sequence's own output; a replay's own (REPLAY)."""
+    if draft.replay:
+        return REPLAY
     if draft.match <= 0:
         return ANY
     return _match_class(draft.match) + (ECHO if draft.echo else 0)
@@ -654,8 +660,10 @@ def _run_prior(match_class: int, n: int) -> list[float]:
     instead of growing its drafts by half again a step. Only from RUN_CLASS on: a run of a few
     tokens is common in any text (a frequent phrase), one of 8 or more rarely by chance. For a
     greedy sequence only: a sampled one keeps a token only where its own draw agrees, which
-    the match does not tell."""
-    m = 1 << match_class
+    the match does not tell. A replay (`REPLAY`: a past answer to the same prompt, agreeing with
+    the prompt's tail and all the sequence wrote) counts as a run of REPLAY_RUN: its first 16
+    tokens all kept with chance 0.89, where a match of 16 says 0.52."""
+    m = REPLAY_RUN if match_class == REPLAY else 1 << match_class
     return [(m + i + 1) / (m + i + 2) for i in range(n)]
 
 

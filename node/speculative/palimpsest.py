@@ -19,6 +19,13 @@ under PRUNE or the draft reaches ALPHA x the match length (the draft-length rule
 decoding, applied to this small candidate set). A long, often seen continuation gives a
 long draft; a short or disputed one a short draft.
 
+A replay comes first (`replayed`): a stream that begins with the prompt's tail as streams keep
+it (the last `context_tokens` prompt tokens, or the whole prompt) and goes on with everything
+the sequence wrote so far is a past answer to the same prompt. Its continuation is the draft,
+marked `Draft.replay`, whatever other streams holding the same text say next: a paragraph
+quoted under another prompt no longer splits the vote where that quote ends, and the
+controller judges replays by estimates of their own (node/speculative/controller.py).
+
 RAM is bounded by `max_tokens`: the oldest streams are evicted with their index entries.
 A stream already present (the node's own generation coming back through the mirror) is
 not added twice.
@@ -140,8 +147,39 @@ class Palimpsest:
         pass
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
+        window = self._window(context, len(seq.prompt))
+        replay = self.replayed(context, window, k)
+        if replay:
+            return Draft(replay, self.name, match=window, replay=True)
         tokens, match = self.matched(context, k)
         return Draft(tokens, self.name, match=match) if tokens else None
+
+    def _window(self, context: Sequence[int], prompt_len: int) -> int:
+        """How much of the context a stream of the same prompt begins with: the prompt's tail
+        that streams keep (`end`) and all the sequence wrote after it."""
+        return min(len(context), len(context) - prompt_len + min(prompt_len, self.context_tokens))
+
+    def replayed(self, context: Sequence[int], window: int, k: int) -> tuple[int, ...]:
+        """The next k tokens of the newest stream that begins with the context's last `window`
+        tokens (a past answer to the same prompt, as far as the sequence has written it), or ()."""
+        length = len(context)
+        if window < KEY_N or k <= 0:
+            return ()
+        chain = self._index.get(tuple(context[length - KEY_N:]))
+        if not chain:
+            return ()
+        wanted: array | None = None
+        for sid, pos in reversed(chain):  # newest first
+            if pos != window:
+                continue
+            stream = self._streams[sid]
+            if pos >= len(stream):
+                continue
+            if wanted is None:
+                wanted = array("i", context[length - window:])
+            if stream[:pos] == wanted:
+                return tuple(stream[pos:pos + k])
+        return ()
 
     def continuation(self, context: Sequence[int], k: int) -> tuple[int, ...]:
         return self.matched(context, k)[0]

@@ -33,13 +33,14 @@ class Fixed:
 
 class Matching(Fixed):
     """A source always proposing the same tokens, saying it matched `match` context tokens (of
-    the sequence's own output where `echo`)."""
+    the sequence's own output where `echo`; a past answer to the same prompt where `replay`)."""
 
     match = 0
     echo = False
+    replay = False
 
     def propose(self, seq, context, k):
-        return Draft(self.tokens[:k], self.name, match=self.match, echo=self.echo)
+        return Draft(self.tokens[:k], self.name, match=self.match, echo=self.echo, replay=self.replay)
 
 
 def establish(controller: Controller, source: str, estimates: list[float], match_class: int = ANY) -> None:
@@ -589,6 +590,27 @@ def test_a_fresh_node_drafts_a_long_match_long_at_once_and_a_short_one_short():
         lengths[(match, sampled)] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
     assert lengths[(24, False)] == 16 and lengths[(9, False)] >= 12
     assert 0 < lengths[(2, False)] <= 4 and 0 < lengths[(24, True)] <= 4
+
+
+def test_a_replay_is_drafted_long_where_long_matches_have_been_kept_a_little_less():
+    """Four sequences in a step, each with a 16-token draft of a 32-token match, where such
+    matches were kept at 0.96 a position (a paragraph quoted under other prompts parts from the
+    text now and then): the plan verifies short drafts. The same drafts as replays (a past
+    answer to the same prompt, node/speculative/palimpsest.py) start from their own estimates
+    and are verified at far greater length: the second sight of an answer is drafted whole."""
+    rows = {}
+    for replay in (False, True):
+        source = Matching("src", tuple(range(16)))
+        source.match, source.replay = 32, replay
+        controller = Controller([source], ControllerConfig(max_draft=16, n_parallel=4), costs=linear())
+        establish(controller, "src", [0.96] * 16)
+        establish(controller, "src", [0.96] * 16, match_class=4)
+        seqs = [DraftSeq(key, key, (1, 2, 3), False) for key in range(1, 5)]
+        for s in seqs:
+            controller.begin(s)
+        plan = controller.plan(4, [DraftAsk(s, [1, 2, 3], 16) for s in seqs], 0, 256)
+        rows[replay] = sum(len(d.tokens) for d in plan.drafts.values())
+    assert rows[True] >= 48 and rows[True] >= 1.5 * rows[False], rows
 
 
 def test_a_long_match_that_is_not_kept_loses_its_head_start():

@@ -171,6 +171,35 @@ def test_palimpsest_follows_the_newest_of_equally_long_matches():
     assert draft is not None and draft.tokens[:2] == (40, 51) and draft.match == len(prompt)
 
 
+def test_palimpsest_replays_a_past_answer_to_the_same_prompt_past_a_disputed_vote():
+    """A past answer to the same prompt tail, agreeing with all the sequence wrote, is drafted as
+    a replay even where other streams holding the same text part from it (a paragraph copied
+    by one request and quoted by another); another prompt, or an answer that has parted from
+    the stored one, gets the vote's draft."""
+    pal = Palimpsest(context_tokens=4)
+    paragraph = list(range(200, 230))
+    rewrite, quote = [90, 91, 92, 93, 94, 95], [80, 81, 82, 83, 84, 85]
+    pal.end(seq(1, prompt=rewrite), [*rewrite, *paragraph, 7, 7])     # the copy goes on: 7, 7
+    pal.end(seq(2, prompt=quote), [*quote, *paragraph[:20], 9, 9])    # the quote ends: 9, 9
+    pal.end(seq(3, prompt=[70, 71, 72, 73]), [70, 71, 72, 73, *paragraph[:20], 5, 5])
+    pal.ingest()
+    wrote = paragraph[:12]
+    again = pal.propose(seq(4, prompt=rewrite), [*rewrite, *wrote], 16)
+    assert again is not None and again.replay and again.tokens == tuple(paragraph[12:28])
+    assert again.match == 4 + len(wrote)  # the prompt's tail as streams keep it, and all it wrote
+    voted = pal.propose(seq(5, prompt=[60, 61, 62, 63]), [60, 61, 62, 63, *wrote], 16)
+    assert voted is not None and not voted.replay and voted.tokens[:8] == tuple(paragraph[12:20])
+    assert voted.tokens[8:10] != tuple(paragraph[20:22])  # the three streams part there: the vote is no replay
+    parted = pal.propose(seq(6, prompt=rewrite), [*rewrite, *wrote[:11], 201], 16)  # its last token differs
+    assert parted is None or not parted.replay
+    short = Palimpsest()  # a prompt shorter than the tail streams keep: the stream begins with all of it
+    short.end(seq(7, prompt=[1, 2, 3]), [1, 2, 3, 40, 41, 42])
+    short.add([9, 1, 2, 3, 50, 51])  # the same three tokens inside a longer prompt
+    short.ingest()
+    draft = short.propose(seq(8, prompt=[1, 2, 3]), [1, 2, 3], 3)
+    assert draft is not None and draft.replay and draft.tokens == (40, 41, 42)
+
+
 def test_palimpsest_is_bounded_and_deduplicates():
     pal = Palimpsest(max_tokens=100)
     for i in range(20):
