@@ -23,7 +23,7 @@ TEXT = "Count from one to fifteen and then name an animal: 1, 2, 3, 4, 5, 6, 7, 
 
 def fresh_engine(gemma_path, shared_rows: bool):
     """An engine of its own: the KV cells its sequences take, and so the order in which
-    attention sums their keys, do not depend on what the session's engine served before (a
+    attention sums their keys, do not depend on what the suite's shared engine served before (a
     sampled draw at a near-tie of two tokens' scores follows those last bits)."""
     from node.engine.engine import Engine, EngineConfig
 
