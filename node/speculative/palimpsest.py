@@ -19,7 +19,7 @@ under PRUNE or the draft reaches ALPHA x the match length (the draft-length rule
 decoding, applied to this small candidate set). A long, often seen continuation gives a
 long draft; a short or disputed one a short draft.
 
-A replay comes first (`replayed`): a stream that begins with the prompt's tail as streams keep
+A replay comes first (`_replayed`): a stream that begins with the prompt's tail as streams keep
 it (the last `context_tokens` prompt tokens, or the whole prompt) and goes on with everything
 the sequence wrote so far is a past answer to the same prompt. Its continuation is the draft,
 marked `Draft.replay`, whatever other streams holding the same text say next: a paragraph
@@ -147,51 +147,51 @@ class Palimpsest:
         pass
 
     def propose(self, seq: DraftSeq, context: Sequence[int], k: int) -> Draft | None:
-        window = self._window(context, len(seq.prompt))
-        replay = self.replayed(context, window, k)
+        if k <= 0:
+            return None
+        chain = self._chain(context)
+        window = len(context) - len(seq.prompt) + min(len(seq.prompt), self.context_tokens)
+        replay = self._replayed(context, chain, window, k)
         if replay:
             return Draft(replay, self.name, match=window, replay=True)
-        tokens, match = self.matched(context, k)
+        tokens, match = self._matched(context, chain, k)
         return Draft(tokens, self.name, match=match) if tokens else None
 
-    def _window(self, context: Sequence[int], prompt_len: int) -> int:
-        """How much of the context a stream of the same prompt begins with: the prompt's tail
-        that streams keep (`end`) and all the sequence wrote after it."""
-        return min(len(context), len(context) - prompt_len + min(prompt_len, self.context_tokens))
+    def continuation(self, context: Sequence[int], k: int) -> tuple[int, ...]:
+        return self.matched(context, k)[0]
 
-    def replayed(self, context: Sequence[int], window: int, k: int) -> tuple[int, ...]:
-        """The next k tokens of the newest stream that begins with the context's last `window`
-        tokens (a past answer to the same prompt, as far as the sequence has written it), or ()."""
-        length = len(context)
-        if window < KEY_N or k <= 0:
-            return ()
-        chain = self._index.get(tuple(context[length - KEY_N:]))
-        if not chain:
+    def _chain(self, context: Sequence[int]) -> list[tuple[int, int]]:
+        """The indexed positions that follow the context's last KEY_N tokens, oldest first."""
+        if len(context) < KEY_N:
+            return []
+        return self._index.get(tuple(context[len(context) - KEY_N:]), [])
+
+    def _replayed(self, context: Sequence[int], chain: list[tuple[int, int]], window: int,
+                  k: int) -> tuple[int, ...]:
+        """The next k tokens of the newest stream on `chain` that begins with the context's last
+        `window` tokens (the prompt's tail that streams keep, `end`, and all the sequence wrote
+        after it: a past answer to the same prompt, as far as the sequence has written it), or ()."""
+        if window < KEY_N:
             return ()
         wanted: array | None = None
         for sid, pos in reversed(chain):  # newest first
             if pos != window:
                 continue
             stream = self._streams[sid]
-            if pos >= len(stream):
-                continue
             if wanted is None:
-                wanted = array("i", context[length - window:])
+                wanted = array("i", context[len(context) - window:])
             if stream[:pos] == wanted:
                 return tuple(stream[pos:pos + k])
         return ()
-
-    def continuation(self, context: Sequence[int], k: int) -> tuple[int, ...]:
-        return self.matched(context, k)[0]
 
     def matched(self, context: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
         """(the draft, the length of the context it matched). Among equally long matches the
         newest stream leads: where two past generations share the context (a greedy answer and
         a sampled one to the same prompt), the draft follows the one written last."""
-        length = len(context)
-        if length < KEY_N or k <= 0:
-            return (), 0
-        chain = self._index.get(tuple(context[length - KEY_N:]))
+        return self._matched(context, self._chain(context), k) if k > 0 else ((), 0)
+
+    def _matched(self, context: Sequence[int], chain: list[tuple[int, int]],
+                 k: int) -> tuple[tuple[int, ...], int]:
         if not chain:
             return (), 0
         streams = self._streams

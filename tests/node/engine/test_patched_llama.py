@@ -78,9 +78,8 @@ class Steps:
                                 n_threads=2, max_outputs_per_seq=outputs)
         self.batch = TokenBatch(128)
         self.streams = [self.model.tokenize(text * 8)[:120] for text in TEXTS[:n_seqs]]
-        for seq in range(n_seqs):
-            if prefix:
-                self.step([(seq, 0, prefix)], keep=True)
+        for seq in range(n_seqs if prefix else 0):
+            self.step([(seq, 0, prefix)], keep=True)
 
     def step(self, parts: list[tuple[int, int, int]], keep: bool = False) -> np.ndarray:
         """(sequence, from, count) for each part; the rows' logits."""
@@ -89,9 +88,8 @@ class Steps:
             self.batch.add(self.streams[seq][start:start + n], start, seq, logits="all")
         assert self.ctx.decode(self.batch) == 0
         rows = np.array(self.ctx.logits(sum(n for _, _, n in parts)), copy=True)
-        for seq, start, _ in parts:
-            if not keep:
-                self.ctx.seq_rm(seq, start, -1)
+        for seq, start, _ in parts if not keep else ():
+            self.ctx.seq_rm(seq, start, -1)
         return rows
 
     def close(self) -> None:
