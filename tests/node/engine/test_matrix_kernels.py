@@ -5,11 +5,18 @@ to Q8_0 on the way, as every layer does it) is checked against numpy: weights an
 made of whole quants times fp16 scales, so the integer sums are exact and the float result may
 differ from the float64 reference only by rounding. On a CPU with AVX-512 VNNI these products
 run the patched kernel (deploy/llama_cpp/patches/0002-q0-pairs-avx512.patch: two columns to a
-512-bit register, tiles of 4 weight rows); elsewhere llama.cpp's own, which the same check
-holds for. The shapes cover one column (a token's decode), odd counts (the last pair half
-empty), row counts off the tile of 4 (the last thread's leftover rows), and sizes past the
-kernel's reach (more than 512 columns, or packed columns over 1 MiB) where llama.cpp's tile
-takes over. A wrong column, row, scale or offset gives a wrong number here, not a near miss.
+512-bit register, tiles of 4 weight rows); on one with AVX2 and without it, products of 2
+columns or more run 0004-q0-columns-avx2.patch's (a tile of 4 weight rows unpacked once and
+swept over every column); elsewhere llama.cpp's own, which the same check holds for. The
+shapes cover one column (a token's decode), odd counts (the last pair half empty), row counts
+off the tile of 4 (the last thread's leftover rows), and sizes past the kernels' reach (more
+than 512 columns, packed columns over 512 KiB or 1 MiB) where llama.cpp's tile takes over. A
+wrong column, row, scale or offset gives a wrong number here, not a near miss.
+
+A column's products are also the same to the bit whatever columns share the product (a token's
+decode alone, or a row of a step of 2, 5, 17 or 64): speculation's verified rows are compared
+with what plain decoding would have chosen, and every kernel here sums each lane's products in
+the same order as ggml's one-column dot product.
 """
 
 from __future__ import annotations
@@ -92,6 +99,12 @@ def _product(kind: int, rows: int, k: int, n: int, seed: int) -> tuple[np.ndarra
     rng = np.random.default_rng(seed)
     raw, w = _weights(kind, rows, k, rng)
     x = _columns(n, k, rng)
+    return _run(base, cpu, kind, raw, rows, k, x).astype(np.float64), x @ w.T
+
+
+def _run(base: ctypes.CDLL, cpu: ctypes.CDLL, kind: int, raw: bytes, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """ggml's product of the weight blocks `raw` by the columns x (n by k) on 2 threads: n by rows, float32."""
+    n = len(x)
     ctx = base.ggml_init(InitParams(len(raw) + x.size * 4 + rows * n * 4 + (64 << 20), None, False))
     assert ctx, "ggml_init failed"
     try:
@@ -106,7 +119,7 @@ def _product(kind: int, rows: int, k: int, n: int, seed: int) -> tuple[np.ndarra
         base.ggml_build_forward_expand(graph, out)
         assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 2) == 0
         got = np.ctypeslib.as_array((ctypes.c_float * (rows * n)).from_address(base.ggml_get_data(out)))
-        return got.reshape(n, rows).astype(np.float64), x @ w.T
+        return got.reshape(n, rows).copy()
     finally:
         base.ggml_free(ctx)
 
@@ -117,6 +130,8 @@ def _product(kind: int, rows: int, k: int, n: int, seed: int) -> tuple[np.ndarra
     (64, 2048, 64), (130, 640, 129), (130, 64, 512),
     (130, 64, 513),     # past 512 columns: llama.cpp's tile
     (40, 8192, 300),    # packed columns past 1 MiB: llama.cpp's tile
+    (40, 8192, 60),     # packed columns past 512 KiB (the AVX2 kernel's reach): llama.cpp's tile
+    (41, 8192, 56),     # within it
     (3, 640, 9),        # fewer rows than a tile
 ])
 def test_quantized_products_are_exact_up_to_float_rounding(kind, rows, k, n):
@@ -124,3 +139,19 @@ def test_quantized_products_are_exact_up_to_float_rounding(kind, rows, k, n):
     scale = np.abs(want).max() + 1e-30
     worst = np.abs(got - want).max() / scale
     assert worst < 1e-5, f"{rows}x{k} by {n} columns: worst error {worst:.2e} of the largest value"
+
+
+@pytest.mark.parametrize("kind", [Q8_0, Q5_0, Q4_0], ids=["q8_0", "q5_0", "q4_0"])
+def test_a_columns_products_do_not_depend_on_the_columns_beside_it(kind):
+    """Each column of a 64-column product, and of its first 17, 5 and 2 columns, is bit for bit
+    that column's product alone (one column: ggml's dot product)."""
+    rows, k = 262, 640
+    base, cpu = _libraries()
+    rng = np.random.default_rng(kind)
+    raw, _ = _weights(kind, rows, k, rng)
+    x = _columns(64, k, rng)
+    alone = np.stack([_run(base, cpu, kind, raw, rows, k, x[j:j + 1]) for j in range(17)])[:, 0]
+    for n in (2, 5, 17, 64):
+        together = _run(base, cpu, kind, raw, rows, k, x[:n])
+        for j in range(min(n, 17)):
+            assert together[j].tobytes() == alone[j].tobytes(), f"column {j} of {n}"
