@@ -14,7 +14,9 @@ text repeating a phrase of its own goes on as before far less often than a quote
 prompt, and estimates learned on quotes made prose draft rows that were not kept), and
 apart for replays (`Draft.replay`: a past answer to the same prompt, whose first estimates
 start from a run of REPLAY_RUN agreeing tokens, so the second sight of an answer is drafted
-in long runs at once). The source's estimate is blended with the sequence's own counts of that source's drafts (its hit
+in long runs at once; a seeded sampled sequence's replays apart again, starting from that run
+too, since its draws are its seed's and a past answer of the same seed comes back token for
+token). The source's estimate is blended with the sequence's own counts of that source's drafts (its hit
 history); a draft kept whole also raises the estimate of the position after it, so lengths
 grow while drafts keep being kept. Position i of a draft is then expected to yield g_i = p_1 * ... * p_i kept
 tokens.
@@ -100,6 +102,7 @@ RUN_CLASS = 3         # the first match class (8+ tokens) whose fresh estimates 
 ECHO = 8              # added to the match class of a draft that matched the sequence's own output (`Draft.echo`)
 ANY_ECHO = -2         # the estimate over every echo
 REPLAY = 5            # the class of a past answer to the same prompt (`Draft.replay`), apart from every match length
+SEEDED_REPLAY = 6     # the class of such a replay for a seeded sampled sequence
 REPLAY_RUN = 128      # the agreeing run a replay's fresh estimates start from (`_run_prior`)
 
 
@@ -275,7 +278,7 @@ class Controller:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
             if head < len(draft.tokens):
-                self._shadow(own, draft, len(ask.context), head)
+                self._shadow(own, draft, _kind(draft, ask.seq), len(ask.context), head)
         paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
         probed = {o.state.source.name for o in chosen if o.forced}
         for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
@@ -357,7 +360,7 @@ class Controller:
             hints.setdefault(ask.seq.key, int(draft.tokens[0]))
             proposals.append((ask, own, draft))
             draft = draft.head(room)
-            gains = self._gains(state, own, ask.seq.sampled, _kind(draft), len(draft.tokens), worth)
+            gains = self._gains(state, own, ask.seq.sampled, _kind(draft, ask.seq), len(draft.tokens), worth)
             if worth > 0:
                 own.promise = max(own.promise, 1.0 + sum(gains) / worth)
             cost = row_s + making
@@ -451,9 +454,9 @@ class Controller:
         self._this_step.append((draft.source, drafted, accepted))
         own = self._seqs.get(seq.key)
         for i in range(min(drafted, accepted + 1)):
-            self._observe(state, own, seq.sampled, _kind(draft), i, i < accepted)
+            self._observe(state, own, seq.sampled, _kind(draft, seq), i, i < accepted)
         if accepted == drafted:  # all kept: the next position is likely kept too
-            for match_class in _classes(_kind(draft)):
+            for match_class in _classes(_kind(draft, seq)):
                 self._learn(state, seq.sampled, match_class, drafted, 1.0)
 
     def _observe(self, state: _SourceState, own: _SeqState | None, sampled: bool, kind: int, i: int,
@@ -480,12 +483,12 @@ class Controller:
         p[i] += max(EMA, 1.0 / (PRIOR_COUNT + seen[i] + 1)) * (outcome - p[i])
         seen[i] += 1
 
-    def _shadow(self, own: _SeqState, draft: Draft, start: int, verified: int) -> None:
+    def _shadow(self, own: _SeqState, draft: Draft, kind: int, start: int, verified: int) -> None:
         """Follow a proposal past what the step verifies of it (one more of its source's shadows
         for the sequence): a draft cut short by the planner tells, once kept, whether its
         further positions would have been kept too."""
         if sum(1 for s in own.shadows if s.source == draft.source) < SHADOWS:
-            own.shadows.append(_Shadow(draft.source, tuple(draft.tokens), start, _kind(draft), verified, verified))
+            own.shadows.append(_Shadow(draft.source, tuple(draft.tokens), start, kind, verified, verified))
 
     def _follow(self, ask: DraftAsk, own: _SeqState) -> None:
         """Judge the sequence's shadows on the tokens it generated since they were proposed; a
@@ -538,7 +541,8 @@ class Controller:
         """The source's per-position estimates for greedy or sampled sequences and a match class
         (a class seen for the first time starts from the estimates over every match, or every
         echo for an echo's class (quotes teach nothing of echoes), raised for
-        a greedy sequence's long matches to what the matched run says (`_run_prior`); greedy or
+        a greedy sequence's long matches and a seeded one's replays to what the matched run
+        says (`_run_prior`); greedy or
         sampled seen for the first time from the other's, then each learns from its own)."""
         table = state.p.get((sampled, match_class))
         if table is None:
@@ -547,7 +551,7 @@ class Controller:
                 table = list(other) if other is not None else [state.prior] * self.config.max_draft
             else:
                 table = list(self._table(state, sampled, ANY_ECHO if match_class >= ECHO else ANY))
-                if not sampled and match_class % ECHO >= RUN_CLASS:
+                if match_class == SEEDED_REPLAY or (not sampled and match_class % ECHO >= RUN_CLASS):
                     table = [max(p, run) for p, run in zip(table, _run_prior(match_class % ECHO, len(table)))]
             state.p[(sampled, match_class)] = table
         return table
@@ -640,11 +644,16 @@ def _classes(kind: int) -> set[int]:
     return {ANY, kind, ANY_ECHO} if kind >= ECHO else {ANY, kind}
 
 
-def _kind(draft: Draft) -> int:
+def _kind(draft: Draft, seq: DraftSeq) -> int:
     """The estimates a draft is judged by: its match class (ANY where the source does not say),
-    apart (ECHO more) where the match is the sequence's own output; a replay's own (REPLAY)."""
+    apart (ECHO more) where the match is the sequence's own output; a replay's own (REPLAY), and
+    for a seeded sampled sequence apart again (SEEDED_REPLAY): its draws are keyed by its seed
+    and position (node/engine/sampling.py `uniform`), so a past answer it drew with the same
+    seed comes back token for token, as a greedy one does, where an unseeded draw keeps a
+    replayed token only with its probability."""
     if draft.replay:
-        return REPLAY
+        seeded = seq.sampled and seq.sampling is not None and seq.sampling.seed is not None
+        return SEEDED_REPLAY if seeded else REPLAY
     if draft.match <= 0:
         return ANY
     return _match_class(draft.match) + (ECHO if draft.echo else 0)
@@ -662,8 +671,10 @@ def _run_prior(match_class: int, n: int) -> list[float]:
     greedy sequence only: a sampled one keeps a token only where its own draw agrees, which
     the match does not tell. A replay (`REPLAY`: a past answer to the same prompt, agreeing with
     the prompt's tail and all the sequence wrote) counts as a run of REPLAY_RUN: its first 16
-    tokens all kept with chance 0.89, where a match of 16 says 0.52."""
-    m = REPLAY_RUN if match_class == REPLAY else 1 << match_class
+    tokens all kept with chance 0.89, where a match of 16 says 0.52. So does a seeded sampled
+    sequence's replay (`SEEDED_REPLAY`), its draws being its seed's: an answer drawn with
+    another seed parts from it within a few tokens, and its estimates learn that."""
+    m = REPLAY_RUN if match_class in (REPLAY, SEEDED_REPLAY) else 1 << match_class
     return [(m + i + 1) / (m + i + 2) for i in range(n)]
 
 

@@ -8,6 +8,7 @@ from typing import Sequence
 import pytest
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
+from node.engine.types import SamplingParams
 from node.speculative.controller import (ANY, BACKOFF_START, EMA, PRIOR, PRIOR_COUNT, PROBE_TOKENS, SWITCH_OFF, Controller,
                                          ControllerConfig, _match_class)
 from node.speculative import costs as costs_module
@@ -611,6 +612,30 @@ def test_a_replay_is_drafted_long_where_long_matches_have_been_kept_a_little_les
         plan = controller.plan(4, [DraftAsk(s, [1, 2, 3], 16) for s in seqs], 0, 256)
         rows[replay] = sum(len(d.tokens) for d in plan.drafts.values())
     assert rows[True] >= 48 and rows[True] >= 1.5 * rows[False], rows
+
+
+def test_a_seeded_sampled_sequence_drafts_a_replay_as_long_as_a_greedy_one():
+    """Sampled drafts have been kept half the time (the sampled estimates), greedy ones 0.96 a
+    position. A replay (a past answer to the same prompt) for a sequence whose draws are keyed
+    by its seed comes back token for token where it was drawn with that seed, so its first
+    replay is verified whole, as a greedy sequence's is; an unseeded sampled sequence keeps a
+    replayed token only with its probability, and its replay stays short."""
+    lengths = {}
+    for name, sampling in (("greedy", SamplingParams(temperature=0.0)),
+                           ("seeded", SamplingParams(temperature=0.8, seed=11)),
+                           ("unseeded", SamplingParams(temperature=0.8))):
+        source = Matching("src", tuple(range(16)))
+        source.match, source.replay = 64, True
+        controller = Controller([source], ControllerConfig(max_draft=16, n_parallel=1), costs=linear())
+        establish(controller, "src", [0.96] * 16)
+        state = controller._sources["src"]
+        state.p[(True, ANY)], state.seen[(True, ANY)] = [0.5] * 16, [1000] * 16
+        seq = DraftSeq(1, 1, (1, 2, 3), not sampling.greedy, sampling, seed=sampling.seed)
+        controller.begin(seq)
+        plan = controller.plan(1, [DraftAsk(seq, [1, 2, 3], 16)], 0, 256)
+        lengths[name] = len(plan.drafts[1].tokens) if 1 in plan.drafts else 0
+    assert lengths["greedy"] == 16 and lengths["seeded"] == 16, lengths
+    assert lengths["unseeded"] <= 2, lengths
 
 
 def test_a_long_match_that_is_not_kept_loses_its_head_start():
