@@ -453,10 +453,11 @@ class Controller:
         self.stats[draft.source].record(drafted, accepted)
         self._this_step.append((draft.source, drafted, accepted))
         own = self._seqs.get(seq.key)
+        kind = _kind(draft, seq)
         for i in range(min(drafted, accepted + 1)):
-            self._observe(state, own, seq.sampled, _kind(draft, seq), i, i < accepted)
+            self._observe(state, own, seq.sampled, kind, i, i < accepted)
         if accepted == drafted:  # all kept: the next position is likely kept too
-            for match_class in _classes(_kind(draft, seq)):
+            for match_class in _classes(kind):
                 self._learn(state, seq.sampled, match_class, drafted, 1.0)
 
     def _observe(self, state: _SourceState, own: _SeqState | None, sampled: bool, kind: int, i: int,
