@@ -197,7 +197,7 @@ class Engine:
             request_id = req.request_id or f"req-{next(self._ids)}"
             if n > 1:
                 request_id = f"{request_id}/{i}"
-            channel = Channel(loop)
+            channel = Channel(loop, self._scheduler.outbox)
             seqs.append(Sequence(req, channel, seed=base_seed + i, constraint=grammars[i],
                                  key=next(self._keys), group=group))
             handles.append(Handle(request_id, channel, self._scheduler, group))
@@ -249,7 +249,7 @@ class Engine:
             grammar = compiled[spec].matcher() if spec is not None else None
             seed = req.sampling.seed if req.sampling.seed is not None else fresh_seed()
             request_id = req.request_id or f"req-{next(self._ids)}"
-            channel = Channel(loop)
+            channel = Channel(loop, self._scheduler.outbox)
             seqs.append(Sequence(req, channel, seed=seed, constraint=grammar, key=next(self._keys), group=group_id,
                                  spare=spare * per_fork if i == 0 else 0, fork=joining or i > 0))
             handles.append(Handle(request_id, channel, self._scheduler, group_id))

@@ -67,6 +67,7 @@ from node.engine.errors import EngineClosed, EngineOverloaded, InvalidRequest
 from node.engine.drafting import Drafting
 from node.engine.hooks import PROMPT_SHARE, PrefixCacheHook, Speculator
 from node.engine.limits import SchedulerLimits
+from node.engine.outbox import Outbox
 from node.engine.refill import Refill
 from node.engine.threads import ThreadTuner
 from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
@@ -150,6 +151,7 @@ class Scheduler:
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self.first_calibration = threading.Event()  # set once `run` has made its first calibration (or given way)
+        self.outbox = Outbox()  # the channels' events to their loops, delivered at each step's end (outbox.py)
         self._batch_turn = 0  # which waiting batch sequence decodes beside live work
         # forced tokens per sequence and step: its pending tokens and drafts fit its share of a batch
         self._jump_max = max(0, min(JUMP_MAX, ctx.n_batch // limits.n_parallel - 1 - limits.max_draft))
@@ -241,6 +243,13 @@ class Scheduler:
         """One scheduling round; False when there was nothing to decode. `run` calls it on the
         engine thread; a test may call it on its own with no thread running."""
         start = time.perf_counter()
+        self.outbox.hold()
+        try:
+            return self._step(start)
+        finally:
+            self.outbox.release()
+
+    def _step(self, start: float) -> bool:
         self._reap_cancelled()
         self._admit()
         self._expire_waiting()

@@ -1,8 +1,8 @@
 """One request's life inside the engine, and the channel its events travel back on.
 
 `Channel` is shared by the engine thread and the caller: the engine pushes events (into
-an asyncio.Queue through `loop.call_soon_threadsafe`, or into a thread-safe queue for
-blocking callers) and reads the `cancelled` flag every step; the caller reads events and
+an asyncio.Queue through the engine's outbox, node/engine/outbox.py, which wakes the loop
+once a step; or into a thread-safe queue for blocking callers) and reads the `cancelled` flag every step; the caller reads events and
 sets the flag. Nothing else crosses threads.
 
 `Sequence` is touched only by the engine thread: its tokens, its place in the KV cache
@@ -22,6 +22,7 @@ import time
 from typing import Callable
 
 from node.engine.hooks import Draft, DraftSeq
+from node.engine.outbox import Outbox
 from node.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from node.engine.sampling import Choice, Constraint, TokenSampler
 from node.engine.types import Event, Finished, FinishReason, GenerationRequest, TextDelta, TokenLogprob
@@ -30,12 +31,13 @@ from node.engine.types import Event, Finished, FinishReason, GenerationRequest, 
 class Channel:
     """Events out to the caller, the cancel flag in from the caller."""
 
-    __slots__ = ("cancelled", "retry_after_s", "_loop", "_async_queue", "_sync_queue", "_started")
+    __slots__ = ("cancelled", "retry_after_s", "_loop", "_outbox", "_async_queue", "_sync_queue", "_started")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, outbox: Outbox | None = None) -> None:
         self.cancelled = False
         self.retry_after_s = 0  # > 0: ended unstarted, no room came free in time
         self._loop = loop
+        self._outbox = outbox if outbox is not None else Outbox()  # one of its own: every push at once
         self._async_queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
         self._sync_queue: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if loop is None else None
         self._started: asyncio.Event | None = asyncio.Event() if loop is not None else None
@@ -64,12 +66,13 @@ class Channel:
         if self._sync_queue is not None:
             self._sync_queue.put(event)
             return
-        loop, events = self._loop, self._async_queue
-        assert loop is not None and events is not None  # an async channel has both
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            self.cancelled = True
+        assert self._loop is not None  # an async channel has one
+        self._outbox.post(self._loop, self, event)
+
+    def deliver(self, event: Event) -> None:
+        """On the caller's loop: the event into its queue (node/engine/outbox.py)."""
+        assert self._async_queue is not None
+        self._async_queue.put_nowait(event)
 
     async def get(self) -> Event:
         if self._async_queue is None:
