@@ -34,7 +34,8 @@ arca: $(STAMP)
 # Type checking first (config in pyproject.toml [tool.mypy]), then the suite; the 15 slowest
 # tests are listed at the end (the suite is held under 20 minutes on 2 cores). Two workers,
 # a test file to each in turn: a serial run keeps the cores 126% busy (its tests wait on
-# processes, sockets and clocks); on a 2-vCPU AVX2 EPYC 1,512 s serial, 1,150 s so.
+# processes, sockets and clocks); on a 2-vCPU AVX2 EPYC 1,512 s serial, 1,150 s so. llama.cpp's
+# OpenMP threads wait passively in tests (tests/conftest.py): on a Zen 5 EPYC 484 s -> 357 s.
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
