@@ -12,12 +12,16 @@ import pytest
 # each): the planner's calibration is not what they test. Subprocess nodes inherit this;
 # tests/node/speculative/test_startup_costs.py tests the default.
 os.environ.setdefault("REAME_SPECULATIVE_MEASURE_FIRST", "false")
-# `make test` runs two workers on two cores, each process's llama.cpp with two OpenMP threads:
-# a worker thread that spins while waiting for the other, descheduled by the second process,
-# made a kernel probe under the suite's load take 14-36 s instead of 2.3 s. Threads that sleep
-# while they wait lose little there. Read by libgomp when llama.cpp's library loads, here and in
-# every process a test starts; speed is measured in bench/, with the default policy.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` runs two workers on two cores, each process's llama.cpp with two OpenMP
+    threads: a thread that spins while waiting for one the other process descheduled made a
+    kernel probe under the suite's load take 14-36 s instead of 2.3 s. Threads that sleep while
+    they wait lose little there. Read by libgomp when llama.cpp's library loads, in the test
+    processes and every process a test starts. Set here, not at import: the benches import
+    helpers from this package and measure speed with the default policy."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def free_port() -> int:
