@@ -8,19 +8,20 @@ from pathlib import Path
 
 import pytest
 
-# Nodes the tests start serve at once instead of measuring the step costs first (about 6 s
-# each): the planner's calibration is not what they test. Subprocess nodes inherit this;
-# tests/node/speculative/test_startup_costs.py tests the default.
-os.environ.setdefault("REAME_SPECULATIVE_MEASURE_FIRST", "false")
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """`make test` runs two workers on two cores, each process's llama.cpp with two OpenMP
+    """What the test processes, and every process a test starts, inherit. Set here, not at
+    import: the benches import helpers from this package and run nodes and engines as they are
+    by default.
+
+    Nodes the tests start serve at once instead of measuring the step costs first (about 6 s
+    each): the planner's calibration is not what they test
+    (tests/node/speculative/test_startup_costs.py tests the default).
+
+    `make test` runs two workers on two cores, each process's llama.cpp with two OpenMP
     threads: a thread that spins while waiting for one the other process descheduled made a
     kernel probe under the suite's load take 14-36 s instead of 2.3 s. Threads that sleep while
-    they wait lose little there. Read by libgomp when llama.cpp's library loads, in the test
-    processes and every process a test starts. Set here, not at import: the benches import
-    helpers from this package and measure speed with the default policy."""
+    they wait lose little there (read by libgomp when llama.cpp's library loads)."""
+    os.environ.setdefault("REAME_SPECULATIVE_MEASURE_FIRST", "false")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
