@@ -122,8 +122,13 @@ class Draining:
         most_past = max(max(past.values()), float(draining))
         lifted = frozenset(key for key, steps in past.items() if steps >= most_past - 1.0) - bound
         runner_up = max([steps for key, steps in togo.items() if key not in bound] + [float(draining)])
-        # in the tokens of the slowest bound one
-        headroom = (most - runner_up) * min((paces[key] for key in bound), default=0.0)
+        # in the tokens of the slowest bound one, at the pace its steps to go were counted at: at
+        # its past pace alone, the batch's last step (nothing behind the bound) counted fewer
+        # tokens than the bound had left, and four requests replaying their answers drafted 9
+        # of the 13 that would have ended them, then took a step more for the last 4
+        slowest = max(bound, key=togo.__getitem__, default=None)
+        headroom = 0.0 if slowest is None else \
+            (most - runner_up) * max(paces[slowest], promised.get(slowest, 0.0))
         per_token = 1.0 / plain  # a token of plain decoding: its share of the step
         fixed = max(0.0, n * per_token - n * row_s)
         others = max(0, n - len(togo))  # decoding without a pace here: at most `draining` tokens to go

@@ -398,6 +398,21 @@ def test_the_bound_drafts_as_far_as_the_sequence_next_behind_it():
     assert lengths[0] > lengths[1] > lengths[2] > 0
 
 
+def test_a_bound_with_nothing_behind_it_drafts_to_its_end_whatever_its_drafts_promised():
+    """Nothing behind the bound: the batch ends when the bound does, so each token it has left
+    shortens the batch, however fast its drafts promise to go. Its steps to go are counted at the
+    faster of its pace so far and its promise; its headroom was converted back to tokens at its
+    past pace alone, so four requests replaying their answers (drafts promising 16 tokens a step,
+    one a step so far) drafted 1 token each of the 13 that would have ended them (3 of 39 with 40
+    left), and took a step more at the end of every round."""
+    limits = [(8, 8)] * 16
+    for promised in ([16.0] * 4, [8.0] * 4, None):
+        assert planned(0.006, 0.0014, [0.99] * 4, left=[14] * 4, room=13, draining=0, endings=limits,
+                       promised=promised) == ([13] * 4, 0)
+        assert planned(0.006, 0.0014, [0.99] * 4, left=[40] * 4, room=16, draining=0, endings=limits,
+                       promised=promised)[0] == planned(0.006, 0.0014, [0.99] * 4, left=[40] * 4, room=16)[0]
+
+
 def test_a_draining_batch_drafts_for_the_sequence_that_bounds_it():
     """Once no request waits to join, the batch lasts as long as its slowest sequence: a token
     kept by a sequence far ahead saves only the row it would have had later, so at 0.9 kept per
