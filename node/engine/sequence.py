@@ -2,8 +2,8 @@
 
 `Channel` is shared by the engine thread and the caller: the engine pushes events (into
 an asyncio.Queue through the engine's outbox, node/engine/outbox.py, which wakes the loop
-once a step; or into a thread-safe queue for blocking callers) and reads the `cancelled` flag every step; the caller reads events and
-sets the flag. Nothing else crosses threads.
+once a step; or into a thread-safe queue for blocking callers) and reads the `cancelled`
+flag every step; the caller reads events and sets the flag. Nothing else crosses threads.
 
 `Sequence` is touched only by the engine thread: its tokens, its place in the KV cache
 (slot = llama seq id, `n_past` = tokens of it in the KV), its sampler (own RNG), the

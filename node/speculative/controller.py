@@ -237,7 +237,7 @@ class Controller:
         proposed: list[_SourceState] = []
         worthy: set[str] = set()  # sources whose draft for some sequence beat plain decoding
         hints: dict[int, int] = {}  # the next token a source proposed, by sequence
-        proposals: list[tuple[DraftAsk, _SeqState, Draft]] = []  # every draft proposed, for the shadows
+        proposals: list[tuple[DraftAsk, _SeqState, Draft, int]] = []  # each draft proposed, its kind: the shadows
         for ask in asks:
             own = self._seqs.get(ask.seq.key)
             if own is not None:
@@ -274,11 +274,11 @@ class Controller:
                     o.reweigh(drain.worth(o.seq.key), again.worth(o.seq.key))
                 drafts, rows = self._allocate(chosen, n, row_s, plain, rows_left)
                 drafts, rows = self._drain_plan(chosen, drafts, again, n, row_s, plain, rows_left)
-        for ask, own, draft in proposals:
+        for ask, own, draft, kind in proposals:
             verifying = drafts.get(ask.seq.key)
             head = len(verifying.tokens) if verifying is not None and verifying.source == draft.source else 0
             if head < len(draft.tokens):
-                self._shadow(own, draft, _kind(draft, ask.seq), len(ask.context), head)
+                self._shadow(own, draft, kind, len(ask.context), head)
         paid = {o.state.source.name for o in chosen if o.seq.key in drafts}
         probed = {o.state.source.name for o in chosen if o.forced}
         for state in proposed:  # a probe is judged by the proposal after it, once its drafts were verified
@@ -325,7 +325,7 @@ class Controller:
 
     def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
-                     proposals: list[tuple[DraftAsk, _SeqState, Draft]], worth: float = 1.0,
+                     proposals: list[tuple[DraftAsk, _SeqState, Draft, int]], worth: float = 1.0,
                      bound_worth: float | None = None) -> _Option | None:
         """The sequence's draft worth most: the most kept tokens beyond what its rows would buy
         at plain decoding's rate (a probing source's draft whatever it is worth); each kept
@@ -358,9 +358,10 @@ class Controller:
             if state not in proposed:
                 proposed.append(state)
             hints.setdefault(ask.seq.key, int(draft.tokens[0]))
-            proposals.append((ask, own, draft))
+            kind = _kind(draft, ask.seq)
+            proposals.append((ask, own, draft, kind))
             draft = draft.head(room)
-            gains = self._gains(state, own, ask.seq.sampled, _kind(draft, ask.seq), len(draft.tokens), worth)
+            gains = self._gains(state, own, ask.seq.sampled, kind, len(draft.tokens), worth)
             if worth > 0:
                 own.promise = max(own.promise, 1.0 + sum(gains) / worth)
             cost = row_s + making
@@ -541,10 +542,10 @@ class Controller:
     def _table(self, state: _SourceState, sampled: bool, match_class: int) -> list[float]:
         """The source's per-position estimates for greedy or sampled sequences and a match class
         (a class seen for the first time starts from the estimates over every match, or every
-        echo for an echo's class (quotes teach nothing of echoes), raised for
-        a greedy sequence's long matches and a seeded one's replays to what the matched run
-        says (`_run_prior`); greedy or
-        sampled seen for the first time from the other's, then each learns from its own)."""
+        echo for an echo's class (quotes teach nothing of echoes), raised for a greedy
+        sequence's long matches and a seeded one's replays to what the matched run says
+        (`_run_prior`); greedy or sampled seen for the first time from the other's, then each
+        learns from its own)."""
         table = state.p.get((sampled, match_class))
         if table is None:
             if match_class in (ANY, ANY_ECHO):  # no evidence for this kind yet: start from the other kind's, if any

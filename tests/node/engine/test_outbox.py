@@ -37,13 +37,10 @@ def counting(loop, monkeypatch) -> list:
 
 
 def channels(loop, outbox, n):
-    made = []
-
-    async def make():
+    async def make():  # on the loop, as an asyncio caller makes them
         return [Channel(loop, outbox) for _ in range(n)]
 
-    made = asyncio.run_coroutine_threadsafe(make(), loop).result(5)
-    return made
+    return asyncio.run_coroutine_threadsafe(make(), loop).result(5)
 
 
 def drained(loop, channel) -> list:
