@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 class NoSpeculator:
     """The speculator of an engine without one: it never drafts and never asks to calibrate."""
 
-    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None],
+                  attend: Callable[[int, int], float | None]) -> None:
         pass
 
     def calibration_due(self) -> bool:
@@ -40,7 +41,8 @@ class NoSpeculator:
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         pass
 
-    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float,
+                  spans: Seq[tuple[int, int]] = ()) -> None:
         pass
 
     def end(self, seq: DraftSeq, tokens: Seq[int]) -> None:
@@ -105,15 +107,17 @@ class Drafting:
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         self._guard("verified", lambda: self.speculator.verified(seq, draft, accepted))
 
-    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float,
+                  spans: Seq[tuple[int, int]] = ()) -> None:
         if self.enabled:
-            self._guard("step_done", lambda: self.speculator.step_done(n_decoding, n_tokens, decode_s))
+            self._guard("step_done", lambda: self.speculator.step_done(n_decoding, n_tokens, decode_s, spans))
 
     def end(self, seq: DraftSeq, tokens: Seq[int]) -> None:
         self._guard("end", lambda: self.speculator.end(seq, tokens))
 
-    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
-        self._guard("calibrate", lambda: self.speculator.calibrate(measure))
+    def calibrate(self, measure: Callable[[int, int], float | None],
+                  attend: Callable[[int, int], float | None]) -> None:
+        self._guard("calibrate", lambda: self.speculator.calibrate(measure, attend))
 
     def calibration_due(self) -> bool:
         if not self.enabled:

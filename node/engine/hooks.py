@@ -131,10 +131,14 @@ class StepPlan:
 class Speculator(Protocol):
     """The engine's one draft hook; every method runs on the engine thread and must be fast."""
 
-    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None],
+                  attend: Callable[[int, int], float | None]) -> None:
         """Called before the first step and when `calibration_due`: `measure(n_seqs, k)` is the seconds of a decode
         of n_seqs sequences with k draft tokens each (logits on every token), or None once a
-        request is waiting: calibration must then stop and make do with what it has."""
+        request is waiting: calibration must then stop and make do with what it has.
+        `attend(context, k)`: the seconds of a decode of one sequence's k draft tokens after
+        `context` tokens of it (logits on every token; the context computed unmeasured before),
+        or None once a request waits or where a slot cannot hold that many."""
 
     def calibration_due(self) -> bool:
         """The step costs have moved away from the calibrated ones: the engine calls
@@ -158,8 +162,10 @@ class Speculator(Protocol):
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         """The target kept `accepted` of the draft's tokens (a prefix of them)."""
 
-    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
-        """A decode-only step of n_tokens tokens (all with logits) took decode_s seconds."""
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float,
+                  spans: Sequence[tuple[int, int]] = ()) -> None:
+        """A decode-only step of n_tokens tokens (all with logits) took decode_s seconds;
+        `spans`: each sequence's (context before its rows, rows) in it."""
 
     def end(self, seq: DraftSeq, tokens: Sequence[int]) -> None:
         """The sequence ended; `tokens` are its prompt and generated tokens."""

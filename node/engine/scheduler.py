@@ -148,6 +148,7 @@ class Scheduler:
         self._active: list[Sequence] = []
         self._refill = Refill()  # how often a slot freed mid-batch is taken again at once (refill.py)
         self._budget = KVBudget(limits.n_parallel, ctx.n_ctx)
+        self._attended = 0  # filler tokens in slot 0 while calibrating (`_attend`)
         self._closing = False
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self.first_calibration = threading.Event()  # set once `run` has made its first calibration (or given way)
@@ -265,7 +266,7 @@ class Scheduler:
         if decoding:
             n_tokens = sum(len(e.tokens) for e in entries)
             if not any(e.known for e in entries):  # all rows with logits
-                self._drafting.step_done(len(entries), n_tokens, elapsed)
+                self._drafting.step_done(len(entries), n_tokens, elapsed, [(e.start, len(e.tokens)) for e in entries])
             if self.threads is not None:
                 self.threads.observe(threads, n_tokens, elapsed)
         self.counters["steps"] += 1
@@ -610,7 +611,8 @@ class Scheduler:
             return
         for slot in self._budget.drop_residents():  # measuring uses the slots
             self._ctx.seq_rm(slot)
-        self._drafting.calibrate(self._measure)
+        self._attended = 0
+        self._drafting.calibrate(self._measure, self._attend)
         self._ctx.clear()
 
     def _measure(self, n_seqs: int, k: int) -> float | None:
@@ -629,6 +631,39 @@ class Scheduler:
         elapsed = time.perf_counter() - t0
         for slot in range(n_seqs):
             self._ctx.seq_rm(slot)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (code {rc}) while measuring")
+        return elapsed
+
+    def _attend(self, context: int, k: int) -> float | None:
+        """Seconds of one decode of k drafts of one sequence (slot 0) after `context` tokens of
+        it, all rows with logits; None once requests wait, or where the context cannot hold
+        them or k is more than a sequence may draft (the logits buffer has no rows for it). The context is filler computed unmeasured, in chunks of the step budget (a request
+        arriving waits for one chunk at most), and kept for the next call (`_attended`)."""
+        if k > self._limits.max_draft or context + k + 1 > self._ctx.n_ctx:
+            return None
+        filler = self._model.info.bos if self._model.info.bos is not None else 1
+        if context < self._attended:
+            self._ctx.seq_rm(0, context, -1)
+            self._attended = context
+        while True:
+            with self._lock:
+                if self._queue or self._closing:
+                    return None
+            if self._attended >= context:
+                break
+            n = min(context - self._attended, self._limits.step_token_budget, self._batch.capacity)
+            self._batch.clear()
+            self._batch.add([filler] * n, self._attended, 0, logits="none")
+            if self._ctx.decode(self._batch) != 0:
+                raise RuntimeError("llama_decode failed while computing a context to measure after")
+            self._attended += n
+        self._batch.clear()
+        self._batch.add([filler] * (k + 1), context, 0, logits="all")
+        t0 = time.perf_counter()
+        rc = self._ctx.decode(self._batch)
+        elapsed = time.perf_counter() - t0
+        self._ctx.seq_rm(0, context, -1)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (code {rc}) while measuring")
         return elapsed

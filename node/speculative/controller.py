@@ -23,7 +23,9 @@ tokens.
 
 The row budget. On a CPU a step costs a fixed part and a part per row with logits (the cost
 line, costs.py, fitted from the steps the engine runs), so a draft's position i costs one
-row (plus the source's own making cost) and buys g_i tokens. The planner takes every
+row (plus the source's own making cost, and what a row costs more after the sequence's context
+than at the line's empty cache, costs.py `context_seconds`; the step's decoding rows pay theirs
+too) and buys g_i tokens. The planner takes every
 sequence's best draft, ranks all their positions across sequences by kept tokens per
 second of row, and of every count of positions taken in that order keeps the one that gives
 the whole step the most expected tokens per second ((decoding tokens + kept drafts) / the
@@ -176,6 +178,7 @@ class Controller:
         self._step = 0
         self._this_step: list[tuple[str, int, int]] = []   # (source, drafted, accepted)
         self._piece: Callable[[int], bytes] | None = None  # the vocabulary's pieces, once bound
+        self._attending = 0.0  # this step's decoding rows' attention over their contexts (`_seconds`)
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -196,11 +199,12 @@ class Controller:
 
     # -- Speculator -------------------------------------------------------------------------
 
-    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None],
+                  attend: Callable[[int, int], float | None] | None = None) -> None:
         done = self.costs.calibrations
-        self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft)
+        self.costs.calibrate(measure, self.config.n_parallel, self.config.max_draft, attend=attend)
         if self._store is not None and self.costs.calibrations > done:
-            self._store.save(self.costs.points, self.costs.spread)
+            self._store.save(self.costs.points, self.costs.spread, self.costs.context)
 
     def calibration_due(self) -> bool:
         """The host's speed moved, or the curve was never measured (the first calibration gave
@@ -232,7 +236,10 @@ class Controller:
         rows_left = max(0, budget - owed)
         n = max(1, n_decoding)
         row_s = max(self.costs.row_seconds(), 1e-9)  # a row on the line; the staircase is priced per plan
-        plain = n / self.costs.seconds(n)  # plain decoding's tokens per second of this step
+        contexts = [self.costs.context_seconds(len(ask.context)) for ask in asks]
+        # the decoding rows' attention over their contexts (those that do not ask: as the others)
+        self._attending = sum(contexts) + (n - len(asks)) * (sum(contexts) / len(contexts)) if contexts else 0.0
+        plain = n / self._seconds(n)  # plain decoding's tokens per second of this step
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
         worthy: set[str] = set()  # sources whose draft for some sequence beat plain decoding
@@ -299,7 +306,7 @@ class Controller:
             if not drain.together(chosen, {key: len(d.tokens) for key, d in drafts.items()}):
                 break
             drafts, _ = self._allocate(chosen, n, row_s, plain, rows_left)
-        return drain.level(chosen, drafts, n, row_s, self._pays(n), rows_left, self.costs.seconds)
+        return drain.level(chosen, drafts, n, row_s, self._pays(n), rows_left, self._seconds)
 
     def _draining(self, n: int, asks: Sequence[DraftAsk], draining: int | None, row_s: float,
                   plain: float, promised: dict[int, float], refill: float = 0.0) -> Draining | None:
@@ -337,6 +344,7 @@ class Controller:
         sequence's hint in `hints` should no draft of it be verified."""
         best: _Option | None = None
         own.promise = 1.0  # and more below, by what its best proposal is expected to keep, worth aside
+        attending = self.costs.context_seconds(len(ask.context))  # its rows' attention over its context
         for state in self._sources.values():
             if not state.on:
                 continue
@@ -344,7 +352,7 @@ class Controller:
             ask_k = room
             if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
                 ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, ANY, room, worth),
-                                            row_s + making, n)
+                                            row_s + attending + making, n)
                 if ask_k == 0:
                     if state not in proposed:
                         proposed.append(state)
@@ -364,7 +372,7 @@ class Controller:
             gains = self._gains(state, own, ask.seq.sampled, kind, len(draft.tokens), worth)
             if worth > 0:
                 own.promise = max(own.promise, 1.0 + sum(gains) / worth)
-            cost = row_s + making
+            cost = row_s + attending + making
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
                 j = min(len(draft.tokens), PROBE_TOKENS)
                 state.probing, state.after_probe = False, True
@@ -381,7 +389,7 @@ class Controller:
 
     def _paying_length(self, gains: list[float], cost: float, n: int) -> int:
         """Positions of one draft, alone in a step of n decoding tokens, that raise its rate."""
-        tokens, seconds = float(n), self.costs.seconds(n)
+        tokens, seconds = float(n), self._seconds(n)
         for j, g in enumerate(gains):
             if g / cost <= tokens / seconds:
                 return j
@@ -412,12 +420,12 @@ class Controller:
                 continue
             reach[id(o)] = i + 1
             order.append((o, i))
-        best, best_rate = 0, tokens / (self.costs.seconds(n + rows) + making)
-        pays, base = self._pays(n), self.costs.seconds(n)
+        best, best_rate = 0, tokens / (self._seconds(n + rows) + making)
+        pays, base = self._pays(n), self._seconds(n)
         for m, (o, i) in enumerate(order, 1):
             tokens += o.gains[i]
             making += o.cost - row_s
-            seconds = self.costs.seconds(n + rows + m) + making
+            seconds = self._seconds(n + rows + m) + making
             rate = tokens / seconds
             if rate > best_rate and (rows > 0 or pays(tokens - n, seconds - base)):  # probes in: rate alone
                 best, best_rate = m, rate
@@ -427,9 +435,14 @@ class Controller:
         lengths = {o.seq.key: j for o in options if (j := taken[id(o)]) and (o.forced or j >= floor)}
         drafts = {o.seq.key: o.draft.head(lengths[o.seq.key]) for o in options if o.seq.key in lengths}
         if drafts and not any(o.forced for o in options) and \
-                not pays(*draft_return(options, lengths, n, row_s, self.costs.seconds)):
+                not pays(*draft_return(options, lengths, n, row_s, self._seconds)):
             return {}, 0
         return drafts, sum(lengths.values())
+
+    def _seconds(self, n_tokens: int) -> float:
+        """A step of this many rows with logits on the cost curve, with the step's decoding rows'
+        attention over their contexts (`plan`; a draft row's own is in its option's cost)."""
+        return self.costs.seconds(n_tokens) + self._attending
 
     def _pays(self, n: int) -> Callable[[float, float], bool]:
         """Whether drafts that keep `kept` tokens (plain tokens' worth) and add `extra` seconds
@@ -439,7 +452,7 @@ class Controller:
         bounds a draining batch: their estimates are the highest of many noisy ones (the plan
         picks them for it), so a plan that only just beats plain decoding on them loses on the
         run."""
-        base = self.costs.seconds(n)
+        base = self._seconds(n)
         plain = n / base
 
         def pays(kept: float, extra: float) -> bool:
@@ -521,8 +534,9 @@ class Controller:
                 return False
         return shadow.checked < len(shadow.tokens)
 
-    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
-        self.costs.observe(n_tokens, decode_s)
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float,
+                  spans: Sequence[tuple[int, int]] = ()) -> None:
+        self.costs.observe(n_tokens, decode_s, sum(rows * self.costs.attention(context) for context, rows in spans))
         if not self._this_step:
             return
         self.stats.steps_with_drafts += 1

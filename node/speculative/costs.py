@@ -13,6 +13,18 @@ calibrated include both sides of each tile up to 17; the patched build, deploy/l
 takes those rows in the same pass and the line stays a line there, except where AVX-512 VNNI
 puts two token columns in a register: an odd count pays for a half-empty pair).
 
+A row's attention reads its sequence's context, so the same row costs more late in a long
+answer than at the calibration's empty cache (Gemma 3 270M on a 2-vCPU AMD EPYC of family 26,
+17 rows of one sequence: 28.9 ms after no context, 35.3 ms after 128 tokens, 41.8 ms after 512,
+42.9 ms after 1,024, where the sliding-window layers stop reading more). Priced at the empty
+cache's slope, the drafts of four users' prose cost 20% more than planned: steps with 4 draft
+rows beside 4 sequences ~150 tokens in took 1.08x their predicted time while their steps without
+drafts took 0.95x. So the calibration also measures a step of CONTEXT_ROWS rows of one sequence
+after each of CONTEXT_POINTS tokens of context (`attend`), and `context_seconds(n)` is what a
+row costs more after n tokens than after none, interpolated between them (past the last point,
+along the last stretch). The planner adds it to the rows of each sequence by its context; the
+engine's steps are observed with it taken out, so the line stays the empty cache's.
+
 Beside the sizes, the calibration measures steps of k sequences with one token each, k up to
 the slots (`spread`): what a step costs less when one of its sequences has finished
 (`shed_seconds`), the worth of a token kept by a sequence that ends before the batch does
@@ -74,6 +86,8 @@ RECALIBRATE_MIN_S = 30.0   # the first drift recalibration at most this soon aft
 RECALIBRATE_MAX_S = 1800.0  # each further one twice as late, up to this
 BEND_LIMITS = (0.85, 1.2)  # a calibrated size's bend is held within these (a median that met a burst)
 BEND_NOISE = 0.03          # a size within this share of the shape is on it
+CONTEXT_POINTS = (0, 128, 512, 1024)  # contexts a row's extra cost is measured after (`attend`)
+CONTEXT_ROWS = 17          # rows of the one sequence measured there (fewer where drafts are shorter)
 
 
 class CostCurve:
@@ -89,6 +103,7 @@ class CostCurve:
         self.points: dict[int, float] = {}
         self.bends: dict[int, float] = {}  # calibrated size -> measured / shape
         self.spread: dict[int, float] = {}  # k sequences of one token each -> a step's measured seconds
+        self.context: dict[int, float] = {}  # context tokens -> what a row costs more there than after none
         self._bent_at: dict[int, float] = {}   # each size's shape seconds times its bend, unscaled
         self._bent_of: dict[int, float] | None = None  # the bends `_bent_at` was worked out from
         self._shape_of: CostLine | None = None  # and the shape
@@ -121,10 +136,12 @@ class CostCurve:
     def tail(self) -> float:
         return self.shape.tail
 
-    def restore(self, points: dict[int, float], spread: dict[int, float] | None = None) -> None:
+    def restore(self, points: dict[int, float], spread: dict[int, float] | None = None,
+                context: dict[int, float] | None = None) -> None:
         """Take a curve calibrated at an earlier start (cost_store.py) as this run's first."""
         self.fit(points)
         self.spread = dict(spread or {})
+        self.context = _rising(context or {})
         if self._start_rate is None and self.measured:
             self._start_rate = 1.0 / (self.intercept + self.slope)
 
@@ -145,10 +162,13 @@ class CostCurve:
             log.info("verify cost curve: the fit broke a physical bound and was clamped to %s", line.describe())
 
     def calibrate(self, measure: Callable[[int, int], float | None], n_parallel: int, max_draft: int, *,
-                  budget_s: float = CALIBRATION_BUDGET_S) -> None:
+                  budget_s: float = CALIBRATION_BUDGET_S,
+                  attend: Callable[[int, int], float | None] | None = None) -> None:
         """`measure(n_seqs, k)`: seconds of one decode of n_seqs sequences with k drafts each, or
         None when requests are waiting: then the calibration stops, and what was measured is
-        used only if it covers MIN_CALIBRATED_SIZES sizes."""
+        used only if it covers MIN_CALIBRATED_SIZES sizes. `attend(context, k)`: seconds of one
+        decode of one sequence's k drafts after `context` tokens of it, or None when requests
+        wait or a slot cannot hold that many (`_calibrate_context`)."""
         if self.fixed:
             return
         started = time.monotonic()
@@ -181,6 +201,8 @@ class CostCurve:
         self.fit(points)
         if rounds:  # every shape measured alike; else the last calibration's stands
             self.spread = {n_seqs: statistics.median(samples[shape][:rounds]) for n_seqs, shape in spread.items()}
+            if attend is not None:
+                self._calibrate_context(attend, min(CONTEXT_ROWS, 1 + max_draft))
         if self._start_rate is None:
             self._start_rate = 1.0 / (self.intercept + self.slope)
         self.calibrations += 1
@@ -193,6 +215,27 @@ class CostCurve:
         if self.spread:
             log.info("verify cost curve: one token each of %s", ", ".join(
                 f"{k} sequences {s * 1000:.1f} ms" for k, s in sorted(self.spread.items())))
+
+    def _calibrate_context(self, attend: Callable[[int, int], float | None], rows: int) -> None:
+        """What a row costs more after each of CONTEXT_POINTS tokens of context than after none:
+        REPEATS decodes of `rows` rows of one sequence after each (the first after a new context
+        unmeasured), medians against the empty context's, a row's share of the difference, never
+        less than at a shorter context. Stops at the first context that gives way or does not fit;
+        the points measured before it are kept (none: the last calibration's stand)."""
+        medians: dict[int, float] = {}
+        for context in CONTEXT_POINTS:
+            if attend(context, rows - 1) is None:
+                break
+            times = [attend(context, rows - 1) for _ in range(REPEATS)]
+            if any(t is None for t in times):
+                break
+            medians[context] = statistics.median(t for t in times if t is not None)
+        empty = medians.pop(0, None)
+        if empty is None or not medians:
+            return
+        self.context = _rising({n: max(0.0, m - empty) / rows for n, m in medians.items()})
+        log.info("verify cost curve: a row after %s", ", ".join(
+            f"{n} tokens of context {s * 1000:+.2f} ms" for n, s in sorted(self.context.items())))
 
     def plain_rate(self) -> float | None:
         """Tokens per second of plain single-stream decoding (one token a step) as the first
@@ -233,6 +276,23 @@ class CostCurve:
         """What one more token with logits costs on the line, the staircase aside."""
         return self.slope * self.scale
 
+    def context_seconds(self, context: int) -> float:
+        """What a row with logits costs more after `context` tokens of its sequence than after
+        none, scaled as the line is."""
+        return self.attention(context) * self.scale
+
+    def attention(self, context: int) -> float:
+        """`context_seconds` unscaled: between the measured contexts interpolated (0 after none),
+        past the last one along the last stretch."""
+        if not self.context or context <= 0:
+            return 0.0
+        points = [(0, 0.0), *sorted(self.context.items())]
+        for (n0, s0), (n1, s1) in zip(points, points[1:]):
+            if context <= n1:
+                return s0 + (s1 - s0) * (context - n0) / (n1 - n0)
+        (n0, s0), (n1, s1) = points[-2], points[-1]
+        return s1 + (s1 - s0) * (context - n1) / (n1 - n0)
+
     def shed_seconds(self, n_seqs: int) -> float:
         """What a step of n_seqs sequences, one token each, costs less with one of them finished:
         as calibrated (`spread`), else a row on the line."""
@@ -245,10 +305,15 @@ class CostCurve:
         """The line (and staircase) as it stands now, the scale included."""
         return self.shape.scaled(self.scale)
 
-    def observe(self, n_tokens: int, seconds: float) -> None:
+    def observe(self, n_tokens: int, seconds: float, attention: float = 0.0) -> None:
+        """A decode-only step of n_tokens rows with logits took `seconds`; `attention`: what its
+        rows cost more for their contexts, unscaled (`attention`), taken out in proportion, so
+        the line and its scale stay those of the empty cache."""
         if self.fixed or seconds <= 0:
             return
         predicted = self.seconds(n_tokens) / self.scale
+        if predicted > 0 and attention > 0:
+            seconds *= predicted / (predicted + attention)
         if predicted > 0:
             ratio = min(8.0, max(0.125, seconds / predicted))
             self.scale += SCALE_EMA * (ratio - self.scale)
@@ -315,12 +380,25 @@ class CostCurve:
                 and time.monotonic() - self._calibrated_at >= self._recalibrate_after)
 
     def describe(self) -> str:
-        """The line as it stands, and the calibrated sizes off it."""
+        """The line as it stands, the calibrated sizes off it, and a row's cost after context."""
         off = ", ".join(f"{n} {b:.2f}x" for n, b in sorted(self.bends.items()) if b != 1.0)
-        return self.line().describe() + (f"; sizes measured off it: {off}" if off else "")
+        context = ", ".join(f"{n} {self.context_seconds(n) * 1000:+.2f} ms" for n in sorted(self.context))
+        return (self.line().describe() + (f"; sizes measured off it: {off}" if off else "")
+                + (f"; a row after so many tokens of context: {context}" if context else ""))
 
     def table(self) -> dict[int, float]:
         return {n: self.seconds(n) for n in (1, 2, 4, 8, 16, 32, 64)}
+
+
+def _rising(context: dict[int, float]) -> dict[int, float]:
+    """Context points with each extra cost at least that of a shorter context (a longer context
+    never reads less); points at no context or below it left out."""
+    rising, most = {}, 0.0
+    for n, s in sorted(context.items()):
+        if n > 0:
+            most = max(most, s)
+            rising[n] = most
+    return rising
 
 
 def _bends(shape: CostLine, points: dict[int, float]) -> dict[int, float]:

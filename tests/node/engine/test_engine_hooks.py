@@ -8,6 +8,8 @@ in production, so the test also shows that neither switches the other off.
 
 from __future__ import annotations
 
+import statistics
+
 from typing import Sequence
 
 import pytest
@@ -30,9 +32,14 @@ class ScriptedDrafts:
         self.kept: list[tuple[int, int]] = []
         self.begun: set[int] = set()
         self.calibrated = 0
+        self.attended: list[float | None] = []
 
-    def calibrate(self, measure) -> None:
+    def calibrate(self, measure, attend) -> None:
         self.calibrated = measure(1, 3)
+        attend(0, 4)  # the first step of its shape pays one-off costs
+        self.attended = [statistics.median([attend(0, 4) for _ in range(5)]),
+                         statistics.median([attend(512, 4) for _ in range(5)]),
+                         statistics.median([attend(0, 4) for _ in range(5)]), attend(10**9, 4), attend(0, 16)]
 
     def begin(self, seq: DraftSeq) -> None:
         self.begun.add(seq.key)
@@ -48,7 +55,7 @@ class ScriptedDrafts:
                 drafts[ask.seq.key] = draft
         return StepPlan(drafts, prefill)
 
-    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float, spans=()) -> None:
         pass
 
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
@@ -92,6 +99,7 @@ def hooked(gemma_path):
     # resident prefixes off: a resident slot would answer the prompts the cache is tested with
     eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=1024, n_parallel=2, max_draft=4, resident_prefixes=False,
                               speculator=drafts, prefix_cache=cache, step_token_budget=64))
+    assert eng.wait_calibrated(120)  # before any request: a waiting one would stop the measuring
     yield eng, drafts, cache
     eng.close()
 
@@ -110,6 +118,12 @@ def test_verified_drafts_give_plain_greedy_output(hooked):
     assert generate(eng, prompt).generated == plain.generated
     assert eng.stats()["draft_accepted"] - accepted >= 6  # most tokens came in verified groups
     assert drafts.calibrated > 0 and not drafts.begun  # measured before serving; every sequence ended
+    # 5 rows after 512 tokens of context cost more than after none (computed, then kept for the
+    # next measure), after none again less; a context no slot holds, or more drafts than a
+    # sequence may have (the logits buffer has no rows for them): None
+    empty, late, again, too_long, too_many = drafts.attended
+    assert empty is not None and late is not None and again is not None and too_long is None and too_many is None
+    assert late > empty * 1.05 and again < late
     assert sum(a for _, a in drafts.kept) == eng.stats()["draft_accepted"] - accepted
     drafts.kept.clear()
     drafts.garbage = True

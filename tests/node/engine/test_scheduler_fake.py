@@ -295,7 +295,8 @@ class ScriptedSpeculator:
     plans: list[tuple[int | None, tuple[int, ...]]] = field(default_factory=list)  # (draining, asks' left)
     refills: list[float] = field(default_factory=list)
 
-    def calibrate(self, measure: Callable[[int, int], float | None]) -> None:
+    def calibrate(self, measure: Callable[[int, int], float | None],
+                  attend: Callable[[int, int], float | None]) -> None:
         pass
 
     def calibration_due(self) -> bool:
@@ -319,7 +320,7 @@ class ScriptedSpeculator:
     def verified(self, seq: DraftSeq, draft: Draft, accepted: int) -> None:
         self.verified_calls.append((len(draft.tokens), accepted))
 
-    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float) -> None:
+    def step_done(self, n_decoding: int, n_tokens: int, decode_s: float, spans=()) -> None:
         self.steps += 1
 
     def end(self, seq: DraftSeq, tokens: Seq[int]) -> None:

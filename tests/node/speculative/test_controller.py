@@ -893,3 +893,75 @@ def test_the_calibration_measures_what_a_step_sheds_with_one_sequence_fewer(tmp_
     (tmp_path / "old.json").write_bytes(b'{"layout": 1, "points": {"1": 0.02, "2": 0.025, "4": 0.03}}')
     kept = Controller([], store=CostStore(tmp_path / "old.json")).costs  # kept before spreads were measured
     assert kept.measured and kept.spread == {} and kept.shed_seconds(4) == kept.row_seconds()
+
+
+def _context_host(per_row_after: dict[int, float]):
+    """measure and attend of a host whose rows cost 1 ms each plus `per_row_after` (context -> a
+    row's extra seconds) after so many tokens of context, and a step 10 ms."""
+    def measure(n_seqs, k):
+        return 0.010 + 0.001 * n_seqs * (k + 1)
+
+    def attend(context, k):
+        return 0.010 + (0.001 + per_row_after.get(context, 0.0)) * (k + 1)
+    return measure, attend
+
+
+def test_a_row_s_cost_after_its_context_is_calibrated_interpolated_and_kept_between_starts(tmp_path):
+    measure, attend = _context_host({128: 0.0004, 512: 0.0008, 1024: 0.0009})
+    curve = CostCurve()
+    curve.calibrate(measure, n_parallel=4, max_draft=16, attend=attend)
+    assert curve.context == pytest.approx({128: 0.0004, 512: 0.0008, 1024: 0.0009})
+    assert curve.context_seconds(0) == 0.0 and curve.context_seconds(64) == pytest.approx(0.0002)
+    assert curve.context_seconds(320) == pytest.approx(0.0006)  # halfway between 128 and 512
+    assert curve.context_seconds(2048) == pytest.approx(0.0011)  # past the last point, along the last stretch
+    assert "a row after so many tokens of context: 128 +0.40 ms" in curve.describe()
+    # a noisy point below a shorter context's is raised to it: a longer context never reads less
+    noisy = CostCurve()
+    noisy_measure, noisy_attend = _context_host({128: 0.0004, 512: 0.0003, 1024: 0.0009})
+    noisy.calibrate(noisy_measure, n_parallel=4, max_draft=16, attend=noisy_attend)
+    assert noisy.context[512] == pytest.approx(0.0004)
+    # a context that gives way (a request waits) keeps the points before it
+    short = CostCurve()
+    short.calibrate(measure, n_parallel=4, max_draft=16,
+                    attend=lambda context, k: None if context >= 512 else attend(context, k))
+    assert set(short.context) == {128}
+    store = CostStore(tmp_path / "costs.json")
+    store.save(curve.points, curve.spread, curve.context)
+    restored = CostCurve()
+    restored.restore(*store.load())
+    assert restored.context == pytest.approx(curve.context)
+    assert restored.context_seconds(320) == pytest.approx(0.0006)
+
+
+def test_an_observed_step_s_attention_is_taken_out_so_the_line_stays_the_empty_cache_s():
+    curve = linear()
+    for _ in range(300):  # 8 rows after their contexts, each 0.5 ms more than on the line
+        curve.observe(8, curve.seconds(8) + 8 * 0.0005, attention=8 * 0.0005)
+    assert curve.scale == pytest.approx(1.0, abs=1e-6)
+    for _ in range(300):  # the same steps, their attention not said: the whole line seems slower
+        curve.observe(8, curve.seconds(8) / curve.scale + 8 * 0.0005)
+    assert curve.scale > 1.15
+
+
+def test_drafts_deep_in_a_long_context_pay_for_their_rows_attention():
+    """The same drafts (each position kept 0.75 of the time) of four sequences, priced by their
+    context: each row costs the line's 1.2 ms and what it costs more after 1,024 tokens of context.
+    The decoding rows pay that too, so plain steps cost more as well; still, the more a row's
+    attention costs, the shorter the drafts, down to none."""
+    def planned(context: int, extra: float) -> list[int]:
+        curve = linear()
+        curve.context = {1024: extra}
+        controller = Controller([Fixed("f", tuple(range(16)))], ControllerConfig(max_draft=16, n_parallel=4),
+                                costs=curve)
+        establish(controller, "f", [0.75] * 16)
+        seqs = [DraftSeq(k, k, (1, 2, 3), False) for k in range(4)]
+        for s in seqs:
+            controller.begin(s)
+        plan = controller.plan(4, [DraftAsk(s, [1] * context, 16) for s in seqs], 0, 256)
+        return [len(plan.drafts[s.key].tokens) if s.key in plan.drafts else 0 for s in seqs]
+
+    assert planned(1024, 0.0) == [3] * 4
+    assert planned(0, 0.004) == [3] * 4  # no context: nothing more to pay
+    assert planned(1024, 0.001) == [2] * 4
+    assert planned(1024, 0.002) == [1] * 4
+    assert planned(1024, 0.004) == [0] * 4
