@@ -716,17 +716,22 @@ def main() -> int:
                         help="new requests each side of the Conclave case (whether its explorers agree varies by request)")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--max-draft", type=int, default=None,
+                        help="longest draft per sequence and step (default: the node's, speculative.max_draft)")
     args = parser.parse_args()
     print_header(getattr(args, 'model', None), threads=getattr(args, 'threads', None))
 
+    from node.config import OPTIONS_BY_NAME
     from node.engine.engine import Engine, EngineConfig
     from node.speculative.controller import Controller, ControllerConfig
     from node.speculative.lookup import PromptLookup
     from node.speculative.palimpsest import Palimpsest
 
-    controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=16, n_parallel=4))
-    engine = Engine(EngineConfig(model_path=args.model or default_model(), n_ctx=8192, n_parallel=4, max_draft=16,
-                                 speculator=controller))
+    max_draft = args.max_draft or OPTIONS_BY_NAME["speculative.max_draft"].default
+    controller = Controller([PromptLookup(), Palimpsest()], ControllerConfig(max_draft=max_draft, n_parallel=4))
+    engine = Engine(EngineConfig(model_path=args.model or default_model(), n_ctx=8192, n_parallel=4,
+                                 max_draft=max_draft, speculator=controller))
+    print(f"drafts of at most {max_draft} tokens")
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     lines = []
     try:
