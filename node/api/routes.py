@@ -233,7 +233,9 @@ def speculation_health(state: NodeState) -> dict:
                                   "sizes_off_the_line": {str(n): round(b, 3) for n, b in
                                                          sorted(controller.costs.bends.items()) if b != 1.0},
                                   "one_token_each_ms": {str(n): round(s * 1000, 2) for n, s in
-                                                        sorted(controller.costs.spread.items())}}}
+                                                        sorted(controller.costs.spread.items())},
+                                  "row_after_context_ms": {str(n): round(controller.costs.context_seconds(n) * 1000, 3)
+                                                           for n in sorted(controller.costs.context)}}}
 
 
 def cache_health(state: NodeState) -> dict:

@@ -67,17 +67,20 @@ def test_a_session_turn_answers_the_same_with_speculation_on_and_off(node):
     assert answers[:2] == answers[2:]
 
 
-def test_health_shows_what_steps_of_one_to_n_sequences_cost(node):
+def test_health_shows_what_steps_of_one_to_n_sequences_and_rows_after_a_context_cost(node):
     """`step_cost_line_ms.one_token_each_ms`: the calibrated steps of k sequences with one token
     each, which price a token kept by a sequence that ends before the batch's slowest. (This
     node serves on a fixed curve, never calibrated: the spread is set as a calibration would.)"""
     costs = node.state.speculation.costs
-    kept = costs.spread
+    kept, context = costs.spread, costs.context
     try:
         costs.spread = {1: 0.0125, 2: 0.0272, 3: 0.0288, 4: 0.0298}
+        costs.context = {128: 0.00012, 512: 0.0007}
         status, _, health = http_json("GET", f"{node.url}/health")
         assert status == 200
         assert health["speculation"]["step_cost_line_ms"]["one_token_each_ms"] == {
             "1": 12.5, "2": 27.2, "3": 28.8, "4": 29.8}
+        # and what a row costs more after so many tokens of its sequence's context
+        assert health["speculation"]["step_cost_line_ms"]["row_after_context_ms"] == {"128": 0.12, "512": 0.7}
     finally:
-        costs.spread = kept
+        costs.spread, costs.context = kept, context
