@@ -893,6 +893,7 @@ def test_the_calibration_measures_what_a_step_sheds_with_one_sequence_fewer(tmp_
     (tmp_path / "old.json").write_bytes(b'{"layout": 1, "points": {"1": 0.02, "2": 0.025, "4": 0.03}}')
     kept = Controller([], store=CostStore(tmp_path / "old.json")).costs  # kept before spreads were measured
     assert kept.measured and kept.spread == {} and kept.shed_seconds(4) == kept.row_seconds()
+    assert kept.context == {} and kept.context_seconds(2048) == 0.0  # nor the rows' cost after a context
 
 
 def _context_host(per_row_after: dict[int, float]):
@@ -931,6 +932,10 @@ def test_a_row_s_cost_after_its_context_is_calibrated_interpolated_and_kept_betw
     restored.restore(*store.load())
     assert restored.context == pytest.approx(curve.context)
     assert restored.context_seconds(320) == pytest.approx(0.0006)
+    # a file whose context says a row costs less than nothing, or a minute more, is not used
+    (tmp_path / "bad.json").write_bytes(b'{"layout": 1, "points": {"1": 0.02, "2": 0.025, "4": 0.03}, '
+                                        b'"context": {"512": -0.001}}')
+    assert CostStore(tmp_path / "bad.json").load() is None
 
 
 def test_an_observed_step_s_attention_is_taken_out_so_the_line_stays_the_empty_cache_s():
