@@ -637,20 +637,24 @@ class Scheduler:
 
     def _attend(self, context: int, k: int) -> float | None:
         """Seconds of one decode of k drafts of one sequence (slot 0) after `context` tokens of
-        it, all rows with logits; None once requests wait, or where the context cannot hold
-        them or k is more than a sequence may draft (the logits buffer has no rows for it). The context is filler computed unmeasured, in chunks of the step budget (a request
-        arriving waits for one chunk at most), and kept for the next call (`_attended`)."""
-        if k > self._limits.max_draft or context + k + 1 > self._ctx.n_ctx:
+        it, all rows with logits; context 0 with a second slot: of a sequence of its own there,
+        beside slot 0's context, which stays. None once requests wait, or where the context
+        cannot hold them or k is more than a sequence may draft (the logits buffer has no rows
+        for it). The context is filler computed unmeasured, in chunks of the step budget (a
+        request arriving waits for one chunk at most), and kept for the next call (`_attended`)."""
+        slot = 1 if context == 0 and self._limits.n_parallel > 1 else 0
+        cells = self._attended + k + 1 if slot == 1 else context + k + 1  # the cells in use with these rows
+        if k > self._limits.max_draft or cells > self._ctx.n_ctx:
             return None
         filler = self._model.info.bos if self._model.info.bos is not None else 1
-        if context < self._attended:
+        if slot == 0 and context < self._attended:
             self._ctx.seq_rm(0, context, -1)
             self._attended = context
         while True:
             with self._lock:
                 if self._queue or self._closing:
                     return None
-            if self._attended >= context:
+            if slot == 1 or self._attended >= context:
                 break
             n = min(context - self._attended, self._limits.step_token_budget, self._batch.capacity)
             self._batch.clear()
@@ -659,11 +663,11 @@ class Scheduler:
                 raise RuntimeError("llama_decode failed while computing a context to measure after")
             self._attended += n
         self._batch.clear()
-        self._batch.add([filler] * (k + 1), context, 0, logits="all")
+        self._batch.add([filler] * (k + 1), context, slot, logits="all")
         t0 = time.perf_counter()
         rc = self._ctx.decode(self._batch)
         elapsed = time.perf_counter() - t0
-        self._ctx.seq_rm(0, context, -1)
+        self._ctx.seq_rm(slot, context, -1)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (code {rc}) while measuring")
         return elapsed

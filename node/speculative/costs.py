@@ -20,7 +20,8 @@ answer than at the calibration's empty cache (Gemma 3 270M on a 2-vCPU AMD EPYC 
 cache's slope, the drafts of four users' prose cost 20% more than planned: steps with 4 draft
 rows beside 4 sequences ~150 tokens in took 1.08x their predicted time while their steps without
 drafts took 0.95x. So the calibration also measures a step of CONTEXT_ROWS rows of one sequence
-after each of CONTEXT_POINTS tokens of context (`attend`), and `context_seconds(n)` is what a
+after each of CONTEXT_POINTS tokens of context, each beside the same rows without one
+(`attend`), and `context_seconds(n)` is what a
 row costs more after n tokens than after none, interpolated between them (past the last point,
 along the last stretch). The planner adds it to the rows of each sequence by its context; the
 engine's steps are observed with it taken out, so the line stays the empty cache's.
@@ -86,7 +87,7 @@ RECALIBRATE_MIN_S = 30.0   # the first drift recalibration at most this soon aft
 RECALIBRATE_MAX_S = 1800.0  # each further one twice as late, up to this
 BEND_LIMITS = (0.85, 1.2)  # a calibrated size's bend is held within these (a median that met a burst)
 BEND_NOISE = 0.03          # a size within this share of the shape is on it
-CONTEXT_POINTS = (0, 128, 512, 1024)  # contexts a row's extra cost is measured after (`attend`)
+CONTEXT_POINTS = (128, 512, 1024)  # contexts a row's extra cost is measured after (`attend`)
 CONTEXT_ROWS = 17          # rows of the one sequence measured there (fewer where drafts are shorter)
 
 
@@ -167,8 +168,9 @@ class CostCurve:
         """`measure(n_seqs, k)`: seconds of one decode of n_seqs sequences with k drafts each, or
         None when requests are waiting: then the calibration stops, and what was measured is
         used only if it covers MIN_CALIBRATED_SIZES sizes. `attend(context, k)`: seconds of one
-        decode of one sequence's k drafts after `context` tokens of it, or None when requests
-        wait or a slot cannot hold that many (`_calibrate_context`)."""
+        decode of one sequence's k drafts after `context` tokens of it (0: of a sequence of its
+        own, the context kept where another slot holds it), or None when requests wait or a
+        slot cannot hold that many (`_calibrate_context`)."""
         if self.fixed:
             return
         started = time.monotonic()
@@ -202,7 +204,7 @@ class CostCurve:
         if rounds:  # every shape measured alike; else the last calibration's stands
             self.spread = {n_seqs: statistics.median(samples[shape][:rounds]) for n_seqs, shape in spread.items()}
             if attend is not None:
-                self._calibrate_context(attend, min(CONTEXT_ROWS, 1 + max_draft))
+                self._calibrate_context(attend, min(CONTEXT_ROWS, 1 + max_draft), n_parallel > 1)
         if self._start_rate is None:
             self._start_rate = 1.0 / (self.intercept + self.slope)
         self.calibrations += 1
@@ -216,24 +218,39 @@ class CostCurve:
             log.info("verify cost curve: one token each of %s", ", ".join(
                 f"{k} sequences {s * 1000:.1f} ms" for k, s in sorted(self.spread.items())))
 
-    def _calibrate_context(self, attend: Callable[[int, int], float | None], rows: int) -> None:
+    def _calibrate_context(self, attend: Callable[[int, int], float | None], rows: int, paired: bool) -> None:
         """What a row costs more after each of CONTEXT_POINTS tokens of context than after none:
-        REPEATS decodes of `rows` rows of one sequence after each (the first after a new context
-        unmeasured), medians against the empty context's, a row's share of the difference, never
-        less than at a shorter context. Stops at the first context that gives way or does not fit;
-        the points measured before it are kept (none: the last calibration's stand)."""
-        medians: dict[int, float] = {}
+        `rows` rows of one sequence decoded after the context (the first decode after a new
+        context unmeasured), the median over REPEATS of the difference to the same rows with no
+        context, a row's share of it, never less than at a shorter context. `paired` (the engine
+        has a second slot): each decode after the context is followed at once by one of a
+        sequence of its own beside it (`attend(0, k)`), so a burst of load, or another part of a
+        starting node at work, moves both alike; measured apart, a node starting up once put
+        0.5 ms more on every point. Else the empty context is measured first. Stops at the first
+        context that gives way or does not fit; the points measured before it are kept (none:
+        the last calibration's stand)."""
+        k = rows - 1
+        alone: list[float] = []
+        if not paired:
+            alone = [t for t in (attend(0, k) for _ in range(REPEATS + 1)) if t is not None][1:]
+            if len(alone) < REPEATS:
+                return
+        extra: dict[int, float] = {}
         for context in CONTEXT_POINTS:
-            if attend(context, rows - 1) is None:
+            if attend(context, k) is None:
                 break
-            times = [attend(context, rows - 1) for _ in range(REPEATS)]
-            if any(t is None for t in times):
+            differences = []
+            for i in range(REPEATS):
+                at, empty = attend(context, k), (attend(0, k) if paired else alone[i])
+                if at is None or empty is None:
+                    break
+                differences.append(at - empty)
+            if len(differences) < REPEATS:
                 break
-            medians[context] = statistics.median(t for t in times if t is not None)
-        empty = medians.pop(0, None)
-        if empty is None or not medians:
+            extra[context] = max(0.0, statistics.median(differences)) / rows
+        if not extra:
             return
-        self.context = _rising({n: max(0.0, m - empty) / rows for n, m in medians.items()})
+        self.context = _rising(extra)
         log.info("verify cost curve: a row after %s", ", ".join(
             f"{n} tokens of context {s * 1000:+.2f} ms" for n, s in sorted(self.context.items())))
 

@@ -926,6 +926,9 @@ def test_a_row_s_cost_after_its_context_is_calibrated_interpolated_and_kept_betw
     short.calibrate(measure, n_parallel=4, max_draft=16,
                     attend=lambda context, k: None if context >= 512 else attend(context, k))
     assert set(short.context) == {128}
+    single = CostCurve()  # one slot: the empty context measured first, apart
+    single.calibrate(measure, n_parallel=1, max_draft=16, attend=attend)
+    assert single.context == pytest.approx(curve.context)
     store = CostStore(tmp_path / "costs.json")
     store.save(curve.points, curve.spread, curve.context)
     restored = CostCurve()
@@ -970,3 +973,28 @@ def test_drafts_deep_in_a_long_context_pay_for_their_rows_attention():
     assert planned(1024, 0.001) == [2] * 4
     assert planned(1024, 0.002) == [1] * 4
     assert planned(1024, 0.004) == [0] * 4
+
+
+def test_a_row_s_cost_after_a_context_is_measured_beside_the_same_rows_without_one():
+    """Something else starts working on the host once the empty context has been measured (a
+    starting node's other parts): every decode from then on takes a fifth longer. Each decode
+    after a context beside one of a sequence of its own, the difference grows by that fifth
+    only; against the empty context timed before, it takes the whole step's slowdown."""
+    def measure(n_seqs, k):
+        return 0.010 + 0.001 * n_seqs * (k + 1)
+
+    def host(slow_after: int):
+        calls = []
+
+        def attend(context, k):
+            calls.append(context)
+            slower = 1.2 if len(calls) > slow_after else 1.0
+            return (0.010 + (0.001 + {128: 0.0004, 512: 0.0008, 1024: 0.0009}.get(context, 0.0)) * (k + 1)) * slower
+        return attend
+
+    paired = CostCurve()
+    paired.calibrate(measure, n_parallel=4, max_draft=16, attend=host(1))
+    assert paired.context == pytest.approx({128: 0.00048, 512: 0.00096, 1024: 0.00108})
+    apart = CostCurve()  # one slot: the empty context measured first (a warm-up and REPEATS decodes)
+    apart.calibrate(measure, n_parallel=1, max_draft=16, attend=host(1 + costs_module.REPEATS))
+    assert apart.context[128] > 0.00075  # 0.8 ms against 0.4: the empty context taken at full speed
