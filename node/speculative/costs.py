@@ -89,6 +89,7 @@ BEND_LIMITS = (0.85, 1.2)  # a calibrated size's bend is held within these (a me
 BEND_NOISE = 0.03          # a size within this share of the shape is on it
 CONTEXT_POINTS = (128, 512, 1024)  # contexts a row's extra cost is measured after (`attend`)
 CONTEXT_ROWS = 17          # rows of the one sequence measured there (fewer where drafts are shorter)
+CONTEXT_BUDGET_S = 4.0     # no further context is measured once this much time went to them (2.1 s on 2 EPYC cores)
 
 
 class CostCurve:
@@ -224,11 +225,14 @@ class CostCurve:
         context unmeasured), the median over REPEATS of the difference to the same rows with no
         context, a row's share of it, never less than at a shorter context. `paired` (the engine
         has a second slot): each decode after the context is followed at once by one of a
-        sequence of its own beside it (`attend(0, k)`), so a burst of load, or another part of a
-        starting node at work, moves both alike; measured apart, a node starting up once put
-        0.5 ms more on every point. Else the empty context is measured first. Stops at the first
-        context that gives way or does not fit; the points measured before it are kept (none:
-        the last calibration's stand)."""
+        sequence of its own beside it (`attend(0, k)`), so a burst of load moves both alike;
+        measured apart, a fresh clone's first start, right after its suite, once put 0.5 ms more
+        on every point. Else the empty context is measured first. Stops at the first context that
+        gives way or does not fit, or once CONTEXT_BUDGET_S went to them (a slow host computes
+        1,024 tokens and 33 steps of 17 rows in several seconds, and a node measures before it
+        serves); the points measured before it are kept (none: the last calibration's stand), a
+        longer context priced along the last stretch measured."""
+        started = time.monotonic()
         k = rows - 1
         alone: list[float] = []
         if not paired:
@@ -237,6 +241,8 @@ class CostCurve:
                 return
         extra: dict[int, float] = {}
         for context in CONTEXT_POINTS:
+            if extra and time.monotonic() - started > CONTEXT_BUDGET_S:
+                break
             if attend(context, k) is None:
                 break
             differences = []

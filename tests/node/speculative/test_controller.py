@@ -926,6 +926,15 @@ def test_a_row_s_cost_after_its_context_is_calibrated_interpolated_and_kept_betw
     short.calibrate(measure, n_parallel=4, max_draft=16,
                     attend=lambda context, k: None if context >= 512 else attend(context, k))
     assert set(short.context) == {128}
+    budget = costs_module.CONTEXT_BUDGET_S
+    try:  # once the budget is spent, no further context: the first point only
+        costs_module.CONTEXT_BUDGET_S = 0.0
+        hurried = CostCurve()
+        hurried.calibrate(measure, n_parallel=4, max_draft=16, attend=attend)
+        assert hurried.context == pytest.approx({128: 0.0004})
+        assert hurried.context_seconds(512) == pytest.approx(0.0016)  # along the stretch from none to 128
+    finally:
+        costs_module.CONTEXT_BUDGET_S = budget
     single = CostCurve()  # one slot: the empty context measured first, apart
     single.calibrate(measure, n_parallel=1, max_draft=16, attend=attend)
     assert single.context == pytest.approx(curve.context)
