@@ -21,10 +21,10 @@ cache's slope, the drafts of four users' prose cost 20% more than planned: steps
 rows beside 4 sequences ~150 tokens in took 1.08x their predicted time while their steps without
 drafts took 0.95x. So the calibration also measures a step of CONTEXT_ROWS rows of one sequence
 after each of CONTEXT_POINTS tokens of context, each beside the same rows without one
-(`attend`), and `context_seconds(n)` is what a
-row costs more after n tokens than after none, interpolated between them (past the last point,
-along the last stretch). The planner adds it to the rows of each sequence by its context; the
-engine's steps are observed with it taken out, so the line stays the empty cache's.
+(`attend`), and `context_seconds(n)` is what a row costs more after n tokens than after none,
+interpolated between them (past the last point, along the last stretch). The planner adds it
+to the rows of each sequence by its context; the engine's steps are observed with it taken
+out, so the line stays the empty cache's.
 
 Beside the sizes, the calibration measures steps of k sequences with one token each, k up to
 the slots (`spread`): what a step costs less when one of its sequences has finished
