@@ -618,22 +618,13 @@ class Scheduler:
     def _measure(self, n_seqs: int, k: int) -> float | None:
         """Seconds of one decode of n_seqs sequences with k drafts each; None once requests wait
         (calibration gives way to them)."""
-        with self._lock:
-            if self._queue or self._closing:
-                return None
+        if self._giving_way():
+            return None
         n_seqs = max(1, min(n_seqs, self._limits.n_parallel, self._batch.capacity // (k + 1)))
-        filler = self._model.info.bos if self._model.info.bos is not None else 1
         self._batch.clear()
         for slot in range(n_seqs):
-            self._batch.add([filler] * (k + 1), 0, slot, logits="all")
-        t0 = time.perf_counter()
-        rc = self._ctx.decode(self._batch)
-        elapsed = time.perf_counter() - t0
-        for slot in range(n_seqs):
-            self._ctx.seq_rm(slot)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed (code {rc}) while measuring")
-        return elapsed
+            self._batch.add([self._filler()] * (k + 1), 0, slot, logits="all")
+        return self._timed_decode(*((slot, 0) for slot in range(n_seqs)))
 
     def _attend(self, context: int, k: int) -> float | None:
         """Seconds of one decode of k drafts of one sequence (slot 0) after `context` tokens of
@@ -646,28 +637,41 @@ class Scheduler:
         cells = self._attended + k + 1 if slot == 1 else context + k + 1  # the cells in use with these rows
         if k > self._limits.max_draft or cells > self._ctx.n_ctx:
             return None
-        filler = self._model.info.bos if self._model.info.bos is not None else 1
         if slot == 0 and context < self._attended:
             self._ctx.seq_rm(0, context, -1)
             self._attended = context
         while True:
-            with self._lock:
-                if self._queue or self._closing:
-                    return None
+            if self._giving_way():
+                return None
             if slot == 1 or self._attended >= context:
                 break
             n = min(context - self._attended, self._limits.step_token_budget, self._batch.capacity)
             self._batch.clear()
-            self._batch.add([filler] * n, self._attended, 0, logits="none")
+            self._batch.add([self._filler()] * n, self._attended, 0, logits="none")
             if self._ctx.decode(self._batch) != 0:
                 raise RuntimeError("llama_decode failed while computing a context to measure after")
             self._attended += n
         self._batch.clear()
-        self._batch.add([filler] * (k + 1), context, slot, logits="all")
+        self._batch.add([self._filler()] * (k + 1), context, slot, logits="all")
+        return self._timed_decode((slot, context))
+
+    def _giving_way(self) -> bool:
+        """Whether a request waits or the engine is closing: measuring stops for them."""
+        with self._lock:
+            return bool(self._queue) or self._closing
+
+    def _filler(self) -> int:
+        """The token the measuring steps are made of."""
+        return self._model.info.bos if self._model.info.bos is not None else 1
+
+    def _timed_decode(self, *measured: tuple[int, int]) -> float:
+        """Seconds of one decode of the batch as it stands, then each measured sequence's cells
+        removed from its position on: (slot, position) each. A failed decode is an error."""
         t0 = time.perf_counter()
         rc = self._ctx.decode(self._batch)
         elapsed = time.perf_counter() - t0
-        self._ctx.seq_rm(slot, context, -1)
+        for slot, position in measured:
+            self._ctx.seq_rm(slot, position, -1)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (code {rc}) while measuring")
         return elapsed

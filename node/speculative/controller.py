@@ -236,9 +236,10 @@ class Controller:
         rows_left = max(0, budget - owed)
         n = max(1, n_decoding)
         row_s = max(self.costs.row_seconds(), 1e-9)  # a row on the line; the staircase is priced per plan
-        contexts = [self.costs.context_seconds(len(ask.context)) for ask in asks]
+        attending = {ask.seq.key: self.costs.context_seconds(len(ask.context)) for ask in asks}  # a row's, by sequence
         # the decoding rows' attention over their contexts (those that do not ask: as the others)
-        self._attending = sum(contexts) + (n - len(asks)) * (sum(contexts) / len(contexts)) if contexts else 0.0
+        total = sum(attending.values())
+        self._attending = total + (n - len(attending)) * total / len(attending) if attending else 0.0
         plain = n / self._seconds(n)  # plain decoding's tokens per second of this step
         chosen: list[_Option] = []
         proposed: list[_SourceState] = []
@@ -261,7 +262,8 @@ class Controller:
             room = min(ask.room, self.config.max_draft)
             if room <= 0:
                 continue
-            option = self._best_option(ask, own, room, row_s, plain, n, proposed, worthy, hints, proposals,
+            option = self._best_option(ask, own, room, row_s + attending[ask.seq.key], plain, n, proposed,
+                                       worthy, hints, proposals,
                                        drain.worth(ask.seq.key) if drain is not None else 1.0,
                                        drain.worth_bound() if drain is not None and ask.seq.key in drain.lifted
                                        else None)
@@ -330,7 +332,7 @@ class Controller:
         binding = (sum(self._endings) + 1) / (len(self._endings) + 2) * (1.0 - refill)
         return Draining.of(asks, draining, n, row_s, plain, paces, binding, promised, self.costs.shed_seconds)
 
-    def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row_s: float, plain: float, n: int,
+    def _best_option(self, ask: DraftAsk, own: _SeqState, room: int, row: float, plain: float, n: int,
                      proposed: list[_SourceState], worthy: set[str], hints: dict[int, int],
                      proposals: list[tuple[DraftAsk, _SeqState, Draft, int]], worth: float = 1.0,
                      bound_worth: float | None = None) -> _Option | None:
@@ -341,10 +343,10 @@ class Controller:
         plan may count it in the bound again (`_draining`'s `unkept`). A source that
         costs nothing to ask is asked for one token more than the room: the token after the
         draft's last becomes its hint (`Draft.after`). The first proposal's first token is the
-        sequence's hint in `hints` should no draft of it be verified."""
+        sequence's hint in `hints` should no draft of it be verified. `row`: the seconds one of
+        its rows costs, its attention over its context included."""
         best: _Option | None = None
         own.promise = 1.0  # and more below, by what its best proposal is expected to keep, worth aside
-        attending = self.costs.context_seconds(len(ask.context))  # its rows' attention over its context
         for state in self._sources.values():
             if not state.on:
                 continue
@@ -352,7 +354,7 @@ class Controller:
             ask_k = room
             if making > 0 and not state.probing:  # drafts cost time to make: ask only for what pays
                 ask_k = self._paying_length(self._gains(state, own, ask.seq.sampled, ANY, room, worth),
-                                            row_s + attending + making, n)
+                                            row + making, n)
                 if ask_k == 0:
                     if state not in proposed:
                         proposed.append(state)
@@ -372,7 +374,7 @@ class Controller:
             gains = self._gains(state, own, ask.seq.sampled, kind, len(draft.tokens), worth)
             if worth > 0:
                 own.promise = max(own.promise, 1.0 + sum(gains) / worth)
-            cost = row_s + attending + making
+            cost = row + making
             if state.probing:  # verify a short draft regardless, so the estimates see fresh evidence
                 j = min(len(draft.tokens), PROBE_TOKENS)
                 state.probing, state.after_probe = False, True
