@@ -18,7 +18,8 @@ Cases (targets in docs/BENCHMARKS.md):
   rewrite   prompt lookup: rewrite a 300-token paragraph
   extract   prompt lookup: an extraction quoting the document
   prose     free prose, nothing to match
-  users4    4 users on a repetitive mix (aggregate), and on a non-repetitive mix
+  users4    4 users on a repetitive mix (aggregate), and on a non-repetitive mix; each with
+            its ceilings on the cost line and against the plain run as measured (`PlainRun`)
   nightly   40 classification requests, then 40 new items with the same instruction
   sampled   a seeded sampled request (temperature 0.8) sent again, L1 not involved
   sampled_rewrite  the rewrite at temperature 0.5, seeded
