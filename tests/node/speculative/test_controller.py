@@ -9,8 +9,8 @@ import pytest
 
 from node.engine.hooks import Draft, DraftAsk, DraftSeq
 from node.engine.types import SamplingParams
-from node.speculative.controller import (ANY, BACKOFF_START, EMA, PRIOR, PRIOR_COUNT, PROBE_TOKENS, SWITCH_OFF, Controller,
-                                         ControllerConfig, _match_class)
+from node.speculative.controller import (ANY, BACKOFF_START, EMA, PRIOR, PRIOR_COUNT, PROBE_TOKENS, QUIET_PLANS,
+                                         REST_MAX, SWITCH_OFF, Controller, ControllerConfig, _match_class)
 from node.speculative import costs as costs_module
 from node.speculative.cost_store import CostStore
 from node.speculative.costs import BEND_LIMITS, CostCurve
@@ -136,6 +136,53 @@ def test_good_drafts_grow_long_and_bad_ones_stop():
     assert sum(lengths[-100:]) <= 3 * 2  # off, with at most a couple of short probes
 
 
+def test_plans_that_verify_nothing_rest_and_a_draft_or_a_new_sequence_ends_the_rest(monkeypatch):
+    """Prose: a free source whose drafts are never kept. Once QUIET_PLANS plans in a row verified
+    nothing the planner rests between plans (1, 2, then REST_MAX steps), so the source is asked
+    at a fraction of the steps; a sequence it has not planned for is planned at its first step;
+    when the source's drafts start being kept, drafts come back within a rest and every step is
+    planned again."""
+    source = Fixed("bad", tuple(range(16)))
+    controller = Controller([source], ControllerConfig(max_draft=16), costs=linear())
+    lengths = run(controller, 100, lambda n: 0)
+    asked_then = len(source.asked)
+    assert asked_then <= 100 // (REST_MAX + 1) + 3 * QUIET_PLANS + 10, asked_then
+    assert sum(lengths[-50:]) == 0
+    assert controller._rest == REST_MAX and controller._rest_left > 0
+
+    newcomer = DraftSeq(2, 2, (1, 2, 3), False)
+    controller.begin(newcomer)
+    before = len(source.asked)
+    controller.plan(2, [DraftAsk(SEQ, [1, 2, 3], 16), DraftAsk(newcomer, [1, 2, 3], 16)], 0, 256)
+    assert len(source.asked) == before + 2  # planned at once, both sequences asked
+    controller.end(newcomer, [1, 2, 3])
+
+    def turning(resting: bool) -> list[int]:
+        """Draft lengths a step over 80 steps of a text that turns repetitive at step 40."""
+        controller = Controller([Following(tuple(range(1000)))], ControllerConfig(max_draft=16), costs=linear())
+        if not resting:
+            monkeypatch.setattr(controller, "_resting", lambda keys: False)
+        seq = DraftSeq(7, 7, (), False)
+        controller.begin(seq)
+        drafted: list[int] = []
+        context: list[int] = []
+        for step in range(80):
+            plan = controller.plan(1, [DraftAsk(seq, context or [0], 16)], 0, 256)
+            draft = plan.drafts.get(seq.key)
+            kept = len(draft.tokens) if draft and step >= 40 else 0
+            if draft:
+                controller.verified(seq, draft, kept)
+            drafted.append(len(draft.tokens) if draft else 0)
+            context = list(range(len(context) + 1 + kept)) if step >= 40 else context + [10_000 + step]
+            controller.step_done(1, 1 + drafted[-1], 0.012)
+        return drafted
+
+    rested, planned = turning(True), turning(False)
+    first = [next(i for i, n in enumerate(lengths) if i >= 40 and n > 0) for lengths in (rested, planned)]
+    assert first[1] <= first[0] <= first[1] + REST_MAX + 1, first  # a rest delays the first draft by a rest at most
+    assert all(n > 0 for n in rested[first[0]:])  # and then every step is planned again
+
+
 def test_expensive_verification_means_no_drafts():
     # every extra token costs as much as a whole step: even 60% acceptance does not pay
     controller = Controller([Fixed("meh", tuple(range(8)))], ControllerConfig(max_draft=8),
@@ -150,7 +197,7 @@ def test_a_source_switched_off_is_reprobed_with_backoff_and_logged(caplog):
     controller = Controller([Fixed("src", tuple(range(8)), cost_per_token=1e-5)], ControllerConfig(max_draft=8),
                             costs=linear())
     with caplog.at_level(logging.INFO, logger="node.speculative.controller"):
-        run(controller, SWITCH_OFF * 4, lambda n: accept["n"])
+        run(controller, SWITCH_OFF * 4 * (REST_MAX + 1), lambda n: accept["n"])  # plans rest once none verifies
         assert controller.stats["src"].switched_off >= 1 and not controller.state()["src"]["on"]
         assert any("switched off" in r.getMessage() for r in caplog.records)
         accept["n"] = 8  # the workload changes: everything is kept now
