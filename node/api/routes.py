@@ -226,6 +226,7 @@ def speculation_health(state: NodeState) -> dict:
                                                                       "saved_seconds")}}
                for name, control in controller.state().items()}
     return {"enabled": True, "max_draft": controller.config.max_draft, "sources": sources,
+            "planner": controller.planner_state(),
             "step_cost_scale": round(controller.costs.scale, 3),
             "step_cost_line_ms": {**controller.costs.line().as_dict(), "measured": controller.costs.measured,
                                   "calibrations": controller.costs.calibrations,

@@ -327,6 +327,7 @@ class Controller:
         sequence not in the last plan ends (the module docstring, the planner's own time)."""
         if self._rest_left > 0 and keys <= self._planned:
             self._rest_left -= 1
+            self.stats.steps_rested += 1
             return True
         self._rest_left = 0
         return False
@@ -662,6 +663,10 @@ class Controller:
         stats.on = False
         state.backoff = min(BACKOFF_MAX, state.backoff * 2)
         state.idle = 0
+
+    def planner_state(self) -> dict[str, int]:
+        """For /health: steps rested so far, plans in a row that verified nothing, the rest's steps left."""
+        return {"steps_rested": self.stats.steps_rested, "quiet_plans": self._quiet, "rest_steps_left": self._rest_left}
 
     def state(self) -> dict[str, dict[str, object]]:
         """For /health: each source's switch state and estimates, and the cost curve."""

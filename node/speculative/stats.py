@@ -58,6 +58,7 @@ class SpeculationStats:
         self.sources = {name: SourceStats(name, max_draft) for name in sources}
         self.max_draft = max_draft
         self.steps_with_drafts = 0
+        self.steps_rested = 0  # steps the planner did not plan: a rest after plans that verified nothing
 
     def __getitem__(self, name: str) -> SourceStats:
         return self.sources[name]

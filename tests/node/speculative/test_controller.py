@@ -149,6 +149,8 @@ def test_plans_that_verify_nothing_rest_and_a_draft_or_a_new_sequence_ends_the_r
     assert asked_then <= 100 // (REST_MAX + 1) + 3 * QUIET_PLANS + 10, asked_then
     assert sum(lengths[-50:]) == 0
     assert controller._rest == REST_MAX and controller._rest_left > 0
+    rested = controller.planner_state()["steps_rested"]
+    assert rested + asked_then >= 100 - 5 and rested >= 100 // 2  # every step asked the source or rested
 
     newcomer = DraftSeq(2, 2, (1, 2, 3), False)
     controller.begin(newcomer)

@@ -48,6 +48,9 @@ def test_speculation_is_on_visible_and_off_per_request_with_the_same_answer(node
     assert sum(metric(node.url, "reame_speculation_accepted_length_count", source=s) for s in sources) > 0
     assert metric(node.url, "reame_speculation_source_on", source="lookup") == 1
     assert sum(health["speculation"]["sources"][s]["accepted"] for s in sources) == kept
+    planner = health["speculation"]["planner"]
+    assert set(planner) == {"steps_rested", "quiet_plans", "rest_steps_left"}
+    assert all(isinstance(v, int) and v >= 0 for v in planner.values())
 
 
 def test_a_session_turn_answers_the_same_with_speculation_on_and_off(node):
