@@ -196,7 +196,7 @@ def concurrent_ceiling(line, plain: list, spec: list, plain_run: PlainRun | None
     is then near 1.0x whatever the others keep.
 
     With `plain_run` (the plain run as measured) the ceiling is also given against it
-    (`wall_ceiling`): the line's figures leave out what both modes pay alike."""
+    (`PlainRun.ceiling`): the line's figures leave out what both modes pay alike."""
     lengths = [len(end.generated) - 1 for end in plain]
     plain_s = plain_seconds(line, plain)
     steps = max(end.steps for end in spec)
