@@ -22,6 +22,9 @@ GREEDY = SamplingParams(temperature=0.0)
 BLOCK = 16
 
 
+CONTEXT = 4000  # of the fixture's 4,096 cells: a context whose attention a step of 5 rows shows
+
+
 class ScriptedDrafts:
     """A Speculator proposing the continuation of a scripted token stream whenever the tail matches it."""
 
@@ -37,9 +40,14 @@ class ScriptedDrafts:
     def calibrate(self, measure, attend) -> None:
         self.calibrated = measure(1, 3)
         attend(0, 4)  # the first step of its shape pays one-off costs
-        self.attended = [statistics.median([attend(0, 4) for _ in range(5)]),
-                         statistics.median([attend(512, 4) for _ in range(5)]),
-                         statistics.median([attend(0, 4) for _ in range(5)]), attend(10**9, 4), attend(0, 16)]
+        # in turn, so that a load that comes and goes weighs on both alike (the context, once
+        # computed, is kept between the calls)
+        empty, late = [], []
+        for _ in range(8):
+            empty.append(attend(0, 4))
+            late.append(attend(CONTEXT, 4))
+        self.attended = [statistics.median(empty[:4]), statistics.median(late), statistics.median(empty[4:]),
+                         attend(10**9, 4), attend(0, 16)]
 
     def begin(self, seq: DraftSeq) -> None:
         self.begun.add(seq.key)
@@ -97,7 +105,7 @@ class DictPrefixCache:
 def hooked(gemma_path):
     drafts, cache = ScriptedDrafts(), DictPrefixCache()
     # resident prefixes off: a resident slot would answer the prompts the cache is tested with
-    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=1024, n_parallel=2, max_draft=4, resident_prefixes=False,
+    eng = Engine(EngineConfig(model_path=gemma_path, n_ctx=4096, n_parallel=2, max_draft=4, resident_prefixes=False,
                               speculator=drafts, prefix_cache=cache, step_token_budget=64))
     assert eng.wait_calibrated(120)  # before any request: a waiting one would stop the measuring
     yield eng, drafts, cache
@@ -118,7 +126,7 @@ def test_verified_drafts_give_plain_greedy_output(hooked):
     assert generate(eng, prompt).generated == plain.generated
     assert eng.stats()["draft_accepted"] - accepted >= 6  # most tokens came in verified groups
     assert drafts.calibrated > 0 and not drafts.begun  # measured before serving; every sequence ended
-    # 5 rows after 512 tokens of context cost more than after none (computed, then kept for the
+    # 5 rows after CONTEXT tokens of context cost more than after none (computed, then kept for the
     # next measure), after none again less; a context no slot holds, or more drafts than a
     # sequence may have (the logits buffer has no rows for them): None
     empty, late, again, too_long, too_many = drafts.attended

@@ -97,11 +97,18 @@ def test_the_same_request_again_drafts_from_the_palimpsest(spec):
     second = run(eng, text, 40)[0]
     assert_same_up_to_near_ties(reference_of(plain), first)
     assert_same_up_to_near_ties(reference_of(plain), second)
-    # where the answer loops (the base model does on some hosts' kernels), prompt lookup's draft of
-    # the loop can be worth as much as the stored answer's: the two together keep most of the answer,
-    # the Palimpsest some of it
     gained = {name: controller.stats[name].accepted - kept[name] for name in kept}
-    assert gained["archive"] > 0 and sum(gained.values()) >= len(second.generated) // 2, gained
+    parted = next((i for i, (a, b) in enumerate(zip(first.generated, second.generated)) if a != b), None)
+    if parted is None:
+        # where the answer loops (the base model does on some hosts' kernels), prompt lookup's draft
+        # of the loop can be worth as much as the stored answer's: the two together keep most of the
+        # answer, the Palimpsest some of it
+        assert gained["archive"] > 0 and sum(gained.values()) >= len(second.generated) // 2, gained
+    else:
+        # the second answer left the stored one at a near-tie (checked above against plain decoding:
+        # its verify rows, computed in steps of other shapes, moved past DRAFT_TIE_NATS there); every
+        # stored token before it, all but the prompt step's, was drafted and kept
+        assert gained["archive"] >= parted - 1, (parted, gained)
 
 
 def test_prefix_cache_restore_and_speculation_compose(spec):
