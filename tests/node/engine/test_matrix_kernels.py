@@ -4,10 +4,9 @@ ggml's matrix product of Q8_0, Q5_0 and Q4_0 weights by float columns (the colum
 to Q8_0 on the way, as every layer does it) is checked against numpy: weights and columns are
 made of whole quants times fp16 scales, so the integer sums are exact and the float result may
 differ from the float64 reference only by rounding. On a CPU with AVX-512 VNNI these products
-run the patched kernel (deploy/llama_cpp/patches/0002-q0-pairs-avx512.patch: two columns to a
-512-bit register, tiles of 4 weight rows) where 0005-q0-lanes-avx512.patch's does not (a weight
-row to each lane of a tile of 16: every product of 1 to 512 columns whose packed columns fit in
-1 MiB); on one with AVX2 and without it, products of 2
+run the patched kernel (deploy/llama_cpp/patches/0005-q0-lanes-avx512.patch, which replaced
+0002-q0-pairs-avx512.patch's: a weight row to each lane of a tile of 16, every product of 1 to
+512 columns whose packed columns fit in 1 MiB); on one with AVX2 and without it, products of 2
 columns or more run 0004-q0-columns-avx2.patch's (a tile of 4 weight rows unpacked once and
 swept over every column); elsewhere llama.cpp's own, which the same check holds for. The
 shapes cover one column (a token's decode), odd counts (the last pair half empty), row counts
@@ -19,7 +18,7 @@ A column's products are also the same to the bit whatever columns share the prod
 decode alone, or a row of a step of 2, 5, 17 or 64): speculation's verified rows are compared
 with what plain decoding would have chosen, and every kernel here sums a column's products in
 the same order whatever the columns beside it (the lanes kernel: a row's blocks in order, in one
-lane; the others: in the order of ggml's one-column dot product).
+lane; the AVX2 one: in the order of ggml's one-column dot product).
 """
 
 from __future__ import annotations
