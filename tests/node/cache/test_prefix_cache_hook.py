@@ -4,10 +4,14 @@ back for which prompt (the real model's restore lives in test_prefix_cache_engin
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
 from node.cache.keys import CacheIdentity
-from node.cache.prefix_cache import PrefixCache, PrefixCacheConfig
+from node.cache.prefix_cache import WRITER_NICE, PrefixCache, PrefixCacheConfig
 
 IDENTITY = CacheIdentity(model_fingerprint="ab" * 32, runtime="test")
 DOC = list(range(1000, 1040))  # 40 tokens = 5 blocks of 8
@@ -291,3 +295,18 @@ def test_the_fork_index_is_bounded():
             index.add(bytes([boundary]) * 32, bytes([tail]) * 4, bytes([boundary, tail]) * 16)
     assert len(index) <= 40
     assert len(index) >= 40 - STATES_PER_BOUNDARY  # whole boundaries go, least recent first
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread niceness is read from Linux's /proc")
+def test_the_writer_thread_runs_below_the_engine(cache):
+    """Encoding and disk writes take only the CPU the engine's threads leave."""
+    stat = Path(f"/proc/self/task/{cache._writer.native_id}/stat")
+
+    def nice() -> int:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[16])  # field 19, counted after the name's ")"
+
+    deadline = time.monotonic() + 5  # the thread lowers its own priority as it starts
+    while nice() != WRITER_NICE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert nice() == WRITER_NICE
+    assert os.getpriority(os.PRIO_PROCESS, 0) < WRITER_NICE  # the process itself keeps its own
