@@ -383,10 +383,12 @@ def _in_own_process(fn, *args):
     """fn(*args) in a child process of its own (spawned), its result sent back.
 
     An engine decoding on a thread of a process where another engine's thread decoded before
-    pays ~12 ms more a step on this 2-core host (OpenMP's workers of the first thread still
-    hold a core: a one-token step 21.3 ms from the first thread, 32.8 ms from a second), so a
-    second engine in this process would price rows at 0.10 of a step instead of 0.15 and flatter
-    whatever it measures. A node decodes on its engine thread alone."""
+    pays ~12 ms more a step on this 2-core host (a one-token step 21.3 ms from the first thread,
+    32.8 ms from a second): the first thread's OpenMP workers outlive its decodes, and once
+    libgomp's threads outnumber the cores its barriers sleep instead of spinning
+    (node/engine/engine.py `_crowding`). A second engine in this process would price rows at 0.10
+    of a step instead of 0.15 and flatter whatever it measures. A node decodes on its engine
+    thread alone."""
     import concurrent.futures
     import multiprocessing
 

@@ -272,7 +272,16 @@ def series(name: str, result) -> str:
 def body_row_ms(engine, repeats: int = 5) -> float:
     """Milliseconds one more token without logits adds to a one-token step (the transformer body
     alone), measured on a context of its own with the engine's kernels: median of 1 + 8 tokens
-    with logits on the last only, less a one-token step, over 8."""
+    with logits on the last only, less a one-token step, over 8. It decodes on a thread that ends
+    with it: OpenMP's workers live as long as the thread that decoded, and next to the engine's
+    they would outnumber the cores and slow every later step (node/engine/engine.py `_crowding`)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as alone:
+        return alone.submit(_body_row_ms, engine, repeats).result()
+
+
+def _body_row_ms(engine, repeats: int) -> float:
     import statistics
 
     from node.engine.llama import LlamaContext, LlamaModel, TokenBatch
