@@ -382,13 +382,11 @@ def case_conclave(engine, args) -> list[str]:
 def _in_own_process(fn, *args):
     """fn(*args) in a child process of its own (spawned), its result sent back.
 
-    An engine decoding on a thread of a process where another engine's thread decoded before
-    pays ~12 ms more a step on this 2-core host (a one-token step 21.3 ms from the first thread,
-    32.8 ms from a second): the first thread's OpenMP workers outlive its decodes, and once
-    libgomp's threads outnumber the cores its barriers sleep instead of spinning
-    (node/engine/engine.py `_crowding`). A second engine in this process would price rows at 0.10
-    of a step instead of 0.15 and flatter whatever it measures. A node decodes on its engine
-    thread alone."""
+    The child's engine is the only one decoding in its process. Two engines in one process
+    used to slow each other's steps (~12 ms a one-token step on this 2-core host: libgomp's
+    workers outnumbered the cores and its barriers stopped spinning); an idle engine now lets its
+    workers go while another is open (node/engine/compute_threads.py), and a process of its own
+    still keeps the measured side free of the main engine's state and threads."""
     import concurrent.futures
     import multiprocessing
 

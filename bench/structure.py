@@ -274,7 +274,7 @@ def body_row_ms(engine, repeats: int = 5) -> float:
     alone), measured on a context of its own with the engine's kernels: median of 1 + 8 tokens
     with logits on the last only, less a one-token step, over 8. It decodes on a thread that ends
     with it: OpenMP's workers live as long as the thread that decoded, and next to the engine's
-    they would outnumber the cores and slow every later step (node/engine/engine.py `_crowding`)."""
+    they would outnumber the cores and slow every later step (node/engine/compute_threads.py)."""
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as alone:

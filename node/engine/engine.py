@@ -27,14 +27,13 @@ import itertools
 import logging
 import os
 import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
-from node.engine import huge_pages
+from node.engine import compute_threads, huge_pages
 from node.engine.config import EngineConfig
 from node.engine.embedder import Embedder
 from node.engine.errors import EngineClosed, InvalidRequest, PromptTooLong
@@ -52,31 +51,6 @@ from node.engine.types import EmbeddingInfo, Event, Finished, GenerationRequest,
 __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo", "PrefixCacheHook", "Speculator"]
 
 log = logging.getLogger(__name__)
-
-# Engines of this process not closed yet, and their llama.cpp thread counts (`_crowding`).
-_LIVE: "weakref.WeakKeyDictionary[Engine, int]" = weakref.WeakKeyDictionary()
-
-
-def _crowding(n_threads: int) -> str | None:
-    """Why an engine starting now, with `n_threads`, will decode slower than alone, or None.
-
-    llama.cpp's CPU backend built with OpenMP (libgomp) keeps a team of worker threads for each
-    thread that decodes, for as long as that thread lives, idle or not. Once the teams' threads
-    outnumber the cores, libgomp stops spinning at its barriers and sleeps at each instead, and
-    a step ends at a barrier after every graph node: on a 2-core host, with a second engine
-    alive and idle, 32 greedy tokens took 417 ms against 241 ms alone. A node runs one engine;
-    a process that opens more (a benchmark, a test, a program embedding the engine) runs them
-    in turn, closing each, or in processes of their own."""
-    if "OPENMP = 1" not in system_info():
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    others = sum(_LIVE.values())
-    if not _LIVE or others + n_threads <= cores:
-        return None
-    return (f"{len(_LIVE)} other engine(s) of this process hold {others} llama.cpp threads; with this one's "
-            f"{n_threads} they outnumber the {cores} cores, and OpenMP's barriers stop spinning: every "
-            f"engine's steps are slower (1.7x measured on 2 cores) until the others close")
-
 
 class Handle:
     """The caller's side of one generation: events out, cancel in."""
@@ -153,13 +127,13 @@ class Engine:
                             config.interactive_slots, config.slots_per_group, config.resident_prefixes,
                             config.shared_rows),
             prefix_cache=config.prefix_cache, speculator=config.speculator,
-            threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None, embedder=self._embedder)
+            threads=ThreadTuner(self._ctx_threads) if config.tune_threads else None, embedder=self._embedder,
+            when_idle=compute_threads.when_idle)
         self._thread = threading.Thread(target=self._scheduler.run, name="reame-engine", daemon=True)
         self._thread.start()
-        crowded = _crowding(self._ctx_threads)
-        if crowded:
-            log.warning("engine: %s", crowded)
-        _LIVE[self] = self._ctx_threads
+        if others := compute_threads.opened(id(self), self._scheduler.wake):
+            log.info("engine: %d other engine(s) open in this process: an idle one lets its llama.cpp "
+                     "threads go (node/engine/compute_threads.py)", others)
         self.grammars = GrammarCompiler(self._model.vocab, self._model.n_vocab, self._model.info.eog_tokens)
         self._closed = False
         self._ids = itertools.count(1)
@@ -340,7 +314,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        _LIVE.pop(self, None)
+        compute_threads.closed(id(self))
         self.grammars.close()
         self._scheduler.stop()
         self._thread.join()

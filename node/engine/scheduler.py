@@ -126,8 +126,10 @@ class Scheduler:
 
     def __init__(self, model: LlamaModel, ctx: LlamaContext, limits: SchedulerLimits, *,
                  prefix_cache: PrefixCacheHook | None = None, speculator: Speculator | None = None,
-                 threads: ThreadTuner | None = None, embedder: Embedder | None = None) -> None:
+                 threads: ThreadTuner | None = None, embedder: Embedder | None = None,
+                 when_idle: Callable[[], object] | None = None) -> None:
         self._model = model
+        self._when_idle = when_idle  # called on this thread as it goes idle, and at each wake while idle
         self._embedder = embedder  # embedding batches, run between generation steps (embedder.py)
         self._ctx = ctx
         self._limits = limits
@@ -216,11 +218,17 @@ class Scheduler:
                 idle = not self._closing and not self._queue and not self._active and not self.embed_waiting()
             if idle and self._drafting.calibration_due():
                 self._calibrate()
-            with self._lock:
-                while not self._closing and not self._queue and not self._active and not self.embed_waiting():
-                    self._wake.wait()
-                if self._closing:
-                    break
+            while True:
+                with self._lock:
+                    if self._closing or self._queue or self._active or self.embed_waiting():
+                        break
+                if self._when_idle is not None:
+                    self._when_idle()
+                with self._lock:
+                    if not self._closing and not self._queue and not self._active and not self.embed_waiting():
+                        self._wake.wait()
+            if self._closing:
+                break
             try:
                 if not self.step():
                     with self._lock:
