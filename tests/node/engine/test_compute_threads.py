@@ -89,7 +89,7 @@ def test_an_idle_engine_lets_its_threads_go_only_while_another_is_open(gemma_pat
             deadline = time.monotonic() + 10
             while len(set(calls)) < 2 and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert {name for name, _ in calls} == {"reame-engine"} and len(set(calls)) == 2  # both engines
+            assert {name for name, _ in calls} == {"reame-engine"} and len(set(calls)) >= 2  # both (and any other open)
         finally:
             second.close()
     finally:
