@@ -7,7 +7,8 @@ boundaries longest first, RAM then disk; the ARCA tier (node/cache/fleet.py) is 
 RAM before the request reaches the engine, so the engine thread never waits on the network,
 and `preload` moves a disk-only prefix into RAM at the same moment, off the engine thread.
 `store` only puts the state in RAM and enqueues it; a writer thread the cache owns encodes
-it, offers it to the fleet pusher, then publishes it on disk.
+it, offers it to the fleet pusher, then publishes it on disk. A state adopted from the fleet
+goes to disk through a second writer at the lowest priority, since nobody waits for it.
 
 What is stored (each boundary at most once, never rewritten), for a prompt P:
   - the last boundary of P, so a conversation that extends P (the next turn) restores all
@@ -58,16 +59,18 @@ MB = 1 << 20
 StoredSink = Callable[[bytes, int, bytes, bytes], None]
 
 
-WRITER_NICE = 19  # the writer's niceness: encoding and disk writes take only CPU the engine leaves
+LOCAL_WRITER_NICE = 19  # the local writer's niceness: its disk writes take only CPU the engine leaves
 
 
 def _yield_to_the_engine() -> None:
-    """Lower the calling thread's priority to WRITER_NICE (Linux gives each thread its own nice
-    value). A state written while a request decodes took CPU from the step's threads: a 2,464-token
-    state restored from ARCA was written to disk during its question's prefill, which took
-    29-40 ms where it takes 20-22 alone. Elsewhere the call fails and the thread keeps its priority."""
+    """Lower the calling thread's priority to LOCAL_WRITER_NICE (Linux gives each thread its own
+    nice value). A state written while a request decodes takes CPU from the step's threads: a
+    2,464-token state fetched from ARCA was written to disk during its question's prefill, which
+    took 28-44 ms where it takes 20-22 alone. Only states nobody waits for get this thread: at
+    nice 19 on a busy host a state's push to the fleet waited seconds. Elsewhere the call fails
+    and the thread keeps its priority."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOCAL_WRITER_NICE)
     except (AttributeError, OSError):
         log.debug("prefix cache: the writer keeps the process's priority")
 
@@ -117,10 +120,17 @@ class PrefixCache:
         self._pending: set[bytes] = set()
         self._lock = threading.Lock()
         self._sinks: list[StoredSink] = []
+        # two writers: states this node computed (offered to the fleet, then written to disk) at
+        # the process's priority; states it adopted (fetched from the fleet: the disk alone) below it
         self._queue: queue.Queue[tuple[bytes, StateBlob, bool] | None] = queue.Queue(config.write_queue)
-        self._writer = threading.Thread(target=self._write_loop, name="prefix-cache-writer", daemon=True)
+        self._local_queue: queue.Queue[tuple[bytes, StateBlob, bool] | None] = queue.Queue(config.write_queue)
+        self._writer = threading.Thread(target=self._write_loop, args=(self._queue, False),
+                                        name="prefix-cache-writer", daemon=True)
+        self._local_writer = threading.Thread(target=self._write_loop, args=(self._local_queue, True),
+                                              name="prefix-cache-local-writer", daemon=True)
         self._closed = False
         self._writer.start()
+        self._local_writer.start()
 
     # ----------------------------------------------------------------- engine hook
 
@@ -224,7 +234,7 @@ class PrefixCache:
                 return
             self._pending.add(key)
         try:
-            self._queue.put_nowait((key, entry, publish))
+            (self._queue if publish else self._local_queue).put_nowait((key, entry, publish))
         except queue.Full:
             with self._lock:
                 self._pending.discard(key)
@@ -286,13 +296,16 @@ class PrefixCache:
         return out
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued, then stop the writer thread."""
+        """Write what is queued, then stop the writer threads."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._queue.put(None)
+        self._local_queue.put(None)
+        deadline = time.monotonic() + timeout
         self._writer.join(timeout)
+        self._local_writer.join(max(0.0, deadline - time.monotonic()))
 
     # ----------------------------------------------------------------- internals
 
@@ -323,10 +336,11 @@ class PrefixCache:
             return True
         return self.disk is not None and self.disk.contains(key)
 
-    def _write_loop(self) -> None:
-        _yield_to_the_engine()
+    def _write_loop(self, items: "queue.Queue[tuple[bytes, StateBlob, bool] | None]", local: bool) -> None:
+        if local:
+            _yield_to_the_engine()
         while True:
-            item = self._queue.get()
+            item = items.get()
             if item is None:
                 return
             key, entry, publish = item

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from node.cache.keys import CacheIdentity
-from node.cache.prefix_cache import WRITER_NICE, PrefixCache, PrefixCacheConfig
+from node.cache.prefix_cache import LOCAL_WRITER_NICE, PrefixCache, PrefixCacheConfig
 
 IDENTITY = CacheIdentity(model_fingerprint="ab" * 32, runtime="test")
 DOC = list(range(1000, 1040))  # 40 tokens = 5 blocks of 8
@@ -298,15 +298,15 @@ def test_the_fork_index_is_bounded():
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread niceness is read from Linux's /proc")
-def test_the_writer_thread_runs_below_the_engine(cache):
-    """Encoding and disk writes take only the CPU the engine's threads leave."""
-    stat = Path(f"/proc/self/task/{cache._writer.native_id}/stat")
-
-    def nice() -> int:
+def test_adopted_states_are_written_below_the_engine_and_computed_ones_are_not(cache):
+    """A state adopted from the fleet goes to disk on CPU the engine's threads leave; a state this
+    node computed is offered to the fleet at the process's priority (a busy host would hold it back)."""
+    def nice(thread) -> int:
+        stat = Path(f"/proc/self/task/{thread.native_id}/stat")
         return int(stat.read_text().rsplit(")", 1)[1].split()[16])  # field 19, counted after the name's ")"
 
     deadline = time.monotonic() + 5  # the thread lowers its own priority as it starts
-    while nice() != WRITER_NICE and time.monotonic() < deadline:
+    while nice(cache._local_writer) != LOCAL_WRITER_NICE and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert nice() == WRITER_NICE
-    assert os.getpriority(os.PRIO_PROCESS, 0) < WRITER_NICE  # the process itself keeps its own
+    assert nice(cache._local_writer) == LOCAL_WRITER_NICE
+    assert nice(cache._writer) == os.getpriority(os.PRIO_PROCESS, 0) < LOCAL_WRITER_NICE
