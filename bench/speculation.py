@@ -107,9 +107,10 @@ SEED = 2026
 
 
 def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: bool = False,
-          temperature: float = 0.0, finals: list | None = None):
+          temperature: float = 0.0, finals: list | None = None, walls: list | None = None):
     """(tokens per second, outputs) for the texts, one after another or all at once; each
-    request's last event (`Finished`) is added to `finals` when given."""
+    request's last event (`Finished`) is added to `finals` when given, the run's wall seconds to
+    `walls`."""
     start = time.perf_counter()
     ends, requests = [], []
     if concurrent:
@@ -121,6 +122,8 @@ def timed(engine, texts: list[str], tokens: int, speculation: bool, concurrent: 
             requests.append(greedy(engine, t, tokens, speculation, temperature))
             ends.append(list(engine.submit(requests[-1]).iter_sync(timeout=1800))[-1])
     wall = time.perf_counter() - start
+    if walls is not None:
+        walls.append(wall)
     if speculation:  # what the Palimpsest learned: the prompts and answers of speculative requests
         LEARNED.extend((*r.prompt_tokens, *end.generated) for r, end in zip(requests, ends))
     if finals is not None:
@@ -256,12 +259,13 @@ def versus(engine, texts: list[str], tokens: int, rounds: int, concurrent: bool 
     for _ in range(rounds):
         for speculation in (False, True):
             ends: list = []
+            walls: list[float] = []
             before = engine.stats()
-            rate, outs[speculation] = timed(engine, texts, tokens, speculation, concurrent, temperature, ends)
+            rate, outs[speculation] = timed(engine, texts, tokens, speculation, concurrent, temperature, ends, walls)
             if not rates[speculation] or rate > max(rates[speculation]):
                 best[speculation] = ends
                 if not speculation:
-                    best_plain = PlainRun(_generated(outs[False]) / rate, _outside_ms(before, engine.stats()) / 1000)
+                    best_plain = PlainRun(walls[0], _outside_ms(before, engine.stats()) / 1000)
             rates[speculation].append(rate)
     if finals is not None:
         finals[0].extend(best[False])
@@ -284,14 +288,15 @@ def sandwiched(engine, texts: list[str], tokens: int, finals: tuple[list, list],
     repeat them: the plain runs teach it nothing. `finals` gets the first plain run's last events
     and the speculative run's; `plain_runs` the plain runs as measured, their mean (`PlainRun`)."""
     timed(engine, texts, tokens, False, True)
+    walls: list[float] = []  # the two plain runs'
     s0 = engine.stats()
-    before, plain = timed(engine, texts, tokens, False, True, finals=finals[0])
+    before, plain = timed(engine, texts, tokens, False, True, finals=finals[0], walls=walls)
     s1 = engine.stats()
     on, spec = timed(engine, texts, tokens, True, True, finals=finals[1])
     s2 = engine.stats()
-    after, _ = timed(engine, texts, tokens, False, True)
+    after, _ = timed(engine, texts, tokens, False, True, walls=walls)
     if plain_runs is not None:
-        plain_runs.append(PlainRun(_generated(plain) / ((before + after) / 2), _outside_ms(s0, s1) / 1000))
+        plain_runs.append(PlainRun(statistics.mean(walls), _outside_ms(s0, s1) / 1000))
     return ((before + after) / 2, on, f"{compare(plain, spec)}; outside llama_decode off {_outside_ms(s0, s1):.2f} "
             f"on {_outside_ms(s1, s2):.2f} ms a step")
 
