@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import os
 import threading
 from typing import Callable
-
-log = logging.getLogger(__name__)
 
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: the threads go, the library stays initialised
 

@@ -52,6 +52,7 @@ __all__ = ["Draft", "DraftSeq", "Engine", "EngineConfig", "Handle", "ModelInfo",
 
 log = logging.getLogger(__name__)
 
+
 class Handle:
     """The caller's side of one generation: events out, cancel in."""
 
