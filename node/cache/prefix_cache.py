@@ -86,7 +86,7 @@ class PrefixCacheConfig:
     checkpoint_tokens: int = 1024  # 0: no periodic checkpoints
     store_prompt_tail: bool = True
     min_gain_tokens: int = 64  # a snapshot must save at least this much prefill
-    write_queue: int = 16  # states waiting for the disk writer; beyond it, RAM only
+    write_queue: int = 16  # states waiting for each writer (the fleet's, the local disk's); beyond it, RAM only
     seen_keys: int = 16384  # boundary keys remembered to find fork points
     exact_min_gain_tokens: int = 16  # an exact fork state must save this much prefill (0: none stored)
 

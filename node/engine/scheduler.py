@@ -215,17 +215,17 @@ class Scheduler:
             self.first_calibration.set()
         while True:
             with self._lock:
-                idle = not self._closing and not self._queue and not self._active and not self.embed_waiting()
+                idle = self._idle()
             if idle and self._drafting.calibration_due():
                 self._calibrate()
             while True:
                 with self._lock:
-                    if self._closing or self._queue or self._active or self.embed_waiting():
+                    if not self._idle():
                         break
                 if self._when_idle is not None:
                     self._when_idle()
                 with self._lock:
-                    if not self._closing and not self._queue and not self._active and not self.embed_waiting():
+                    if self._idle():
                         self._wake.wait()
             if self._closing:
                 break
@@ -238,6 +238,10 @@ class Scheduler:
                 for seq in list(self._active):
                     self._end(seq, "error", "internal engine error")
         self.shutdown()
+
+    def _idle(self) -> bool:
+        """Nothing to do and not closing (the caller holds the lock)."""
+        return not self._closing and not self._queue and not self._active and not self.embed_waiting()
 
     def shutdown(self) -> None:
         """End every active sequence and every waiting one as cancelled ("engine closed")."""

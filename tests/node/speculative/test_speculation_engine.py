@@ -25,7 +25,7 @@ from node.speculative.costs import CostCurve
 from node.speculative.lookup import PromptLookup
 from node.speculative.palimpsest import Palimpsest
 from tests.node.engine.test_engine_hooks import DictPrefixCache
-from tests.node.near_ties import assert_same_up_to_near_ties, reference_of
+from tests.node.near_ties import assert_same_up_to_near_ties, first_parting, reference_of
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
@@ -98,7 +98,7 @@ def test_the_same_request_again_drafts_from_the_palimpsest(spec):
     assert_same_up_to_near_ties(reference_of(plain), first)
     assert_same_up_to_near_ties(reference_of(plain), second)
     gained = {name: controller.stats[name].accepted - kept[name] for name in kept}
-    parted = next((i for i, (a, b) in enumerate(zip(first.generated, second.generated)) if a != b), None)
+    parted = first_parting(first.generated, second.generated)
     if parted is None:
         # where the answer loops (the base model does on some hosts' kernels), prompt lookup's draft
         # of the loop can be worth as much as the stored answer's: the two together keep most of the
